@@ -1,0 +1,46 @@
+# mpisolve: `make demo` and `make test` work on a fresh machine with only Python 3.10+.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PY     := $(BIN)/python
+# A CPU build of torch, named exactly: a bare `torch` would pull a multi-GB CUDA build.
+# Off these machines, add `--index-url https://download.pytorch.org/whl/cpu` via TORCH_PIP_ARGS.
+TORCH          ?= torch==2.13.0
+TORCH_PIP_ARGS ?= $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
+NP             ?= 4
+# A hung MPI run ends after this many seconds (MPICH's mpiexec honours it).
+export MPIEXEC_TIMEOUT ?= 900
+# Pytest under MPI: a test that hangs fails after this many seconds.
+TEST_TIMEOUT   ?= 240
+MPIRUN  := $(BIN)/mpiexec
+PYTEST  := -m pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) --timeout-method=thread
+
+.PHONY: install demo test test-serial test-mpi perf clean
+
+$(VENV)/.installed: setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install $(TORCH_PIP_ARGS) "$(TORCH)"
+	$(BIN)/pip install -e '.[test,train,mpich]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(MPIRUN) -n $(NP) $(PY) -m mpi4py -m mpisolve compare --solvers all --model mlp --dataset digits \
+		--epochs 3 --out runs/demo
+
+test: install test-serial test-mpi
+
+test-serial: install
+	$(PY) $(PYTEST) -q tests -m "not mpi"
+
+# Each size runs the MPI tests marked for it (see tests/conftest.py).
+test-mpi: install
+	@set -e; for n in 2 3 4 5 8; do \
+		echo "== MPI tests at $$n ranks"; \
+		$(MPIRUN) -n $$n $(PY) -m mpi4py $(PYTEST) -q --with-mpi -m mpi tests; \
+	done
+
+clean:
+	rm -rf $(VENV) build *.egg-info runs

@@ -1,0 +1,61 @@
+"""``python -m mpisolve bench <name>``: benchmarks that print one JSON object on rank 0.
+
+Each benchmark is a module here exposing ``add_arguments(parser)`` and ``run(args) ->
+dict``; timings are medians over repeats measured in the same run, so their ratios
+hold on a noisy machine even when absolute seconds do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+#: benchmark -> module. Each module is imported only when it runs.
+BENCHES: dict[str, str] = {
+    "allreduce": "mpisolve.bench.allreduce",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench", metavar="benchmark")
+    sub.required = True
+    for name, module in BENCHES.items():
+        p = sub.add_parser(name)
+        p.set_defaults(bench_module=module)
+        p.add_argument("--repeats", type=int, default=10, help="timed repeats (the median is reported)")
+        p.add_argument("--warmup", type=int, default=2, help="untimed repeats first")
+        importlib.import_module(module).add_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..comm import init
+    from ..options import InputError
+
+    if args.repeats < 1 or args.warmup < 0:
+        raise InputError("--repeats must be >= 1 and --warmup >= 0")
+    comm = init()
+    result = importlib.import_module(args.bench_module).run(args, comm)
+    if comm.rank == 0:
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+def median_seconds(fn: Callable[[], None], comm, repeats: int, warmup: int) -> float:  # noqa: ANN001
+    """Median wall seconds of ``fn`` over ``repeats``, all ranks starting together each time.
+
+    Each repeat's time is the slowest rank's, as a collective's time is.
+    """
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        comm.barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(comm.reduce_scalar(time.perf_counter() - start, op="max"))
+    return statistics.median(times)
+

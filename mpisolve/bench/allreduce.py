@@ -1,0 +1,113 @@
+"""``bench allreduce``: the allreduce solver's fused gradient allreduce against MPI and gloo.
+
+On the same gradient tensors, in the same run: ``mpisolve_s`` (the solver's bucketed
+persistent allreduce and averaging, as in a training step), ``mpi_contiguous_s`` (one
+MPI Allreduce of a contiguous buffer of the same total size: the MPI limit) and
+``gloo_s`` (torch.distributed's gloo allreduce of the same buckets, as DDP issues them).
+``busbw_GBps`` is nccl-tests' bus bandwidth of ``mpisolve_s``: bytes / time * 2(n-1)/n.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from typing import Any
+
+import torch
+from mpi4py import MPI
+
+from ..comm.buckets import GradientBuckets, plan_buckets
+from ..comm.communicator import Communicator, mpi_buffer
+from ..options import InputError
+from ..train.models import MODELS, build_model
+from . import median_seconds
+
+MODEL_INPUTS = {"mlp": ((1, 8, 8), 10), "cnn": ((3, 32, 32), 10), "resnet18": ((3, 32, 32), 10)}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", choices=sorted(MODELS), help="use this model's gradient tensors")
+    parser.add_argument("--numel", type=int, help="total elements, split over --tensors tensors")
+    parser.add_argument("--tensors", type=int, default=1, help="number of tensors for --numel")
+    parser.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size, as the solver's bucket_mb")
+    parser.add_argument("--no-gloo", action="store_true", help="skip the torch.distributed gloo comparison")
+
+
+def gradient_params(args: argparse.Namespace) -> list[torch.nn.Parameter]:
+    """The benchmark's tensors: a model's parameters, or --numel split into --tensors odd sizes."""
+    if (args.model is None) == (args.numel is None):
+        raise InputError("give exactly one of --model or --numel")
+    if args.model is not None:
+        in_shape, classes = MODEL_INPUTS[args.model]
+        return list(build_model(args.model, in_shape, classes).parameters())
+    if args.numel < 1 or args.tensors < 1 or args.tensors > args.numel:
+        raise InputError("--numel and --tensors must be >= 1, with --tensors <= --numel")
+    base, extra = divmod(args.numel, args.tensors)
+    return [torch.nn.Parameter(torch.zeros(base + (i < extra))) for i in range(args.tensors)]
+
+
+def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
+    if args.bucket_mb <= 0:
+        raise InputError("--bucket-mb must be > 0")
+    params = gradient_params(args)
+    bucket_bytes = int(args.bucket_mb * 1e6)
+    numel = sum(p.numel() for p in params)
+    grads = GradientBuckets(params, comm, bucket_bytes=bucket_bytes)
+    for p in params:
+        p.grad.normal_()
+
+    def mpisolve_allreduce() -> None:
+        grads.rearm()
+        grads.finish(scale=1.0 / comm.size)
+
+    contiguous = torch.randn(numel)
+    contiguous_spec = mpi_buffer(contiguous)
+
+    def mpi_contiguous() -> None:
+        comm.comm.Allreduce(MPI.IN_PLACE, contiguous_spec, MPI.SUM)
+
+    result: dict[str, Any] = {
+        "ranks": comm.size,
+        "numel": numel,
+        "tensors": len(params),
+        "buckets": len(grads.buckets),
+        "mpi_library": comm.library_version(),
+    }
+    result["mpisolve_s"] = median_seconds(mpisolve_allreduce, comm, args.repeats, args.warmup)
+    result["mpi_contiguous_s"] = median_seconds(mpi_contiguous, comm, args.repeats, args.warmup)
+    if not args.no_gloo:
+        result["gloo_s"] = gloo_seconds(params, bucket_bytes, comm, args)
+        result["mpisolve_over_gloo"] = result["mpisolve_s"] / result["gloo_s"]
+    result["mpisolve_over_mpi_contiguous"] = result["mpisolve_s"] / result["mpi_contiguous_s"]
+    nbytes = numel * 4
+    result["busbw_GBps"] = nbytes / result["mpisolve_s"] * 2 * (comm.size - 1) / comm.size / 1e9
+    grads.close()
+    return result
+
+
+def gloo_seconds(params: list[torch.nn.Parameter], bucket_bytes: int, comm: Communicator, args: argparse.Namespace) -> float:
+    """torch.distributed gloo on the same tensors, in DDP's buckets (flat, reduced async, averaged)."""
+    import torch.distributed as dist
+
+    address = comm.bcast_object(socket.gethostname() if comm.rank == 0 else None)
+    port = comm.bcast_object(_free_port() if comm.rank == 0 else None)
+    dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=comm.rank, world_size=comm.size)
+    try:
+        ordered = params[::-1]
+        flats = [torch.randn(sum(ordered[i].numel() for i in members)) for members in plan_buckets(ordered, bucket_bytes)]
+
+        def gloo_allreduce() -> None:
+            works = [dist.all_reduce(flat, async_op=True) for flat in flats]
+            for flat, work in zip(flats, works):
+                work.wait()
+                flat.div_(comm.size)
+
+        return median_seconds(gloo_allreduce, comm, args.repeats, args.warmup)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,53 @@
+"""Functional collectives on lists of tensors: ``mpisolve.allreduce``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from mpi4py import MPI
+
+from .buckets import FusedBuffer, wire_dtype
+from .communicator import Communicator, as_communicator, mpi_buffer
+
+REDUCE_OPS = ("sum", "average")
+
+
+def allreduce(
+    tensors: Sequence[torch.Tensor],
+    op: str = "average",
+    comm: MPI.Comm | Communicator | None = None,
+) -> list[torch.Tensor]:
+    """Reduce a list of tensors of any shapes and float dtypes across ranks.
+
+    Returns new tensors (the inputs are untouched) of the same shapes and dtypes. The
+    tensors are fused into one flat buffer per wire dtype (float16 and bfloat16 are
+    reduced in float32), each reduced by one MPI allreduce, all in flight together.
+    """
+    if op not in REDUCE_OPS:
+        raise ValueError(f"op must be one of {', '.join(map(repr, REDUCE_OPS))}; got {op!r}")
+    tensors = list(tensors)
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"tensors[{i}] is a {type(t).__name__}, not a torch.Tensor")
+        if not t.is_floating_point():
+            raise TypeError(f"tensors[{i}] has dtype {t.dtype}; allreduce takes floating-point tensors")
+    comm = as_communicator(comm)
+    groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((wire_dtype(t.dtype), t.device), []).append(i)
+    fused: list[tuple[list[int], FusedBuffer]] = []
+    requests = []
+    for (wire, device), members in groups.items():
+        buf = FusedBuffer([tensors[i].shape for i in members], wire, device)
+        buf.pack([tensors[i] for i in members])
+        requests.append(comm.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(buf.flat), MPI.SUM))
+        fused.append((members, buf))
+    comm.wait(requests, f"allreduce of {len(tensors)} tensors")
+    out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
+    for members, buf in fused:
+        if op == "average":
+            buf.flat.div_(comm.size)
+        for i, view in zip(members, buf.views):
+            out[i] = view if view.dtype == tensors[i].dtype else view.to(tensors[i].dtype)
+    return out

@@ -1,0 +1,276 @@
+"""The MPI communicator every solver speaks through.
+
+Only ``mpisolve.comm`` imports mpi4py. A :class:`Communicator` wraps an mpi4py
+communicator with what solvers need: rank and size, the node-local split, zero-copy
+buffer specs for torch tensors, nonblocking collectives, and one ``wait`` that every
+blocking point goes through, so that waiting is polite on oversubscribed nodes and a
+collective that never completes turns into an error (the watchdog) instead of a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from mpi4py import MPI
+
+#: MPI datatypes for the torch dtypes MPI can reduce natively. float16 and bfloat16
+#: have no standard MPI type: mpisolve reduces them in float32 (see buckets.py).
+MPI_TYPES: dict[torch.dtype, MPI.Datatype] = {
+    torch.float64: MPI.DOUBLE,
+    torch.float32: MPI.FLOAT,
+    torch.int64: MPI.INT64_T,
+    torch.int32: MPI.INT32_T,
+    torch.int16: MPI.INT16_T,
+    torch.int8: MPI.INT8_T,
+    torch.uint8: MPI.UINT8_T,
+    torch.bool: MPI.C_BOOL,
+}
+
+MPI_OPS: dict[str, MPI.Op] = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+
+WAIT_POLICIES = ("auto", "spin", "sleep")
+
+DEFAULT_TIMEOUT_S = 300.0
+
+
+class CommTimeout(RuntimeError):
+    """A collective or window operation did not complete within the watchdog timeout."""
+
+
+def mpi_buffer(tensor: torch.Tensor) -> list[Any]:
+    """A zero-copy mpi4py buffer spec ``[memory, MPI datatype]`` for a contiguous CPU tensor.
+
+    The numpy array shares the tensor's memory, so MPI reads and writes the tensor
+    itself; nothing is pickled or copied. Dtypes without an MPI type travel as bytes.
+    """
+    if tensor.device.type != "cpu":
+        raise ValueError(f"mpi_buffer needs a CPU tensor, got one on {tensor.device}")
+    if not tensor.is_contiguous():
+        raise ValueError("mpi_buffer needs a contiguous tensor")
+    flat = tensor.detach().reshape(-1)
+    mpi_type = MPI_TYPES.get(tensor.dtype)
+    if mpi_type is None:
+        return [flat.view(torch.uint8).numpy(), MPI.BYTE]
+    return [flat.numpy(), mpi_type]
+
+
+def _all_done(requests: list[MPI.Request]) -> bool:
+    """Test each request (one by one: MPICH 5's Testall fails on persistent collectives)."""
+    return all(r.Test() for r in requests)
+
+
+def _available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class Communicator:
+    """An mpi4py communicator with the node-local split, buffers and a watchdogged wait.
+
+    ``timeout_s`` bounds every wait (default from ``MPISOLVE_TIMEOUT``, else 300 s).
+    ``wait`` is how a rank waits: ``"spin"`` polls MPI flat out (best with a core per
+    rank), ``"sleep"`` polls with a short backoff sleep so ranks sharing cores leave them
+    to ranks that compute, ``"auto"`` picks ``"sleep"`` when the node runs more ranks
+    than it has cores (default from ``MPISOLVE_WAIT``).
+    """
+
+    def __init__(
+        self,
+        comm: MPI.Comm | None = None,
+        *,
+        timeout_s: float | None = None,
+        wait: str | None = None,
+    ) -> None:
+        self.comm: MPI.Comm = comm if comm is not None else MPI.COMM_WORLD
+        self.rank: int = self.comm.Get_rank()
+        self.size: int = self.comm.Get_size()
+        self.node: MPI.Comm = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.local_rank: int = self.node.Get_rank()
+        self.local_size: int = self.node.Get_size()
+        self.nodes: int = self.comm.allreduce(1 if self.local_rank == 0 else 0)
+        self.cores: int = _available_cores()
+        self.timeout_s = float(
+            timeout_s if timeout_s is not None else os.environ.get("MPISOLVE_TIMEOUT", DEFAULT_TIMEOUT_S)
+        )
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        policy = wait if wait is not None else os.environ.get("MPISOLVE_WAIT", "auto")
+        if policy not in WAIT_POLICIES:
+            raise ValueError(f"wait must be one of {WAIT_POLICIES}, got {policy!r}")
+        if policy == "auto":
+            policy = "sleep" if self.local_size > self.cores else "spin"
+        self.wait_policy: str = policy
+        #: Seconds this rank has spent blocked in :meth:`wait`, for busy/comm/idle accounting.
+        self.blocked_s: float = 0.0
+
+    # ----------------------------------------------------------------- waiting
+    def wait(self, requests: MPI.Request | Sequence[MPI.Request], what: str) -> None:
+        """Complete ``requests``, polling politely, raising :class:`CommTimeout` past the timeout.
+
+        ``what`` names the operation for the watchdog's message.
+        """
+        reqs = [requests] if isinstance(requests, MPI.Request) else list(requests)
+        if _all_done(reqs):
+            return
+        start = time.perf_counter()
+        deadline = start + self.timeout_s
+        pause = 2e-5
+        try:
+            while not _all_done(reqs):
+                now = time.perf_counter()
+                if now > deadline:
+                    raise CommTimeout(
+                        f"mpisolve: {what} did not complete within {self.timeout_s:g} s on rank "
+                        f"{self.rank} of {self.size} (watchdog; set MPISOLVE_TIMEOUT to change it)"
+                    )
+                if self.wait_policy == "sleep":
+                    time.sleep(pause)
+                    pause = min(pause * 2, 1e-3)
+        finally:
+            self.blocked_s += time.perf_counter() - start
+
+    # ------------------------------------------------------------ collectives
+    def allreduce_(self, tensor: torch.Tensor, op: str = "sum", what: str = "allreduce") -> torch.Tensor:
+        """Reduce a contiguous CPU tensor in place across ranks (through :meth:`wait`)."""
+        self.wait(self.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(tensor), MPI_OPS[op]), what)
+        return tensor
+
+    def bcast_(self, tensor: torch.Tensor, root: int = 0, what: str = "broadcast") -> torch.Tensor:
+        """Broadcast a contiguous CPU tensor in place from ``root``."""
+        self.wait(self.comm.Ibcast(mpi_buffer(tensor), root=root), what)
+        return tensor
+
+    def barrier(self, what: str = "barrier") -> None:
+        self.wait(self.comm.Ibarrier(), what)
+
+    def reduce_scalar(self, value: float, op: str = "sum") -> float:
+        """Reduce one Python number across ranks (for control values and measurements)."""
+        return self.comm.allreduce(value, op=MPI_OPS[op])
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        """Small metadata only (pickled): signatures, names. Never tensors."""
+        return self.comm.allgather(obj)
+
+    def bcast_object(self, obj: Any, root: int = 0) -> Any:
+        """Small metadata only (pickled). Never tensors."""
+        return self.comm.bcast(obj, root=root)
+
+    def persistent_allreduce(self, tensor: torch.Tensor, op: str = "sum") -> PersistentAllreduce:
+        """A reusable in-place allreduce of ``tensor`` (MPI-4 persistent where available)."""
+        return PersistentAllreduce(self, tensor, op)
+
+    def split(self, color: int, key: int | None = None) -> Communicator:
+        """A sub-communicator with the same waiting policy and watchdog."""
+        sub = self.comm.Split(color, self.rank if key is None else key)
+        return Communicator(sub, timeout_s=self.timeout_s, wait=self.wait_policy)
+
+    # ------------------------------------------------------------------ facts
+    @staticmethod
+    def library_version() -> str:
+        """The MPI library's own version string, first line."""
+        return MPI.Get_library_version().strip().splitlines()[0]
+
+    def abort(self, code: int = 1) -> None:
+        """End the whole job now (every rank), e.g. after an unrecoverable error."""
+        self.comm.Abort(code)
+
+
+class PersistentAllreduce:
+    """An in-place allreduce of one buffer, started many times.
+
+    Uses an MPI-4 persistent collective (``MPI_Allreduce_init``: set up once, nothing
+    allocated per start) and falls back to ``Iallreduce`` on MPI libraries without it.
+    """
+
+    def __init__(self, comm: Communicator, tensor: torch.Tensor, op: str = "sum") -> None:
+        self.comm = comm
+        self.tensor = tensor
+        self._spec = mpi_buffer(tensor)
+        self._op = MPI_OPS[op]
+        self._persistent: MPI.Prequest | None
+        try:
+            self._persistent = comm.comm.Allreduce_init(MPI.IN_PLACE, self._spec, self._op)
+        except NotImplementedError:
+            self._persistent = None
+        self.request: MPI.Request = MPI.REQUEST_NULL
+
+    def start(self) -> MPI.Request:
+        if self._persistent is not None:
+            self._persistent.Start()
+            self.request = self._persistent
+        else:
+            self.request = self.comm.comm.Iallreduce(MPI.IN_PLACE, self._spec, self._op)
+        return self.request
+
+    def test(self) -> bool:
+        return self.request.Test()
+
+    def wait(self, what: str = "allreduce") -> None:
+        self.comm.wait(self.request, what)
+
+    def free(self) -> None:
+        if self._persistent is not None:
+            self._persistent.Free()
+            self._persistent = None
+
+
+_WORLD: Communicator | None = None
+_INIT_LOCK = threading.Lock()
+
+
+def _abort_on_uncaught(exc_type, exc, tb) -> None:  # noqa: ANN001 (sys.excepthook signature)
+    sys.__excepthook__(exc_type, exc, tb)
+    sys.stderr.flush()
+    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+        MPI.COMM_WORLD.Abort(1)
+
+
+def init(*, timeout_s: float | None = None, wait: str | None = None, threads: int | None = None) -> Communicator:
+    """Initialise mpisolve on ``MPI.COMM_WORLD`` and return the world communicator.
+
+    Also makes an uncaught exception on any rank abort the whole job (as
+    ``python -m mpi4py`` does), and gives each rank its share of the node's cores for
+    torch's intra-op threads unless ``OMP_NUM_THREADS`` or ``threads`` says otherwise.
+    Calling it again returns the same communicator.
+    """
+    global _WORLD
+    with _INIT_LOCK:
+        if _WORLD is None:
+            _WORLD = Communicator(timeout_s=timeout_s, wait=wait)
+            if sys.excepthook is sys.__excepthook__:
+                sys.excepthook = _abort_on_uncaught
+            if threads is not None:
+                torch.set_num_threads(threads)
+            elif "OMP_NUM_THREADS" not in os.environ:
+                torch.set_num_threads(max(1, _WORLD.cores // _WORLD.local_size))
+        return _WORLD
+
+
+def as_communicator(comm: MPI.Comm | Communicator | None) -> Communicator:
+    """The communicator a solver or collective should use: the world by default."""
+    if comm is None:
+        return init()
+    if isinstance(comm, Communicator):
+        return comm
+    if isinstance(comm, MPI.Comm):
+        return Communicator(comm)
+    raise TypeError(f"comm must be an mpi4py communicator or a mpisolve Communicator, got {type(comm).__name__}")
+
+
+__all__ = [
+    "CommTimeout",
+    "Communicator",
+    "PersistentAllreduce",
+    "as_communicator",
+    "init",
+    "mpi_buffer",
+    "MPI_TYPES",
+]

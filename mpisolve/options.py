@@ -1,0 +1,135 @@
+"""Solver options: declared as frozen dataclasses, validated up front, parsed from text.
+
+Pure Python (no torch, no MPI), so the command line can check every value before any
+rank starts MPI or training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable
+from typing import Any
+
+
+class InputError(ValueError):
+    """Bad user input (a name, a value, a file): reported as one line, exit status 2."""
+
+
+class OptionError(InputError):
+    """A solver option is unknown, of the wrong type, or out of range."""
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise :class:`OptionError` with ``message`` unless ``condition`` holds."""
+    if not condition:
+        raise OptionError(message)
+
+
+def build_options(solver: str, cls: type, given: dict[str, Any]) -> Any:
+    """Instantiate a solver's options dataclass from keywords, with errors that name the problem."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in given:
+        if key not in names:
+            takes = ", ".join(names) if names else "no options"
+            raise OptionError(f"solver {solver!r} does not take option {key!r} (it takes: {takes})")
+    hints = typing.get_type_hints(cls)
+    for key, value in given.items():
+        if not _matches(value, hints[key]):
+            raise OptionError(
+                f"option {key!r} of solver {solver!r} must be {_type_name(hints[key])}, got {value!r}"
+            )
+    return cls(**given)
+
+
+def option_fields(cls: type) -> dict[str, tuple[Any, Any]]:
+    """Option name -> (type, default) for a solver's options dataclass."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: (hints[f.name], f.default) for f in dataclasses.fields(cls)}
+
+
+def parse_option(solver: str, cls: type, key: str, text: str) -> Any:
+    """Parse ``text`` (from ``--set key=text``) as the declared type of option ``key``."""
+    fields = option_fields(cls)
+    if key not in fields:
+        takes = ", ".join(fields) if fields else "no options"
+        raise OptionError(f"solver {solver!r} does not take option {key!r} (it takes: {takes})")
+    kind = fields[key][0]
+    for candidate in _alternatives(kind):
+        try:
+            value = _parse_as(candidate, text)
+        except ValueError:
+            continue
+        return value
+    raise OptionError(f"option {key!r} of solver {solver!r} must be {_type_name(kind)}, got {text!r}")
+
+
+def options_to_dict(options: Any) -> dict[str, Any]:
+    """Options as plain data for logs and checkpoints (callables shown by name)."""
+    out = {}
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        out[f.name] = getattr(value, "__name__", repr(value)) if callable(value) else value
+    return out
+
+
+def _alternatives(kind: Any) -> tuple[Any, ...]:
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return typing.get_args(kind)
+    return (kind,)
+
+
+def _parse_as(kind: Any, text: str) -> Any:
+    if kind is type(None):
+        if text.lower() in ("none", "null"):
+            return None
+        raise ValueError(text)
+    if kind is bool:
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(text)
+    if kind in (int, float, str):
+        return kind(text)
+    if typing.get_origin(kind) is typing.Literal:
+        for choice in typing.get_args(kind):
+            if str(choice) == text:
+                return choice
+        raise ValueError(text)
+    raise ValueError(f"cannot parse {kind} from the command line")
+
+
+def _matches(value: Any, kind: Any) -> bool:
+    if kind is Any:
+        return True
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, k) for k in typing.get_args(kind))
+    if origin is typing.Literal:
+        return value in typing.get_args(kind)
+    if kind is type(None):
+        return value is None
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is Callable or kind is Callable or origin is typing.Callable:
+        return callable(value)
+    if origin in (tuple, list):
+        return isinstance(value, origin)
+    if isinstance(kind, type):
+        return isinstance(value, kind)
+    return True
+
+
+def _type_name(kind: Any) -> str:
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(k) for k in typing.get_args(kind))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(c) for c in typing.get_args(kind))
+    if kind is type(None):
+        return "None"
+    return getattr(kind, "__name__", str(kind))

@@ -1,0 +1,7 @@
+"""Solvers; importing this package registers every one of them."""
+
+from . import allreduce  # noqa: F401  (registers "allreduce")
+from ..options import OptionError
+from .base import Solver, StepInfo, make_solver, register, solvers
+
+__all__ = ["OptionError", "Solver", "StepInfo", "make_solver", "register", "solvers"]

@@ -1,0 +1,161 @@
+"""The one solver interface, its options, and the registry every entry point reads.
+
+A solver holds the user's model and optimizer (composition, never a subclass) and is
+driven from the user's own loop::
+
+    solver = mpisolve.make_solver("allreduce", model, optimizer, bucket_mb=25)
+    for x, y in loader:
+        solver.zero_grad()
+        loss_fn(model(x), y).backward()
+        info = solver.step()        # StepInfo: was an update applied, on how many samples
+    solver.close()
+
+Options are keyword-only, declared as a frozen dataclass per solver and validated when
+the solver is built; the CLI's ``--set key=value`` is parsed from the same declaration.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from mpi4py import MPI
+
+from ..comm.communicator import Communicator, as_communicator
+from ..comm.state import broadcast_module_and_optimizer, check_same_model
+from ..options import OptionError, build_options, options_to_dict
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What one call of ``Solver.step`` did.
+
+    ``applied``: an update reached the model. ``global_samples``: samples the applied
+    update covers over all ranks (0 when none was applied). ``local_samples``: this
+    rank's samples consumed by this step.
+    """
+
+    applied: bool
+    global_samples: int
+    local_samples: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoOptions:
+    """A solver without options."""
+
+
+class Solver(ABC):
+    """The interface every mpisolve solver implements."""
+
+    name: ClassVar[str]
+    Options: ClassVar[type] = NoOptions
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        comm: MPI.Comm | Communicator | None = None,
+        **options: Any,
+    ) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        self.options = build_options(self.name, self.Options, options)
+        self.comm = as_communicator(comm)
+        self.model = model
+        self.optimizer = optimizer
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        check_same_model(model, self.comm)
+        broadcast_module_and_optimizer(model, optimizer, self.comm)
+        self._samples = 0
+        self._sample_hook = model.register_forward_pre_hook(self._count_samples)
+        self.closed = False
+
+    # ------------------------------------------------------------- samples
+    def _count_samples(self, module: torch.nn.Module, args: tuple) -> None:
+        if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
+            self._samples += args[0].shape[0]
+
+    def samples_seen(self) -> int:
+        """Samples the forward passes have seen since the last step."""
+        return self._samples
+
+    def take_samples(self, batch_size: int | None) -> int:
+        """This step's local sample count: ``batch_size`` if given, else what forward saw."""
+        n = self._samples if batch_size is None else batch_size
+        self._samples = 0
+        if n < 0:
+            raise ValueError(f"batch_size must be >= 0, got {n}")
+        return n
+
+    # ----------------------------------------------------------- interface
+    def zero_grad(self) -> None:
+        """Clear this rank's gradients before the next backward."""
+        self.optimizer.zero_grad(set_to_none=False)
+
+    @abstractmethod
+    def step(self, batch_size: int | None = None) -> StepInfo:
+        """Combine work across ranks and maybe update the model.
+
+        ``batch_size``: this rank's samples since the last step, when the model's first
+        input is not batch-first; by default it is read from the forward passes.
+        """
+
+    def close(self) -> None:
+        """Complete or cancel outstanding communication and free MPI resources."""
+        if not self.closed:
+            self._sample_hook.remove()
+            self.closed = True
+
+    def state_dict(self) -> dict[str, Any]:
+        """The solver's own state (not the model's or optimizer's)."""
+        return {"solver": self.name, "options": options_to_dict(self.options)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("solver") != self.name:
+            raise ValueError(f"this state is from solver {state.get('solver')!r}, not {self.name!r}")
+
+    def __enter__(self) -> Solver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ----------------------------------------------------------------- registry
+_REGISTRY: dict[str, type[Solver]] = {}
+
+
+def register(cls: type[Solver]) -> type[Solver]:
+    """Class decorator: make a solver available to ``make_solver`` and the CLI by its name."""
+    if cls.name in _REGISTRY:
+        raise ValueError(f"a solver named {cls.name!r} is already registered")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def solver_class(name: str) -> type[Solver]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise OptionError(f"unknown solver {name!r} (known: {', '.join(sorted(_REGISTRY))})") from None
+
+
+def solvers() -> list[str]:
+    """The names of every registered solver."""
+    return sorted(_REGISTRY)
+
+
+def make_solver(
+    name: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    comm: MPI.Comm | Communicator | None = None,
+    **options: Any,
+) -> Solver:
+    """Build the solver called ``name`` around the user's model and optimizer."""
+    return solver_class(name)(model, optimizer, comm, **options)

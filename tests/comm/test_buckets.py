@@ -1,0 +1,50 @@
+"""Fused buffers and bucket planning (single process)."""
+
+import pytest
+import torch
+
+from mpisolve.comm.buckets import FusedBuffer, plan_buckets, wire_dtype
+
+
+def test_fused_buffer_views_alias_the_flat_buffer():
+    buf = FusedBuffer([torch.Size([2, 3]), torch.Size([]), torch.Size([0]), torch.Size([5])], torch.float32, extra=1)
+    assert buf.numel == 6 + 1 + 0 + 5
+    assert buf.flat.numel() == buf.numel + 1
+    buf.views[0].fill_(1.0)
+    buf.views[1].fill_(2.0)
+    buf.views[3].fill_(3.0)
+    buf.extra.fill_(9.0)
+    assert buf.flat.tolist() == [1.0] * 6 + [2.0] + [3.0] * 5 + [9.0]
+    assert [v.shape for v in buf.views] == [torch.Size([2, 3]), torch.Size([]), torch.Size([0]), torch.Size([5])]
+
+
+def test_pack_copies_and_casts_into_place():
+    buf = FusedBuffer([torch.Size([3]), torch.Size([2, 2])], torch.float32)
+    buf.pack([torch.tensor([1, 2, 3], dtype=torch.float16), torch.arange(4.0, dtype=torch.float64).view(2, 2)])
+    assert buf.flat.tolist() == [1, 2, 3, 0, 1, 2, 3]
+
+
+def test_plan_buckets_respects_size_and_dtype():
+    ts = [torch.zeros(10), torch.zeros(10), torch.zeros(10, dtype=torch.float64), torch.zeros(30), torch.zeros(1)]
+    plan = plan_buckets(ts, bucket_bytes=80)
+    assert sorted(i for b in plan for i in b) == [0, 1, 2, 3, 4]
+    for bucket in plan:
+        assert len({ts[i].dtype for i in bucket}) == 1
+        assert bucket == sorted(bucket)
+        if len(bucket) > 1:
+            assert sum(ts[i].numel() * ts[i].element_size() for i in bucket) <= 80
+    assert plan == sorted(plan, key=lambda b: b[0])
+    assert [3] in plan  # larger than a bucket: a bucket of its own
+
+
+def test_plan_buckets_rejects_nonpositive_size():
+    with pytest.raises(ValueError, match="bucket size"):
+        plan_buckets([torch.zeros(1)], 0)
+
+
+def test_half_types_travel_as_float32_and_ints_are_refused():
+    assert wire_dtype(torch.float16) == torch.float32
+    assert wire_dtype(torch.bfloat16) == torch.float32
+    assert wire_dtype(torch.float64) == torch.float64
+    with pytest.raises(TypeError):
+        wire_dtype(torch.int32)

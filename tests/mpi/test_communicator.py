@@ -1,0 +1,66 @@
+"""The communicator on real ranks: splits, zero-copy buffers, collectives, the watchdog."""
+
+import time
+
+import pytest
+import torch
+from mpi4py import MPI
+
+from mpisolve.comm.communicator import CommTimeout, Communicator, mpi_buffer
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ranks_and_node_split():
+    comm = Communicator()
+    assert (comm.rank, comm.size) == (MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
+    assert comm.local_size == comm.size and comm.local_rank == comm.rank  # one machine
+    assert comm.nodes == 1
+
+
+@pytest.mark.mpi(min_size=2)
+def test_buffers_are_zero_copy():
+    t = torch.arange(6, dtype=torch.float32).view(2, 3)
+    arr, _ = mpi_buffer(t)
+    assert arr.ctypes.data == t.data_ptr()
+    half = torch.ones(4, dtype=torch.bfloat16)
+    arr, dtype = mpi_buffer(half)
+    assert dtype == MPI.BYTE and arr.nbytes == 8 and arr.ctypes.data == half.data_ptr()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_inplace_allreduce_and_bcast():
+    comm = Communicator()
+    t = torch.full((5,), float(comm.rank + 1), dtype=torch.float64)
+    comm.allreduce_(t)
+    assert t.tolist() == [comm.size * (comm.size + 1) / 2] * 5
+    b = torch.full((3,), float(comm.rank), dtype=torch.bfloat16)
+    comm.bcast_(b, root=1)
+    assert b.tolist() == [1.0] * 3
+
+
+@pytest.mark.mpi(min_size=2)
+def test_watchdog_names_the_operation_instead_of_hanging():
+    comm = Communicator(timeout_s=0.5)
+    if comm.rank == 0:
+        request = comm.comm.Ibarrier()
+        with pytest.raises(CommTimeout, match="test barrier did not complete within 0.5 s on rank 0"):
+            comm.wait(request, "test barrier")
+        comm.timeout_s = 30
+        comm.wait(request, "test barrier, second try")  # the late ranks join: it completes
+        assert comm.blocked_s >= 0.5
+    else:
+        time.sleep(2.0)
+        comm.barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_persistent_allreduce_reused():
+    comm = Communicator()
+    t = torch.zeros(7)
+    req = comm.persistent_allreduce(t)
+    for i in range(3):
+        t.fill_(comm.rank + i)
+        req.start()
+        req.wait()
+        assert t.tolist() == [sum(range(comm.size)) + i * comm.size] * 7
+    req.free()

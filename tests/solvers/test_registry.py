@@ -1,0 +1,40 @@
+"""The solver registry and construction checks that need no second rank."""
+
+import pytest
+import torch
+
+import mpisolve
+from mpisolve.options import OptionError
+
+
+def test_allreduce_is_registered():
+    assert "allreduce" in mpisolve.solvers()
+
+
+def test_unknown_solver_and_option_are_named():
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(OptionError, match="unknown solver 'nope'"):
+        mpisolve.make_solver("nope", model, opt)
+    with pytest.raises(OptionError, match="does not take option 'bucket'"):
+        mpisolve.make_solver("allreduce", model, opt, bucket=1)
+    with pytest.raises(OptionError, match="bucket_mb must be > 0"):
+        mpisolve.make_solver("allreduce", model, opt, bucket_mb=0)
+
+
+def test_single_rank_step_is_plain_sgd():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    twin = torch.nn.Linear(3, 2)
+    twin.load_state_dict(model.state_dict())
+    x, y = torch.randn(5, 3), torch.randn(5, 2)
+    with mpisolve.make_solver("allreduce", model, torch.optim.SGD(model.parameters(), lr=0.1)) as solver:
+        solver.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        info = solver.step()
+    assert info.applied and info.global_samples == 5 and info.local_samples == 5
+    ref = torch.optim.SGD(twin.parameters(), lr=0.1)
+    torch.nn.functional.mse_loss(twin(x), y).backward()
+    ref.step()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(a, b)
