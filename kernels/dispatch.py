@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,3 +46,16 @@ def device_array(tensor: torch.Tensor) -> Any:
     from numba import cuda
 
     return cuda.as_cuda_array(tensor.detach())
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One kernel against its plain torch/numpy equivalent on the same prepared data.
+
+    Each kernel module exposes ``bench_cases(numel: int) -> list[BenchCase]``;
+    ``python -m mpisolve bench kernels`` times both callables and prints their ratio.
+    """
+
+    name: str
+    kernel: Callable[[], Any]
+    reference: Callable[[], Any]

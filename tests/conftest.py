@@ -21,6 +21,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _skip_gpu_tests_without_a_device(items)
     if not config.getoption("--with-mpi", default=False):
         return
     from mpi4py import MPI
@@ -33,3 +34,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         sizes = tuple(marker.args) if marker else DEFAULT_SIZES
         if size not in sizes:
             item.add_marker(pytest.mark.skip(reason=f"runs at {sizes} ranks, not {size}"))
+
+
+def _skip_gpu_tests_without_a_device(items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))

@@ -17,6 +17,8 @@ the solver is built; the CLI's ``--set key=value`` is parsed from the same decla
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -110,6 +112,15 @@ class Solver(ABC):
         if not self.closed:
             self._sample_hook.remove()
             self.closed = True
+
+    @contextmanager
+    def evaluating(self) -> Iterator[torch.nn.Module]:
+        """A context in which the model holds the parameters to evaluate.
+
+        By default the model as it is; solvers whose result lives elsewhere (the EASGD
+        family's center variable) swap it in for the duration.
+        """
+        yield self.model
 
     def state_dict(self) -> dict[str, Any]:
         """The solver's own state (not the model's or optimizer's)."""
