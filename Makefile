@@ -19,7 +19,6 @@ PYTEST  := -m pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) --timeout-met
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install $(TORCH_PIP_ARGS) "$(TORCH)"
 	$(BIN)/pip install -e '.[test,train,mpich]'
 	touch $@
