@@ -38,6 +38,9 @@ WAIT_POLICIES = ("auto", "spin", "sleep")
 
 DEFAULT_TIMEOUT_S = 300.0
 
+#: Under the "sleep" wait policy, poll flat out this long before sleeping between polls.
+SPIN_BEFORE_SLEEP_S = 2e-4
+
 
 class CommTimeout(RuntimeError):
     """A collective or window operation did not complete within the watchdog timeout."""
@@ -122,7 +125,9 @@ class Communicator:
             return
         start = time.perf_counter()
         deadline = start + self.timeout_s
-        pause = 2e-5
+        # Short operations finish within the spin; only long waits start sleeping.
+        sleep_after = start + SPIN_BEFORE_SLEEP_S
+        pause = 5e-5
         try:
             while not _all_done(reqs):
                 now = time.perf_counter()
@@ -131,7 +136,7 @@ class Communicator:
                         f"mpisolve: {what} did not complete within {self.timeout_s:g} s on rank "
                         f"{self.rank} of {self.size} (watchdog; set MPISOLVE_TIMEOUT to change it)"
                     )
-                if self.wait_policy == "sleep":
+                if self.wait_policy == "sleep" and now > sleep_after:
                     time.sleep(pause)
                     pause = min(pause * 2, 1e-3)
         finally:
