@@ -34,12 +34,12 @@ MPI_TYPES: dict[torch.dtype, MPI.Datatype] = {
 
 MPI_OPS: dict[str, MPI.Op] = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 
-WAIT_POLICIES = ("auto", "spin", "sleep")
+WAIT_POLICIES = ("auto", "spin", "yield")
 
 DEFAULT_TIMEOUT_S = 300.0
 
-#: Under the "sleep" wait policy, poll flat out this long before sleeping between polls.
-SPIN_BEFORE_SLEEP_S = 2e-4
+#: Under the "yield" wait policy, yield between polls this long before sleeping between them.
+YIELD_BEFORE_SLEEP_S = 2e-3
 
 
 class CommTimeout(RuntimeError):
@@ -80,9 +80,11 @@ class Communicator:
 
     ``timeout_s`` bounds every wait (default from ``MPISOLVE_TIMEOUT``, else 300 s).
     ``wait`` is how a rank waits: ``"spin"`` polls MPI flat out (best with a core per
-    rank), ``"sleep"`` polls with a short backoff sleep so ranks sharing cores leave them
-    to ranks that compute, ``"auto"`` picks ``"sleep"`` when the node runs more ranks
-    than it has cores (default from ``MPISOLVE_WAIT``).
+    rank); ``"yield"`` polls and yields the core to other processes between polls, and
+    after 2 ms sleeps between polls (backing off to 1 ms), so ranks sharing cores leave
+    them to ranks that compute without slowing short operations; ``"auto"`` picks
+    ``"yield"`` when the node runs more ranks than it has cores (default from
+    ``MPISOLVE_WAIT``).
     """
 
     def __init__(
@@ -109,7 +111,7 @@ class Communicator:
         if policy not in WAIT_POLICIES:
             raise ValueError(f"wait must be one of {WAIT_POLICIES}, got {policy!r}")
         if policy == "auto":
-            policy = "sleep" if self.local_size > self.cores else "spin"
+            policy = "yield" if self.local_size > self.cores else "spin"
         self.wait_policy: str = policy
         #: Seconds this rank has spent blocked in :meth:`wait`, for busy/comm/idle accounting.
         self.blocked_s: float = 0.0
@@ -125,8 +127,8 @@ class Communicator:
             return
         start = time.perf_counter()
         deadline = start + self.timeout_s
-        # Short operations finish within the spin; only long waits start sleeping.
-        sleep_after = start + SPIN_BEFORE_SLEEP_S
+        # Short operations finish while yielding; only long waits start sleeping.
+        sleep_after = start + YIELD_BEFORE_SLEEP_S
         pause = 5e-5
         try:
             while not _all_done(reqs):
@@ -136,9 +138,12 @@ class Communicator:
                         f"mpisolve: {what} did not complete within {self.timeout_s:g} s on rank "
                         f"{self.rank} of {self.size} (watchdog; set MPISOLVE_TIMEOUT to change it)"
                     )
-                if self.wait_policy == "sleep" and now > sleep_after:
-                    time.sleep(pause)
-                    pause = min(pause * 2, 1e-3)
+                if self.wait_policy == "yield":
+                    if now < sleep_after:
+                        os.sched_yield()
+                    else:
+                        time.sleep(pause)
+                        pause = min(pause * 2, 1e-3)
         finally:
             self.blocked_s += time.perf_counter() - start
 
