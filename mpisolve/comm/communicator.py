@@ -288,6 +288,12 @@ def init(*, timeout_s: float | None = None, wait: str | None = None, threads: in
         return _WORLD
 
 
+def mpi4py_version() -> str:
+    import mpi4py
+
+    return mpi4py.__version__
+
+
 def finalize() -> None:
     """Finalize MPI now (for a clean exit after a :class:`CollectiveInputError`)."""
     if MPI.Is_initialized() and not MPI.Is_finalized():

@@ -39,7 +39,7 @@ from .config import TrainConfig
 from .data import ShardStream, derive_seed, eval_shard, load_dataset
 from .display import Display
 from .hetero import Slowdown
-from .metrics import RunLog, git_commit, summary_path, versions, write_json
+from .metrics import RunLog, run_facts, summary_path, write_json
 from .models import build_model
 from .schedule import AgreedCounter, Due, LockstepCounter, Progress, Schedule
 
@@ -127,7 +127,7 @@ class Trainer:
         self.test_accuracy: float | None = None
         self.test_loss: float | None = None
         self.last_update_samples = 0
-        self.clock = TimeAccount(comm)
+        self.clock = TimeAccount(comm)  # restarted by prepare(), from the checkpoint's times on resume
         self.log: RunLog | None = None
         self.display = Display(config.solver) if rank == 0 and show else None
         # Hot-path buffers and the running interval (since the previous record).
@@ -190,16 +190,17 @@ class Trainer:
         self._count += n
 
     def _milestone(self, now: Progress, due: Due) -> None:
-        evaluated = self._evaluate() if due.evaluate else False
+        if due.evaluate:
+            self._evaluate()
         if due.log:
-            self._record(now, evaluated, important=evaluated or due.stop)
+            self._record(now, due.evaluate, important=due.evaluate or due.stop)
         if due.checkpoint:
             with self.clock.paused():
                 self._save_checkpoint(now)
 
     # ---------------------------------------------------------------- evaluation
-    def _evaluate(self) -> bool:
-        """Test accuracy over every rank's test shard; updates the time to target. Returns True."""
+    def _evaluate(self) -> None:
+        """Test accuracy and loss over every rank's test shard; notes the time to target."""
         self.ctrl.barrier("barrier before evaluation")  # waiting for the slowest rank is training time
         with self.clock.paused():
             totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
@@ -219,7 +220,6 @@ class Trainer:
         target = self.config.target_accuracy
         if target is not None and self.time_to_target_s is None and self.test_accuracy >= target:
             self.time_to_target_s = self.clock.wall_s()
-        return True
 
     # ------------------------------------------------------------------- records
     def _record(self, now: Progress, evaluated: bool, *, important: bool) -> None:
@@ -261,17 +261,15 @@ class Trainer:
             )
 
     def _summary(self) -> dict[str, Any]:
-        everyone = self.ctrl.allgather_object((self.clock.wall_s(), self.clock.blocked_s()))
+        wall = self.clock.wall_s()
+        everyone = self.ctrl.allgather_object((wall, self.clock.blocked_s()))
         busy, comm, idle = split_time([e[0] for e in everyone], [e[1] for e in everyone])
         now = self.counter.now
-        wall = self.clock.wall_s()
         summary = {
             "solver": self.config.solver,
             "options": options_to_dict(self.solver.options),
             "ranks": self.comm.size,
-            "mpi_library_version": self.comm.library_version(),
-            "versions": versions(),
-            "git_commit": git_commit(),
+            **self.ctrl.bcast_object(run_facts(self.comm.library_version()) if self.comm.rank == 0 else None),
             "workload": self.config.workload(),
             "target_accuracy": self.config.target_accuracy,
             "time_to_target_s": self.time_to_target_s,

@@ -18,7 +18,6 @@ samples of the updates since the previous record per training second; ``busy``,
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import platform
 import subprocess
@@ -87,25 +86,40 @@ def write_json(path: str | Path, data: dict[str, Any]) -> None:
     atomic_write(path, [json.dumps(data, indent=2).encode() + b"\n"])
 
 
-def versions() -> dict[str, str | None]:
+def versions() -> dict[str, str]:
     """Versions of Python and of the packages a run depends on."""
-    out: dict[str, str | None] = {"python": platform.python_version()}
-    for package in ("mpisolve", "torch", "mpi4py", "numpy"):
-        try:
-            out[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            out[package] = None
-    return out
+    import numpy
+    import torch
+
+    from .. import __version__
+    from ..comm.communicator import mpi4py_version
+
+    return {
+        "python": platform.python_version(),
+        "mpisolve": __version__,
+        "torch": torch.__version__,
+        "mpi4py": mpi4py_version(),
+        "numpy": numpy.__version__,
+    }
 
 
 def git_commit() -> str | None:
-    """The commit of mpisolve's source checkout (with ``-dirty`` if modified), or None."""
+    """The commit of mpisolve's source checkout (``-dirty`` when files differ from it), or None."""
     source = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(
-            ["git", "describe", "--always", "--dirty", "--abbrev=40"],
-            cwd=source, capture_output=True, text=True, timeout=10, check=True,
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=source, capture_output=True, text=True, timeout=10, check=True
         ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
-    return commit or None
+    return commit + ("-dirty" if dirty else "")
+
+
+def run_facts(library_version: str) -> dict[str, Any]:
+    """What a summary records about the software a run used."""
+    return {"mpi_library_version": library_version, "versions": versions(), "git_commit": git_commit()}
