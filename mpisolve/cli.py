@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("mpisolve.bench", "measure collectives, solvers and kernels; print JSON"),
     "train": ("mpisolve.train.loop", "train a built-in model with one solver (under MPI)"),
     "compare": ("mpisolve.train.compare", "train with several solvers on one workload; table, JSON, plots"),
-    "plot": ("mpisolve.train.plots", "plot test accuracy from run logs (no MPI)"),
+    "plot": ("mpisolve.train.plots", "plot test accuracy from run logs (no mpiexec needed)"),
 }
 
 

@@ -289,6 +289,7 @@ def init(*, timeout_s: float | None = None, wait: str | None = None, threads: in
 
 
 def mpi4py_version() -> str:
+    """The version of mpi4py (for run summaries: only this package imports mpi4py)."""
     import mpi4py
 
     return mpi4py.__version__

@@ -14,7 +14,7 @@ import argparse
 import dataclasses
 import math
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,10 +168,7 @@ def compare_config(args: argparse.Namespace, world_size: int) -> CompareConfig:
             if solver in scoped:
                 scoped[solver].append(rest)
             continue
-        takers = [n for n in names if key in option_fields(_solver_class(n).Options)]
-        if not takers:
-            raise InputError(f"--set {item!r}: no solver among {', '.join(names)} takes option {key!r}")
-        for name in takers:
+        for name in _takers(key, names, f"--set {item!r}"):
             scoped[name].append(item)
     runs = tuple(
         _config(values, world_size, solver=name, options=_solver_options(name, _options_for(name, table, names), scoped[name]))
@@ -273,12 +270,17 @@ def _options_for(solver: str, table: Mapping[str, Any], selected: Iterable[str])
             if key == solver:
                 out.update(value)
             continue
-        takers = [n for n in selected if key in option_fields(_solver_class(n).Options)]
-        if not takers:
-            raise InputError(f"[options] {key!r}: no solver among {', '.join(selected)} takes this option")
-        if solver in takers:
+        if solver in _takers(key, selected, f"[options] {key!r}"):
             out[key] = value
     return out
+
+
+def _takers(key: str, names: Sequence[str], where: str) -> list[str]:
+    """The solvers among ``names`` that declare option ``key`` (an error when none does)."""
+    takers = [n for n in names if key in option_fields(_solver_class(n).Options)]
+    if not takers:
+        raise InputError(f"{where}: no solver among {', '.join(names)} takes option {key!r}")
+    return takers
 
 
 def _solver_options(solver: str, given: dict[str, Any], sets: list[str]) -> dict[str, Any]:

@@ -151,6 +151,7 @@ class ShardStream:
         self._order = self._pass_order(0)
         self._x = torch.empty((batch_size, *split.x.shape[1:]), dtype=split.x.dtype)
         self._y = torch.empty(batch_size, dtype=split.y.dtype)
+        #: Training-set indices of the latest batch.
         self.last_indices = torch.empty(batch_size, dtype=torch.long)
 
     def _pass_order(self, p: int) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Test accuracy against training wall time and against epochs, one line per run.
 
-``python -m mpisolve plot RUN.jsonl ... [--out DIR]`` draws them from JSON Lines logs,
-without MPI; ``compare`` draws the same after its runs.
+``python -m mpisolve plot RUN.jsonl ... [--out DIR]`` draws them from JSON Lines logs
+in one process (no mpiexec); ``compare`` draws the same after its runs.
 """
 
 from __future__ import annotations

@@ -197,7 +197,7 @@ def test_asynchronous_progress_is_summed_over_ranks(comm, test_solvers):
     slow, hetero = last_rank_slow(comm)
     summary = train(config(solver="test-local", epochs=0.5, hetero=hetero), comm, show=False)
     updates = comm.allgather_object(BUILT[-1].updates)
-    assert summary["steps"] >= sum(updates) - comm.size  # at most one update per rank after the last round
+    assert summary["steps"] <= sum(updates)  # the agreed count: every rank's updates up to the last round
     assert 0.5 <= summary["epochs"] < 0.8 and updates[0] > updates[slow]
 
 

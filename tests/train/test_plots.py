@@ -1,4 +1,4 @@
-"""``mpisolve plot``: PNGs from JSON Lines logs, without an MPI job."""
+"""``mpisolve plot``: PNGs from JSON Lines logs, in one process."""
 
 import json
 
