@@ -11,16 +11,42 @@ import argparse
 import importlib
 import sys
 
-from .options import InputError
+from .options import CollectiveInputError, InputError
 
 #: command -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("mpisolve.bench", "measure collectives, solvers and kernels; print JSON"),
+    "train": ("mpisolve.train.loop", "train a built-in model with one solver (under MPI)"),
+    "compare": ("mpisolve.train.compare", "train with several solvers on one workload; table, JSON, plots"),
+    "plot": ("mpisolve.train.plots", "plot test accuracy from run logs (no mpiexec needed)"),
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments: one line naming the problem (``--help`` shows the usage), exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(_fail(f"{self.prog}: error: {message}", every_rank=True))  # every rank parses the same argv
+
+
+def _fail(line: str, *, every_rank: bool) -> int:
+    """Print ``line`` in one write (so ranks' lines do not interleave); return exit status 2.
+
+    When every rank fails alike, MPI is finalized first, so that the job ends without an
+    MPI_Abort and its extra lines; after a rank fails alone, ``python -m mpi4py`` aborts
+    the job.
+    """
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    if every_rank and "mpi4py.MPI" in sys.modules:
+        from .comm.communicator import finalize
+
+        finalize()
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mpisolve", description="MPI-native distributed training solvers")
+    parser = OneLineParser(prog="mpisolve", description="MPI-native distributed training solvers")
     sub = parser.add_subparsers(dest="command", metavar="command")
     sub.required = True
     modules = {}
@@ -35,5 +61,4 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return modules[args.command].run(args)
     except InputError as err:
-        print(f"mpisolve {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return _fail(f"mpisolve {args.command}: error: {err}", every_rank=isinstance(err, CollectiveInputError))

@@ -17,6 +17,10 @@ class InputError(ValueError):
     """Bad user input (a name, a value, a file): reported as one line, exit status 2."""
 
 
+class CollectiveInputError(InputError):
+    """Bad input that every rank has agreed on (``Communicator.agree``): the job can end cleanly."""
+
+
 class OptionError(InputError):
     """A solver option is unknown, of the wrong type, or out of range."""
 

@@ -13,11 +13,15 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 from mpi4py import MPI
+
+from ..options import CollectiveInputError, InputError
+
+T = TypeVar("T")
 
 #: MPI datatypes for the torch dtypes MPI can reduce natively. float16 and bfloat16
 #: have no standard MPI type: mpisolve reduces them in float32 (see buckets.py).
@@ -113,8 +117,10 @@ class Communicator:
         if policy == "auto":
             policy = "yield" if self.local_size > self.cores else "spin"
         self.wait_policy: str = policy
-        #: Seconds this rank has spent blocked in :meth:`wait`, for busy/comm/idle accounting.
+        #: Seconds this rank has spent blocked in :meth:`wait`, here and on communicators
+        #: split from this one, for busy/comm/idle accounting.
         self.blocked_s: float = 0.0
+        self._parent: Communicator | None = None
 
     # ----------------------------------------------------------------- waiting
     def wait(self, requests: MPI.Request | Sequence[MPI.Request], what: str) -> None:
@@ -145,7 +151,11 @@ class Communicator:
                         time.sleep(pause)
                         pause = min(pause * 2, 1e-3)
         finally:
-            self.blocked_s += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            comm: Communicator | None = self
+            while comm is not None:
+                comm.blocked_s += elapsed
+                comm = comm._parent
 
     # ------------------------------------------------------------ collectives
     def allreduce_(self, tensor: torch.Tensor, op: str = "sum", what: str = "allreduce") -> torch.Tensor:
@@ -180,7 +190,26 @@ class Communicator:
     def split(self, color: int, key: int | None = None) -> Communicator:
         """A sub-communicator with the same waiting policy and watchdog."""
         sub = self.comm.Split(color, self.rank if key is None else key)
-        return Communicator(sub, timeout_s=self.timeout_s, wait=self.wait_policy)
+        child = Communicator(sub, timeout_s=self.timeout_s, wait=self.wait_policy)
+        child._parent = self
+        return child
+
+    def agree(self, check: Callable[[], T]) -> T:
+        """Run ``check`` on every rank; if it raises :class:`InputError` on any, raise it on all.
+
+        Input checks that may fail on some ranks only (a file one rank cannot read, a
+        world-size mismatch) go through here, so that every rank reports the same
+        problem (the lowest failing rank's) and none is left waiting in a collective.
+        """
+        problem = None
+        try:
+            result = check()
+        except InputError as err:
+            problem = str(err)
+        first = next((p for p in self.allgather_object(problem) if p is not None), None)
+        if first is not None:
+            raise CollectiveInputError(first)
+        return result
 
     # ------------------------------------------------------------------ facts
     @staticmethod
@@ -262,6 +291,19 @@ def init(*, timeout_s: float | None = None, wait: str | None = None, threads: in
             elif "OMP_NUM_THREADS" not in os.environ:
                 torch.set_num_threads(max(1, _WORLD.cores // _WORLD.local_size))
         return _WORLD
+
+
+def mpi4py_version() -> str:
+    """The version of mpi4py (for run summaries: only this package imports mpi4py)."""
+    import mpi4py
+
+    return mpi4py.__version__
+
+
+def finalize() -> None:
+    """Finalize MPI now (for a clean exit after a :class:`CollectiveInputError`)."""
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
 
 
 def as_communicator(comm: MPI.Comm | Communicator | None) -> Communicator:

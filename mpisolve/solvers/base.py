@@ -54,6 +54,13 @@ class Solver(ABC):
 
     name: ClassVar[str]
     Options: ClassVar[type] = NoOptions
+    #: True when every rank's ``step`` returns the same sequence of applied updates with
+    #: the same ``global_samples`` (counted over all ranks): synchronous rounds, or
+    #: ABS-SGD's delayed rounds, however many micro-batches each rank computes per round.
+    #: A training loop can then decide when to stop or evaluate from its own counts, with
+    #: no extra communication. False for asynchronous solvers, whose ``global_samples``
+    #: count only this rank's contribution: the loop agrees on progress by summing them.
+    lockstep: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -79,11 +86,12 @@ class Solver(ABC):
 
     # ------------------------------------------------------------- samples
     def _count_samples(self, module: torch.nn.Module, args: tuple) -> None:
-        if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
+        # Only training passes count: evaluation under no_grad/inference_mode does not.
+        if torch.is_grad_enabled() and args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
             self._samples += args[0].shape[0]
 
     def samples_seen(self) -> int:
-        """Samples the forward passes have seen since the last step."""
+        """Samples the training forward passes (with grad enabled) have seen since the last step."""
         return self._samples
 
     def take_samples(self, batch_size: int | None) -> int:

@@ -1,0 +1,362 @@
+"""The training loop behind ``python -m mpi4py -m mpisolve train``, generic over solvers.
+
+Every rank runs, for each micro-batch of its own shard::
+
+    solver.zero_grad(); loss = cross_entropy(model(x), y); loss.backward()
+    slowdown.stretch(compute time)          # the emulated heterogeneous cluster
+    info = solver.step()                    # maybe an update (info.applied)
+
+and counts progress in applied updates and the global samples they covered (see
+:mod:`mpisolve.train.schedule`), so that it evaluates, logs, checkpoints and stops at the
+same point of its sequence of collectives as every other rank, whatever the solver:
+synchronous, ABS-SGD (ranks compute different numbers of micro-batches per update) or
+asynchronous. The trainer's own collectives run on a communicator split from the
+solver's, so they never interleave with the solver's. Evaluation and checkpoint writing
+are left out of the training wall clock (time to target accuracy is training time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..comm.communicator import Communicator
+from ..comm.state import model_signature
+from ..options import CollectiveInputError, options_to_dict
+from ..solvers import make_solver
+from . import config as train_settings
+from .accounting import TimeAccount, split_time
+from .checkpoint import CheckpointDir
+from .config import TrainConfig
+from .data import ShardStream, derive_seed, eval_shard, load_dataset
+from .display import Display
+from .hetero import Slowdown
+from .metrics import RunLog, run_facts, summary_path, write_json
+from .models import build_model
+from .schedule import AgreedCounter, Due, LockstepCounter, Progress, Schedule
+
+#: Test examples evaluated per forward pass.
+EVAL_CHUNK = 256
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    train_settings.add_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..comm import init
+
+    comm = init()
+    config = comm.agree(lambda: train_settings.train_config(args, comm.size))
+    summary = train(config, comm)
+    if comm.rank == 0:
+        print(json.dumps(summary), flush=True)
+    return 0
+
+
+def train(config: TrainConfig, comm: Communicator, *, show: bool = True) -> dict[str, Any]:
+    """Run ``config`` on every rank of ``comm``; returns the run's summary (on every rank).
+
+    Rank 0 writes the JSON Lines log and the summary when ``config.log`` is set and, with
+    ``show``, shows progress on stderr. Bad input (a checkpoint that does not fit, a log
+    that cannot be written) raises :class:`CollectiveInputError` on every rank.
+    """
+    trainer = Trainer(config, comm, show=show)
+    try:
+        trainer.prepare()
+        summary = trainer.run()
+    except CollectiveInputError:
+        trainer.close()
+        raise
+    trainer.close()
+    return summary
+
+
+class Trainer:
+    """One run's state on one rank: data stream, model, solver, counters, clocks, outputs."""
+
+    def __init__(self, config: TrainConfig, comm: Communicator, *, show: bool) -> None:
+        self.config = config
+        self.comm = comm
+        self.ctrl = comm.split(0)  # the trainer's own collectives, apart from the solver's
+        rank, size = comm.rank, comm.size
+        self.data = self.ctrl.agree(lambda: load_dataset(config.dataset, size=config.data_size))
+        self.shard = self.ctrl.agree(
+            lambda: ShardStream(self.data.train, rank=rank, size=size, seed=config.seed, batch_size=config.batch_size)
+        )
+        self.test = eval_shard(self.data.test, rank, size)
+        torch.manual_seed(config.seed)  # the same initial model everywhere (the solver broadcasts rank 0's anyway)
+        self.model = build_model(config.model, self.data.in_shape, self.data.classes)
+        self.optimizer = torch.optim.SGD(
+            self.model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+        )
+        self.solver = make_solver(config.solver, self.model, self.optimizer, comm, **config.options)
+        torch.manual_seed(derive_seed(config.seed, rank))  # each rank's own stream from here on
+        random.seed(derive_seed(config.seed, rank))
+        np.random.seed(derive_seed(config.seed, rank) % 2**32)
+        self.slowdown = Slowdown(config.hetero[rank] if config.hetero else 1.0)
+        self.counter = LockstepCounter() if self.solver.lockstep else AgreedCounter(self.ctrl)
+        self.schedule = Schedule(
+            train_size=len(self.data.train),
+            epochs=config.epochs,
+            steps=config.steps,
+            eval_every=config.eval_every,
+            log_every=config.log_every,
+            checkpoint_every=config.checkpoint_every,
+            checkpoints=config.checkpoint_dir is not None,
+        )
+        self.checkpoints = (
+            CheckpointDir(config.checkpoint_dir, rank=rank, size=size) if config.checkpoint_dir is not None else None
+        )
+        self.identity = {
+            "model": config.model,
+            "model_signature": hashlib.sha1(repr(model_signature(self.model)).encode()).hexdigest(),
+            "dataset": config.dataset,
+            "solver": config.solver,
+        }
+        # Outcomes so far (restored on resume).
+        self.time_to_target_s: float | None = None
+        self.test_accuracy: float | None = None
+        self.test_loss: float | None = None
+        self.last_update_samples = 0
+        self.clock = TimeAccount(comm)  # restarted by prepare(), from the checkpoint's times on resume
+        self.log: RunLog | None = None
+        self.display = Display(config.solver) if rank == 0 and show else None
+        # Hot-path buffers and the running interval (since the previous record).
+        self._pred = torch.empty(config.batch_size, dtype=torch.long)
+        self._hit = torch.empty(config.batch_size, dtype=torch.bool)
+        self._loss_sum = 0.0
+        self._correct = 0
+        self._count = 0
+        self._mark = (0.0, 0.0, 0)
+
+    def prepare(self) -> None:
+        """Resume from the checkpoint if asked, open the log, start the clocks (agreed on every rank)."""
+        config, rank = self.config, self.comm.rank
+        wall_s = blocked_s = 0.0
+        if config.resume:
+            wall_s, blocked_s = self.ctrl.agree(self._load_checkpoint)
+        resume_step = self.counter.now.steps if config.resume else None
+        self.log = self.ctrl.agree(
+            lambda: RunLog(config.log, resume_step=resume_step) if rank == 0 and config.log is not None else None
+        )
+        self.clock = TimeAccount(self.comm, wall_s=wall_s, blocked_s=blocked_s)
+        self._mark = (self.clock.wall_s(), self.clock.blocked_s(), self.counter.now.samples)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> dict[str, Any]:
+        model, solver, shard, counter = self.model, self.solver, self.shard, self.counter
+        comm, slowdown, clock = self.comm, self.slowdown, self.clock
+        before = counter.now
+        if self.schedule.fraction(before) >= 1.0:  # resumed a run that had already finished
+            return self._summary()
+        counter.start()
+        while True:
+            x, y = shard.next_batch()
+            solver.zero_grad()
+            start, blocked = perf_counter(), comm.blocked_s
+            out = model(x)
+            loss = F.cross_entropy(out, y)
+            loss.backward()
+            slowdown.stretch(perf_counter() - start - (comm.blocked_s - blocked))
+            info = solver.step()
+            self._tally(loss, out, y)
+            if info.applied:
+                self.last_update_samples = info.global_samples
+            now = counter.advance(info)
+            if now is None:
+                continue
+            due = self.schedule.due(before, now)
+            self._milestone(now, due)
+            before = now
+            if due.stop:
+                break
+        return self._summary()
+
+    def _tally(self, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> None:
+        n = y.shape[0]
+        self._loss_sum += loss.item() * n
+        torch.argmax(out.detach(), 1, out=self._pred)
+        torch.eq(self._pred, y, out=self._hit)
+        self._correct += int(self._hit.sum())
+        self._count += n
+
+    def _milestone(self, now: Progress, due: Due) -> None:
+        if due.evaluate:
+            self._evaluate()
+        if due.log:
+            self._record(now, due.evaluate, important=due.evaluate or due.stop)
+        if due.checkpoint:
+            with self.clock.paused():
+                self._save_checkpoint(now)
+
+    # ---------------------------------------------------------------- evaluation
+    def _evaluate(self) -> None:
+        """Test accuracy and loss over every rank's test shard; notes the time to target."""
+        self.ctrl.barrier("barrier before evaluation")  # waiting for the slowest rank is training time
+        with self.clock.paused():
+            totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+            with self.solver.evaluating() as model, torch.no_grad():
+                was_training = model.training
+                model.eval()
+                for lo in range(0, len(self.test), EVAL_CHUNK):
+                    x, y = self.test.x[lo : lo + EVAL_CHUNK], self.test.y[lo : lo + EVAL_CHUNK]
+                    out = model(x)
+                    totals[0] += F.cross_entropy(out, y, reduction="sum").item()
+                    totals[1] += int((out.argmax(1) == y).sum())
+                    totals[2] += y.shape[0]
+                model.train(was_training)
+            self.ctrl.allreduce_(totals, what="evaluation allreduce")
+        self.test_loss = totals[0].item() / totals[2].item()
+        self.test_accuracy = totals[1].item() / totals[2].item()
+        target = self.config.target_accuracy
+        if target is not None and self.time_to_target_s is None and self.test_accuracy >= target:
+            self.time_to_target_s = self.clock.wall_s()
+
+    # ------------------------------------------------------------------- records
+    def _record(self, now: Progress, evaluated: bool, *, important: bool) -> None:
+        wall, blocked = self.clock.wall_s(), self.clock.blocked_s()
+        last_wall, last_blocked, last_samples = self._mark
+        mine = (wall - last_wall, blocked - last_blocked, self._loss_sum, self._correct, self._count)
+        everyone = self.ctrl.allgather_object(mine)
+        busy, comm, idle = split_time([e[0] for e in everyone], [e[1] for e in everyone])
+        count = sum(e[4] for e in everyone)
+        record = {
+            "step": now.steps,
+            "epoch": self.schedule.epoch(now),
+            "wall_s": wall,
+            "loss": sum(e[2] for e in everyone) / max(count, 1),
+            "train_accuracy": sum(e[3] for e in everyone) / max(count, 1),
+            "test_accuracy": self.test_accuracy if evaluated else None,
+            "test_loss": self.test_loss if evaluated else None,
+            "global_samples": self.last_update_samples,
+            "samples_per_s": (now.samples - last_samples) / max(wall - last_wall, 1e-9),
+            "busy": busy,
+            "comm": comm,
+            "idle": idle,
+        }
+        self._loss_sum, self._correct, self._count = 0.0, 0, 0
+        self._mark = (wall, blocked, now.samples)
+        if self.log is not None:
+            self.log.write(record)
+        if self.display is not None:
+            self.display.update(
+                self.schedule.fraction(now),
+                {
+                    "epoch": round(record["epoch"], 2),
+                    "loss": record["loss"],
+                    "train_acc": record["train_accuracy"],
+                    "test_acc": record["test_accuracy"],
+                    "wall_s": round(wall, 1),
+                },
+                important=important,
+            )
+
+    def _summary(self) -> dict[str, Any]:
+        wall = self.clock.wall_s()
+        everyone = self.ctrl.allgather_object((wall, self.clock.blocked_s()))
+        busy, comm, idle = split_time([e[0] for e in everyone], [e[1] for e in everyone])
+        now = self.counter.now
+        summary = {
+            "solver": self.config.solver,
+            "options": options_to_dict(self.solver.options),
+            "ranks": self.comm.size,
+            **self.ctrl.bcast_object(run_facts(self.comm.library_version()) if self.comm.rank == 0 else None),
+            "workload": self.config.workload(),
+            "target_accuracy": self.config.target_accuracy,
+            "time_to_target_s": self.time_to_target_s,
+            "final_accuracy": self.test_accuracy,
+            "final_test_loss": self.test_loss,
+            "steps": now.steps,
+            "epochs": self.schedule.epoch(now),
+            "wall_s": wall,
+            "samples_per_s": now.samples / max(wall, 1e-9),
+            "busy_fraction": sum(busy) / len(busy),
+            "busy": busy,
+            "comm": comm,
+            "idle": idle,
+        }
+        if self.comm.rank == 0 and self.config.log is not None:
+            write_json(summary_path(self.config.log), summary)
+        return summary
+
+    # --------------------------------------------------------------- checkpoints
+    def _state(self) -> dict[str, Any]:
+        numpy_state = np.random.get_state()
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "solver": self.solver.state_dict(),
+            "data": self.shard.state_dict(),
+            "progress": self.counter.state_dict(),
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "numpy": [numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]],
+                "python": random.getstate(),
+            },
+            "run": {
+                "wall_s": self.clock.wall_s(),
+                "blocked_s": self.clock.blocked_s(),
+                "time_to_target_s": self.time_to_target_s,
+                "test_accuracy": self.test_accuracy,
+                "test_loss": self.test_loss,
+                "last_update_samples": self.last_update_samples,
+            },
+        }
+
+    def _save_checkpoint(self, now: Progress) -> None:
+        assert self.checkpoints is not None
+        checkpoints, state = self.checkpoints, self._state()
+        self.ctrl.agree(lambda: checkpoints.write_rank(now.steps, self.identity, state))
+        self.ctrl.agree(lambda: checkpoints.commit(now.steps) if self.comm.rank == 0 else None)
+        checkpoints.prune(now.steps)
+
+    def _load_checkpoint(self) -> tuple[float, float]:
+        """Restore this rank's state from the committed checkpoint; (wall_s, blocked_s) so far."""
+        assert self.checkpoints is not None
+        _, state = self.checkpoints.read_rank(self.identity)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.solver.load_state_dict(state["solver"])
+        self.shard.load_state_dict(state["data"])
+        self.counter.load_state_dict(state["progress"])
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        numpy_state = rng["numpy"]
+        np.random.set_state((numpy_state[0], np.array(numpy_state[1], dtype=np.uint32), *numpy_state[2:]))
+        random.setstate(_as_tuples(rng["python"]))
+        run = state["run"]
+        self.time_to_target_s = run["time_to_target_s"]
+        self.test_accuracy = run["test_accuracy"]
+        self.test_loss = run["test_loss"]
+        self.last_update_samples = run["last_update_samples"]
+        return float(run["wall_s"]), float(run["blocked_s"])
+
+    def close(self) -> None:
+        self.counter.close()
+        self.solver.close()
+        if self.log is not None:
+            self.log.close()
+        if self.display is not None:
+            self.display.close()
+
+
+def perf_counter() -> float:
+    from time import perf_counter
+
+    return perf_counter()
+
+
+def _as_tuples(value: Any) -> Any:
+    """``random.setstate`` wants the nested tuples ``getstate`` gave (a checkpoint may hold lists)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_as_tuples(v) for v in value)
+    return value

@@ -1,0 +1,227 @@
+"""The trainer under MPI: shards, resume, checkpoint refusal, solver kinds, compare."""
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import mpisolve
+from mpisolve.options import CollectiveInputError
+from mpisolve.solvers import Solver, StepInfo, base
+from mpisolve.train.checkpoint import CheckpointDir
+from mpisolve.train.compare import SOLVER_FIELDS, compare, table
+from mpisolve.train.config import CompareConfig, TrainConfig
+from mpisolve.train.data import ShardStream, load_dataset
+from mpisolve.train.loop import train
+
+BUILT: list[Solver] = []  # the test solvers built in this process, newest last
+
+
+class DelayedSolver(Solver):
+    """ABS-SGD's pattern: keep computing micro-batches until last round's allreduce completes.
+
+    Ranks compute different numbers of micro-batches per update; every rank applies the
+    same rounds (lockstep), each weighted by the samples all ranks put in.
+    """
+
+    name = "test-delayed"
+
+    def __init__(self, model, optimizer, comm=None, **options):
+        super().__init__(model, optimizer, comm, **options)
+        n = sum(p.numel() for p in self.params)
+        self.flat = torch.zeros(n + 1, dtype=torch.float64)
+        self.acc = torch.zeros(n + 1, dtype=torch.float64)
+        self.round = self.comm.persistent_allreduce(self.flat)
+        self.in_flight = False
+        self.micro_batches = 0
+        BUILT.append(self)
+
+    def step(self, batch_size=None):
+        n = self.take_samples(batch_size)
+        self.micro_batches += 1
+        offset = 0
+        for p in self.params:
+            self.acc[offset : offset + p.numel()] += p.grad.reshape(-1) * n
+            offset += p.numel()
+        self.acc[-1] += n
+        applied, total = False, 0
+        if self.in_flight and self.round.test():
+            total = int(self.flat[-1])
+            offset = 0
+            for p in self.params:
+                p.grad.copy_(self.flat[offset : offset + p.numel()].view_as(p) / total)
+                offset += p.numel()
+            self.optimizer.step()
+            applied, self.in_flight = True, False
+        if not self.in_flight:
+            self.flat.copy_(self.acc)
+            self.acc.zero_()
+            self.round.start()
+            self.in_flight = True
+        return StepInfo(applied=applied, global_samples=total, local_samples=n)
+
+    def close(self):
+        if not self.closed:
+            if self.in_flight:
+                self.round.wait()
+            self.round.free()
+        super().close()
+
+
+class LocalSolver(Solver):
+    """Asynchronous in the trainer's sense: every rank updates on its own, no global rounds."""
+
+    name = "test-local"
+    lockstep = False
+
+    def __init__(self, model, optimizer, comm=None, **options):
+        super().__init__(model, optimizer, comm, **options)
+        self.updates = 0
+        BUILT.append(self)
+
+    def step(self, batch_size=None):
+        n = self.take_samples(batch_size)
+        self.optimizer.step()
+        self.updates += 1
+        return StepInfo(applied=True, global_samples=n, local_samples=n)
+
+
+@pytest.fixture
+def test_solvers(monkeypatch):
+    for cls in (DelayedSolver, LocalSolver):
+        monkeypatch.setitem(base._REGISTRY, cls.name, cls)
+    BUILT.clear()
+
+
+@pytest.fixture
+def comm():
+    return mpisolve.init()
+
+
+@pytest.fixture
+def shared_dir(comm):
+    """One temporary directory, the same path on every rank."""
+    path = comm.bcast_object(tempfile.mkdtemp(prefix="mpisolve-train-") if comm.rank == 0 else None)
+    yield Path(path)
+    comm.barrier()
+
+
+def config(**kw):
+    base_settings = dict(model="cnn", dataset="digits", batch_size=16, lr=0.05, seed=1, log_every=4)
+    if "epochs" not in kw:
+        base_settings["steps"] = 6
+    return TrainConfig(**{**base_settings, **kw})
+
+
+def parameter_sums(comm, model):
+    """Every rank's sum of its parameters (equal where the ranks hold equal models)."""
+    return comm.allgather_object(sum(p.detach().double().sum().item() for p in model.parameters()))
+
+
+def last_rank_slow(comm):
+    """The last rank 3x slower than the others: (its rank, the factors)."""
+    return comm.size - 1, tuple(3.0 if r == comm.size - 1 else 1.0 for r in range(comm.size))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+def test_shards_partition_the_training_set_across_ranks(comm):
+    data = load_dataset("digits")
+    stream = ShardStream(data.train, rank=comm.rank, size=comm.size, seed=5, batch_size=13)
+    mine = []
+    while len(mine) < len(stream.indices):
+        stream.next_batch()
+        mine += stream.last_indices.tolist()
+    everyone = sum(comm.allgather_object(mine[: len(stream.indices)]), [])
+    assert sorted(everyone) == list(range(len(data.train)))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+def test_resumed_run_ends_with_the_uninterrupted_parameters(comm, shared_dir):
+    whole = config(steps=12, momentum=0.9, checkpoint_dir=str(shared_dir / "whole"), hetero=(1.0, 2.0))
+    train(whole, comm, show=False)
+    first = config(steps=5, momentum=0.9, checkpoint_dir=str(shared_dir / "parts"), log=str(shared_dir / "parts.jsonl"))
+    train(first, comm, show=False)
+    rest = config(steps=12, momentum=0.9, checkpoint_dir=str(shared_dir / "parts"), log=str(shared_dir / "parts.jsonl"), resume=True)
+    summary = train(rest, comm, show=False)
+    assert summary["steps"] == 12
+    states = []
+    for directory in ("whole", "parts"):
+        step, state = CheckpointDir(shared_dir / directory, rank=comm.rank, size=comm.size).read_rank({})
+        assert step == 12
+        states.append(state)
+    for name, value in states[0]["model"].items():
+        assert torch.equal(value, states[1]["model"][name]), name  # bit for bit
+    assert states[0]["data"] == states[1]["data"]
+    assert states[0]["optimizer"]["state"][0]["momentum_buffer"].equal(states[1]["optimizer"]["state"][0]["momentum_buffer"])
+    if comm.rank == 0:
+        steps = [json.loads(line)["step"] for line in (shared_dir / "parts.jsonl").read_text().splitlines()]
+        assert steps == [4, 5, 8, 12]  # the first run's records, then the resumed run's
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+def test_checkpoints_of_another_world_size_or_model_are_refused(comm, shared_dir):
+    alone = comm.split(comm.rank)  # every rank trains by itself: 1-rank checkpoints
+    train(config(steps=2, checkpoint_dir=str(shared_dir / f"alone{comm.rank}")), alone, show=False)
+    with pytest.raises(CollectiveInputError, match="written by 1 ranks; this run has 2"):
+        train(config(steps=4, checkpoint_dir=str(shared_dir / "alone0"), resume=True), comm, show=False)
+    train(config(steps=2, checkpoint_dir=str(shared_dir / "cnn")), comm, show=False)
+    with pytest.raises(CollectiveInputError, match="is of model 'cnn'; this run has 'mlp'"):
+        train(config(model="mlp", steps=4, checkpoint_dir=str(shared_dir / "cnn"), resume=True), comm, show=False)
+    if comm.rank == 0:
+        victim = shared_dir / "cnn" / "step-00000002-rank-00000.ckpt"
+        victim.write_bytes(victim.read_bytes()[:-100])
+    comm.barrier()
+    with pytest.raises(CollectiveInputError, match="truncated"):  # on every rank, though rank 1's file is fine
+        train(config(steps=4, checkpoint_dir=str(shared_dir / "cnn"), resume=True), comm, show=False)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 4)
+def test_delayed_rounds_let_fast_ranks_compute_more(comm, test_solvers):
+    slow, hetero = last_rank_slow(comm)
+    summary = train(config(solver="test-delayed", steps=8, hetero=hetero), comm, show=False)
+    solver = BUILT[-1]
+    counts = comm.allgather_object(solver.micro_batches)
+    assert summary["steps"] == 8 and max(counts) > counts[slow]
+    assert len(set(parameter_sums(comm, solver.model))) == 1  # every rank applied the same rounds
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 4)
+def test_asynchronous_progress_is_summed_over_ranks(comm, test_solvers):
+    slow, hetero = last_rank_slow(comm)
+    summary = train(config(solver="test-local", epochs=0.5, hetero=hetero), comm, show=False)
+    updates = comm.allgather_object(BUILT[-1].updates)
+    assert summary["steps"] <= sum(updates)  # the agreed count: every rank's updates up to the last round
+    assert 0.5 <= summary["epochs"] < 0.8 and updates[0] > updates[slow]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+def test_slow_rank_leaves_others_idle_under_synchronous_sgd(comm):
+    summary = train(config(steps=10, hetero=(1.0, 4.0)), comm, show=False)
+    assert summary["idle"][0] > summary["idle"][1]
+    assert all(abs(b + c + i - 1) < 1e-9 for b, c, i in zip(summary["busy"], summary["comm"], summary["idle"]))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+def test_compare_writes_summary_table_and_plots(comm, shared_dir, test_solvers):
+    runs = tuple(config(solver=name, steps=4, target_accuracy=0.05) for name in ("allreduce", "test-delayed"))
+    result = compare(CompareConfig(("allreduce", "test-delayed"), str(shared_dir / "cmp"), runs), comm, show=False)
+    if comm.rank == 0:
+        written = json.loads((shared_dir / "cmp" / "summary.json").read_text())
+        assert written == result and list(written["solvers"]) == ["allreduce", "test-delayed"]
+        for entry in written["solvers"].values():
+            assert set(entry) == set(SOLVER_FIELDS)
+            assert isinstance(entry["time_to_target_s"], float) and 0 <= entry["final_accuracy"] <= 1
+            assert entry["samples_per_s"] > 0 and 0 < entry["busy_fraction"] <= 1
+        for name in ("accuracy_vs_time.png", "accuracy_vs_epochs.png", "allreduce.jsonl", "test-delayed.summary.json"):
+            assert (shared_dir / "cmp" / name).stat().st_size > 0
+        lines = table(result).splitlines()
+        assert lines[0].split()[:4] == ["solver", "time", "to", "0.05"] and len(lines) == 4

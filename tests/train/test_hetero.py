@@ -1,0 +1,39 @@
+"""Emulated heterogeneity: presets, factor lists, and the measured stretch."""
+
+import statistics
+import time
+
+import pytest
+import torch
+
+from mpisolve.options import InputError
+from mpisolve.train.hetero import PRESETS, Slowdown, factors_for_world, parse_hetero
+
+
+def test_presets_and_lists():
+    assert parse_hetero("two-tier") == ("two-tier", PRESETS["two-tier"])
+    assert parse_hetero("1,1.5,2") == (None, (1.0, 1.5, 2.0))
+    assert parse_hetero([1, 4]) == (None, (1.0, 4.0))
+    assert factors_for_world("graded", PRESETS["graded"], 6) == PRESETS["graded"] + PRESETS["graded"][:2]
+    assert factors_for_world(None, (1.0, 2.0), 2) == (1.0, 2.0)
+    with pytest.raises(InputError, match="2 factors for 3 ranks"):
+        factors_for_world(None, (1.0, 2.0), 3)
+    for bad in ("1,x", "0.5", "inf", ""):
+        with pytest.raises(InputError):
+            parse_hetero(bad)
+
+
+def test_a_factor_of_three_takes_three_times_the_compute():
+    """Each micro-batch's whole time against its own measured compute, as the trainer stretches it."""
+    torch.manual_seed(0)
+    a = torch.randn(192, 192)
+    slow = Slowdown(3.0)
+    ratios = []
+    for _ in range(7):
+        start = time.perf_counter()
+        for _ in range(20):
+            a @ a
+        compute = time.perf_counter() - start
+        slow.stretch(compute)
+        ratios.append((time.perf_counter() - start) / compute)
+    assert 2.7 < statistics.median(ratios) < 3.6, ratios
