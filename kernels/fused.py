@@ -33,6 +33,8 @@ def layout(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> np.ndarray:
     if not flat.is_contiguous():
         raise ValueError("the flat buffer must be contiguous")
     for i, t in enumerate(tensors):
+        if t.is_cuda != flat.is_cuda:
+            raise ValueError(f"tensor {i} is on {t.device}, the flat buffer on {flat.device}")
         if t.dtype != flat.dtype:
             raise ValueError(f"tensor {i} has dtype {t.dtype}, the flat buffer {flat.dtype}: pack does not cast")
         if not t.is_contiguous():
@@ -126,38 +128,31 @@ unpack.__doc__ = """Copy ``flat``'s consecutive pieces back into contiguous ``te
 
 def bench_sizes(numel: int, count: int) -> list[int]:
     """``count`` tensor sizes summing to ``numel``, unequal as a model's are (deterministic)."""
+    if not 1 <= count <= numel:
+        raise ValueError(f"cannot split {numel} elements into {count} non-empty tensors")
     weights = np.random.default_rng(0).pareto(1.0, count) + 1.0
-    sizes = np.maximum(1, (weights / weights.sum() * numel).astype(np.int64))
-    sizes[0] += numel - sizes.sum()
+    sizes = 1 + (weights / weights.sum() * (numel - count)).astype(np.int64)
+    sizes[np.argmax(sizes)] += numel - sizes.sum()
     return [int(s) for s in sizes]
 
 
 def bench_cases(numel: int) -> list[BenchCase]:
     """Pack against ``torch.cat(..., out=flat)`` and unpack against split-and-copy, few and many tensors."""
-    cases = []
-    for label, count in (("4 tensors", 4), ("200 tensors", 200)):
-        sizes = bench_sizes(numel, min(count, numel))
-        tensors = [torch.randn(n) for n in sizes]
-        flat_views = [t.view(-1) for t in tensors]
-        flat = torch.empty(numel)
-        pieces = flat.split(sizes)
+    return [case for count in (4, 200) for case in _bench_cases(bench_sizes(numel, min(count, numel)))]
 
-        def torch_unpack(pieces: Sequence[torch.Tensor] = pieces, tensors: list[torch.Tensor] = tensors) -> None:
-            for piece, t in zip(pieces, tensors):
-                t.copy_(piece)
 
-        cases.append(
-            BenchCase(
-                f"fused.pack {label}",
-                kernel=lambda tensors=tensors, flat=flat: pack(tensors, flat),
-                reference=lambda views=flat_views, flat=flat: torch.cat(views, out=flat),
-            )
-        )
-        cases.append(
-            BenchCase(
-                f"fused.unpack {label}",
-                kernel=lambda tensors=tensors, flat=flat: unpack(flat, tensors),
-                reference=torch_unpack,
-            )
-        )
-    return cases
+def _bench_cases(sizes: list[int]) -> list[BenchCase]:
+    tensors = [torch.randn(n) for n in sizes]
+    views = [t.view(-1) for t in tensors]
+    flat = torch.empty(sum(sizes))
+    pieces = flat.split(sizes)
+
+    def torch_unpack() -> None:
+        for piece, t in zip(pieces, views):
+            t.copy_(piece)
+
+    label = f"{len(sizes)} tensors"
+    return [
+        BenchCase(f"fused.pack {label}", kernel=lambda: pack(tensors, flat), reference=lambda: torch.cat(views, out=flat)),
+        BenchCase(f"fused.unpack {label}", kernel=lambda: unpack(flat, tensors), reference=torch_unpack),
+    ]

@@ -59,10 +59,10 @@ def test_pack_refuses_what_it_would_get_wrong():
         fused.pack([torch.zeros(2)], torch.zeros(4, 2).t()[0])
 
 
-def test_bench_sizes_sum_to_numel():
-    sizes = fused.bench_sizes(1000, 7)
-    assert sum(sizes) == 1000 and len(sizes) == 7 and min(sizes) >= 1
-    assert len(fused.bench_cases(1000)) == 4
+@pytest.mark.parametrize("numel, count", [(1000, 7), (300, 200), (5, 5), (1, 1)])
+def test_bench_sizes_sum_to_numel(numel, count):
+    sizes = fused.bench_sizes(numel, count)
+    assert sum(sizes) == numel and len(sizes) == count and min(sizes) >= 1
 
 
 def _gpu_twin_matches_cpu_twin(sizes, dtype=torch.float32, max_blocks=fused_cuda.MAX_BLOCKS):
