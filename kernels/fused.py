@@ -32,18 +32,21 @@ def layout(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> np.ndarray:
     """Check ``tensors`` against ``flat`` and return their end-to-end byte offsets (and the end)."""
     if not flat.is_contiguous():
         raise ValueError("the flat buffer must be contiguous")
+    itemsize = flat.element_size()
+    offsets = [0]
     for i, t in enumerate(tensors):
-        if t.is_cuda != flat.is_cuda:
+        if t.is_cpu != flat.is_cpu:
             raise ValueError(f"tensor {i} is on {t.device}, the flat buffer on {flat.device}")
         if t.dtype != flat.dtype:
             raise ValueError(f"tensor {i} has dtype {t.dtype}, the flat buffer {flat.dtype}: pack does not cast")
         if not t.is_contiguous():
             raise ValueError(f"tensor {i} is not contiguous")
-    offsets = np.zeros(len(tensors) + 1, dtype=np.int64)
-    np.cumsum([t.numel() for t in tensors], out=offsets[1:])
-    if offsets[-1] > flat.numel():
-        raise ValueError(f"the tensors hold {offsets[-1]} elements, the flat buffer only {flat.numel()}")
-    return offsets * flat.element_size()
+        offsets.append(offsets[-1] + t.numel() * itemsize)
+    if offsets[-1] > flat.numel() * itemsize:
+        raise ValueError(
+            f"the tensors hold {offsets[-1] // itemsize} elements, the flat buffer only {flat.numel()}"
+        )
+    return np.array(offsets, dtype=np.int64)
 
 
 @intrinsic

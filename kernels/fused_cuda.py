@@ -85,6 +85,9 @@ def unpack_arrays(
 
 def _copy(tensors: Sequence[torch.Tensor], flat: torch.Tensor, into_flat: bool) -> None:
     """Copy between CUDA ``tensors`` and ``flat`` as the copy unit, on torch's current stream."""
+    for i, t in enumerate(tensors):
+        if t.device != flat.device:
+            raise ValueError(f"tensor {i} is on {t.device}, the flat buffer on {flat.device}")
     unit = copy_unit(flat.dtype)
     offsets = (layout(tensors, flat)[:-1] // unit.itemsize).tolist()
     with cuda.gpus[flat.device.index]:

@@ -57,6 +57,8 @@ def test_pack_refuses_what_it_would_get_wrong():
         fused.unpack(flat, [torch.zeros(5), torch.zeros(6)])
     with pytest.raises(ValueError, match="flat buffer must be contiguous"):
         fused.pack([torch.zeros(2)], torch.zeros(4, 2).t()[0])
+    with pytest.raises(ValueError, match="tensor 0 is on meta, the flat buffer on cpu"):
+        fused.pack_cpu([torch.zeros(2, device="meta")], flat)  # memcpy from a non-CPU address would crash
 
 
 @pytest.mark.parametrize("numel, count", [(1000, 7), (300, 200), (5, 5), (1, 1)])
