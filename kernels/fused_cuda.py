@@ -56,7 +56,9 @@ def _copy_kernel(arrays, offsets, flat, into_flat):  # noqa: ANN001 (CUDA kernel
         i += cuda.gridsize(1)
 
 
-def _copy_arrays(arrays: Sequence[Any], flat: Any, offsets: Sequence[int], into_flat: bool, stream: Any, max_blocks: int) -> None:
+def _copy_arrays(
+    arrays: Sequence[Any], flat: Any, offsets: Sequence[int], into_flat: bool, stream: Any, max_blocks: int
+) -> None:
     """Launch the copy over the non-empty arrays, ``MAX_TENSORS`` at a time."""
     work = [(a, int(o)) for a, o in zip(arrays, offsets) if a.shape[0] > 0]
     for first in range(0, len(work), MAX_TENSORS):

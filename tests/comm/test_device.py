@@ -4,7 +4,14 @@ import pytest
 import torch
 
 from mpisolve.comm.communicator import mpi_buffer
-from mpisolve.comm.device import CUDA_AWARE_ENV, Stager, detect_cuda_aware, local_device, query_cuda_support, vendor_switch
+from mpisolve.comm.device import (
+    CUDA_AWARE_ENV,
+    Stager,
+    detect_cuda_aware,
+    local_device,
+    query_cuda_support,
+    vendor_switch,
+)
 
 
 def test_option_beats_environment_beats_library(monkeypatch):

@@ -23,7 +23,14 @@ def _tensors(sizes, dtype=torch.float32, seed=0):
     "sizes",
     # The last: float32 tensors over 6 chunks of CHUNK bytes (copied in parallel), pieces starting
     # and ending mid-chunk.
-    [[], [0], [1], [3, 0, 5, 1], [7] * 300, [3 * fused.CHUNK // 4 + 1, 3, fused.CHUNK // 4 - 1, 0, fused.CHUNK // 2 + 1]],
+    [
+        [],
+        [0],
+        [1],
+        [3, 0, 5, 1],
+        [7] * 300,
+        [3 * fused.CHUNK // 4 + 1, 3, fused.CHUNK // 4 - 1, 0, fused.CHUNK // 2 + 1],
+    ],
 )
 def test_cpu_pack_and_unpack_match_torch(sizes):
     tensors = _tensors(sizes)
@@ -38,7 +45,9 @@ def test_cpu_pack_and_unpack_match_torch(sizes):
     assert all(torch.equal(a, b) for a, b in zip(out, tensors))
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.bool, torch.complex128])
+@pytest.mark.parametrize(
+    "dtype", [torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.bool, torch.complex128]
+)
 def test_cpu_pack_moves_any_dtype_bit_for_bit(dtype):
     tensors = _tensors([5, 1, 0, 9], dtype)
     tensors[0] = tensors[0].view(5, 1)  # shapes are irrelevant, only contiguity
