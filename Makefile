@@ -32,9 +32,9 @@ demo: install
 
 test: install test-serial test-mpi
 
-# GPU kernels run on the CPU under Numba's CUDA simulator in the serial tests.
+# Without a GPU, tests/conftest.py runs the GPU kernels under Numba's CUDA simulator.
 test-serial: install
-	NUMBA_ENABLE_CUDASIM=1 $(PY) $(PYTEST) -q tests -m "not mpi"
+	$(PY) $(PYTEST) -q tests -m "not mpi"
 
 # Each size runs the MPI tests marked for it (see tests/conftest.py).
 test-mpi: install

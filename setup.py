@@ -30,7 +30,8 @@ setup(
     extras_require={
         "test": ["pytest", "pytest-mpi", "pytest-timeout", "scikit-learn", "matplotlib"],
         "mpich": ["mpich"],
-        "gpu": ["cupy-cuda12x"],
+        # numba-cuda: NVIDIA's CUDA target for Numba, with the CUDA 12 compiler (NVVM) it needs.
+        "gpu": ["cupy-cuda12x", "numba-cuda[cu12]"],
         "train": ["scikit-learn", "matplotlib"],
     },
     entry_points={"console_scripts": ["mpisolve=mpisolve.cli:main"]},

@@ -15,20 +15,24 @@ def by_device(cpu: Callable[..., Any], gpu: str) -> Callable[..., Any]:
     """A function that runs ``cpu`` for CPU tensors and ``gpu`` for CUDA tensors.
 
     ``gpu`` is ``"module:function"``, imported on first use with a CUDA tensor, so that
-    numba.cuda and CuPy stay unimported on machines that never see one. The first tensor
-    argument decides; mixing devices is an error.
+    numba.cuda and CuPy stay unimported on machines that never see one. The tensor
+    arguments (also inside a list or tuple argument) decide; mixing devices, or a device
+    other than the CPU and CUDA, is an error.
     """
     module_name, _, function_name = gpu.partition(":")
     loaded: list[Callable[..., Any]] = []
 
     def dispatch(*args: Any, **kwargs: Any) -> Any:
-        devices = {a.device.type for a in args if isinstance(a, torch.Tensor)}
-        if len(devices) > 1:
-            raise ValueError(f"kernel arguments are on different devices: {sorted(devices)}")
-        if devices == {"cuda"}:
+        tensors = _tensors(args)
+        on_gpu = {t.is_cuda for t in tensors}
+        if len(on_gpu) > 1:
+            raise ValueError("kernel arguments are on different devices: some on a GPU, some not")
+        if on_gpu == {True}:
             if not loaded:
                 loaded.append(getattr(importlib.import_module(module_name), function_name))
             return loaded[0](*args, **kwargs)
+        if not all(t.is_cpu for t in tensors):
+            raise ValueError("kernels take CPU or CUDA tensors only")
         return cpu(*args, **kwargs)
 
     dispatch.__name__ = getattr(cpu, "__name__", "kernel")
@@ -36,16 +40,52 @@ def by_device(cpu: Callable[..., Any], gpu: str) -> Callable[..., Any]:
     return dispatch
 
 
+def _tensors(args: tuple[Any, ...]) -> list[torch.Tensor]:
+    found = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            found.append(a)
+        elif isinstance(a, (list, tuple)):
+            found.extend(t for t in a if isinstance(t, torch.Tensor))
+    return found
+
+
 def host_array(tensor: torch.Tensor) -> np.ndarray:
     """A numpy view (no copy) of a contiguous CPU tensor, for Numba CPU kernels."""
     return tensor.detach().numpy()
 
 
-def device_array(tensor: torch.Tensor) -> Any:
-    """A numba.cuda device-array view (no copy) of a contiguous CUDA tensor."""
+def parallel_threads() -> int:
+    """Make Numba's parallel kernels use as many threads as torch's intra-op pool.
+
+    ``mpisolve.init`` gives each rank its share of the node's cores through
+    ``torch.set_num_threads``; CPU kernels follow it so ranks do not oversubscribe cores.
+    """
+    import numba
+
+    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    if numba.get_num_threads() != threads:
+        numba.set_num_threads(threads)
+    return threads
+
+
+def device_array(tensor: torch.Tensor, *, sync: bool = True) -> Any:
+    """A numba.cuda device-array view (no copy) of a contiguous CUDA tensor.
+
+    With ``sync`` (Numba's default) the host first waits for the stream the tensor was
+    exported on. Kernels launched on :func:`launch_stream` are ordered after the work
+    that produced the tensor anyway, so they pass ``sync=False`` and skip that wait.
+    """
     from numba import cuda
 
-    return cuda.as_cuda_array(tensor.detach())
+    return cuda.as_cuda_array(tensor.detach(), sync=sync)
+
+
+def launch_stream(tensor: torch.Tensor) -> Any:
+    """torch's current stream on ``tensor``'s device, as a Numba stream to launch kernels on."""
+    from numba import cuda
+
+    return cuda.external_stream(torch.cuda.current_stream(tensor.device).cuda_stream)
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,18 @@ marker run at 2 and 4 ranks.
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
 
 DEFAULT_SIZES = (2, 4)
+
+# Without a GPU, numba.cuda kernels run on the CPU under Numba's CUDA simulator, so the
+# GPU twins are tested against their CPU twins everywhere; with one, the same tests run
+# on the device. Set before any test module imports numba.
+if not torch.cuda.is_available():
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -40,8 +49,11 @@ def _skip_gpu_tests_without_a_device(items: list[pytest.Item]) -> None:
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return
-    import torch
-
     if not torch.cuda.is_available():
-        for item in gpu_items:
-            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+        reason = "needs a CUDA device"
+    elif os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        reason = "NUMBA_ENABLE_CUDASIM=1 replaces the device by the simulator"
+    else:
+        return
+    for item in gpu_items:
+        item.add_marker(pytest.mark.skip(reason=reason))

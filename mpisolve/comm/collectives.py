@@ -9,6 +9,7 @@ from mpi4py import MPI
 
 from .buckets import FusedBuffer, wire_dtype
 from .communicator import Communicator, as_communicator, mpi_buffer
+from .device import Stager
 
 REDUCE_OPS = ("sum", "average")
 
@@ -20,9 +21,10 @@ def allreduce(
 ) -> list[torch.Tensor]:
     """Reduce a list of tensors of any shapes and float dtypes across ranks.
 
-    Returns new tensors (the inputs are untouched) of the same shapes and dtypes. The
-    tensors are fused into one flat buffer per wire dtype (float16 and bfloat16 are
-    reduced in float32), each reduced by one MPI allreduce, all in flight together.
+    Returns new tensors (the inputs are untouched) of the same shapes, dtypes and
+    devices. The tensors are fused into one flat buffer per wire dtype and device
+    (float16 and bfloat16 are reduced in float32), each reduced by one MPI allreduce,
+    all in flight together; CUDA buffers go to MPI as ``comm.stager`` says.
     """
     if op not in REDUCE_OPS:
         raise ValueError(f"op must be one of {', '.join(map(repr, REDUCE_OPS))}; got {op!r}")
@@ -36,16 +38,19 @@ def allreduce(
     groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
     for i, t in enumerate(tensors):
         groups.setdefault((wire_dtype(t.dtype), t.device), []).append(i)
-    fused: list[tuple[list[int], FusedBuffer]] = []
+    fused: list[tuple[list[int], FusedBuffer, Stager]] = []
     requests = []
     for (wire, device), members in groups.items():
         buf = FusedBuffer([tensors[i].shape for i in members], wire, device)
         buf.pack([tensors[i] for i in members])
-        requests.append(comm.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(buf.flat), MPI.SUM))
-        fused.append((members, buf))
+        stager = comm.stager(buf.flat)
+        stager.to_mpi()
+        requests.append(comm.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(stager.memory), MPI.SUM))
+        fused.append((members, buf, stager))
     comm.wait(requests, f"allreduce of {len(tensors)} tensors")
     out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
-    for members, buf in fused:
+    for members, buf, stager in fused:
+        stager.from_mpi()
         if op == "average":
             buf.flat.div_(comm.size)
         for i, view in zip(members, buf.views):

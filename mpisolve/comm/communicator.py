@@ -2,9 +2,11 @@
 
 Only ``mpisolve.comm`` imports mpi4py. A :class:`Communicator` wraps an mpi4py
 communicator with what solvers need: rank and size, the node-local split, zero-copy
-buffer specs for torch tensors, nonblocking collectives, and one ``wait`` that every
-blocking point goes through, so that waiting is polite on oversubscribed nodes and a
-collective that never completes turns into an error (the watchdog) instead of a hang.
+buffer specs for torch tensors (CPU, or CUDA through :mod:`.device`: directly to a
+CUDA-aware library, else staged through pinned host memory), nonblocking collectives,
+and one ``wait`` that every blocking point goes through, so that waiting is polite on
+oversubscribed nodes and a collective that never completes turns into an error (the
+watchdog) instead of a hang.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from mpi4py import MPI
 
 from ..options import CollectiveInputError, InputError
+from .device import Stager, detect_cuda_aware, local_device
 
 T = TypeVar("T")
 
@@ -51,20 +54,23 @@ class CommTimeout(RuntimeError):
 
 
 def mpi_buffer(tensor: torch.Tensor) -> list[Any]:
-    """A zero-copy mpi4py buffer spec ``[memory, MPI datatype]`` for a contiguous CPU tensor.
+    """A zero-copy mpi4py buffer spec ``[memory, MPI datatype]`` for a contiguous tensor.
 
-    The numpy array shares the tensor's memory, so MPI reads and writes the tensor
-    itself; nothing is pickled or copied. Dtypes without an MPI type travel as bytes.
+    A CPU tensor becomes a numpy array sharing its memory, so MPI reads and writes the
+    tensor itself; nothing is pickled or copied. A CUDA tensor is passed as itself
+    (mpi4py reads device memory through DLPack): only for a CUDA-aware library, after
+    the producing stream is synchronized, which :meth:`Communicator.stager` arranges.
+    Dtypes without an MPI type travel as bytes.
     """
-    if tensor.device.type != "cpu":
-        raise ValueError(f"mpi_buffer needs a CPU tensor, got one on {tensor.device}")
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"mpi_buffer needs a CPU or CUDA tensor, got one on {tensor.device}")
     if not tensor.is_contiguous():
         raise ValueError("mpi_buffer needs a contiguous tensor")
     flat = tensor.detach().reshape(-1)
     mpi_type = MPI_TYPES.get(tensor.dtype)
     if mpi_type is None:
-        return [flat.view(torch.uint8).numpy(), MPI.BYTE]
-    return [flat.numpy(), mpi_type]
+        flat, mpi_type = flat.view(torch.uint8), MPI.BYTE
+    return [flat.numpy() if flat.device.type == "cpu" else flat, mpi_type]
 
 
 def _all_done(requests: list[MPI.Request]) -> bool:
@@ -89,6 +95,10 @@ class Communicator:
     them to ranks that compute without slowing short operations; ``"auto"`` picks
     ``"yield"`` when the node runs more ranks than it has cores (default from
     ``MPISOLVE_WAIT``).
+
+    ``cuda_aware`` says whether MPI may be given CUDA device memory (default: detected,
+    or ``MPISOLVE_CUDA_AWARE=0/1``; see :func:`.device.detect_cuda_aware`). ``device`` is the
+    device this rank should compute on: GPU ``local_rank % count``, or the CPU.
     """
 
     def __init__(
@@ -97,6 +107,7 @@ class Communicator:
         *,
         timeout_s: float | None = None,
         wait: str | None = None,
+        cuda_aware: bool | None = None,
     ) -> None:
         self.comm: MPI.Comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank: int = self.comm.Get_rank()
@@ -121,6 +132,8 @@ class Communicator:
         #: split from this one, for busy/comm/idle accounting.
         self.blocked_s: float = 0.0
         self._parent: Communicator | None = None
+        self.cuda_aware, self.cuda_aware_source = detect_cuda_aware(cuda_aware)
+        self.device: torch.device = local_device(self.local_rank)
 
     # ----------------------------------------------------------------- waiting
     def wait(self, requests: MPI.Request | Sequence[MPI.Request], what: str) -> None:
@@ -157,15 +170,34 @@ class Communicator:
                 comm.blocked_s += elapsed
                 comm = comm._parent
 
+    # ---------------------------------------------------------- device memory
+    def needs_staging(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` must reach MPI through a host twin: on a GPU, with MPI not CUDA-aware."""
+        return tensor.device.type == "cuda" and not self.cuda_aware
+
+    def stager(self, tensor: torch.Tensor) -> Stager:
+        """How ``tensor`` reaches MPI: directly, or through its own pinned host twin.
+
+        Call ``to_mpi()`` before starting an MPI operation on ``mpi_buffer(stager.memory)``
+        and ``from_mpi()`` after it completed. Keep the stager to reuse its host buffer.
+        """
+        return Stager.staged(tensor) if self.needs_staging(tensor) else Stager(tensor)
+
     # ------------------------------------------------------------ collectives
     def allreduce_(self, tensor: torch.Tensor, op: str = "sum", what: str = "allreduce") -> torch.Tensor:
-        """Reduce a contiguous CPU tensor in place across ranks (through :meth:`wait`)."""
-        self.wait(self.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(tensor), MPI_OPS[op]), what)
+        """Reduce a contiguous CPU or CUDA tensor in place across ranks (through :meth:`wait`)."""
+        stager = self.stager(tensor)
+        stager.to_mpi()
+        self.wait(self.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(stager.memory), MPI_OPS[op]), what)
+        stager.from_mpi()
         return tensor
 
     def bcast_(self, tensor: torch.Tensor, root: int = 0, what: str = "broadcast") -> torch.Tensor:
-        """Broadcast a contiguous CPU tensor in place from ``root``."""
-        self.wait(self.comm.Ibcast(mpi_buffer(tensor), root=root), what)
+        """Broadcast a contiguous CPU or CUDA tensor in place from ``root``."""
+        stager = self.stager(tensor)
+        stager.to_mpi()
+        self.wait(self.comm.Ibcast(mpi_buffer(stager.memory), root=root), what)
+        stager.from_mpi()
         return tensor
 
     def barrier(self, what: str = "barrier") -> None:
@@ -190,7 +222,7 @@ class Communicator:
     def split(self, color: int, key: int | None = None) -> Communicator:
         """A sub-communicator with the same waiting policy and watchdog."""
         sub = self.comm.Split(color, self.rank if key is None else key)
-        child = Communicator(sub, timeout_s=self.timeout_s, wait=self.wait_policy)
+        child = Communicator(sub, timeout_s=self.timeout_s, wait=self.wait_policy, cuda_aware=self.cuda_aware)
         child._parent = self
         return child
 
@@ -227,12 +259,15 @@ class PersistentAllreduce:
 
     Uses an MPI-4 persistent collective (``MPI_Allreduce_init``: set up once, nothing
     allocated per start) and falls back to ``Iallreduce`` on MPI libraries without it.
+    A CUDA tensor goes through ``comm.stager`` (one host twin, reused by every start):
+    :meth:`start` makes the values ready for MPI, :meth:`wait` brings the result back.
     """
 
     def __init__(self, comm: Communicator, tensor: torch.Tensor, op: str = "sum") -> None:
         self.comm = comm
         self.tensor = tensor
-        self._spec = mpi_buffer(tensor)
+        self.stager = comm.stager(tensor)
+        self._spec = mpi_buffer(self.stager.memory)
         self._op = MPI_OPS[op]
         self._persistent: MPI.Prequest | None
         try:
@@ -242,6 +277,7 @@ class PersistentAllreduce:
         self.request: MPI.Request = MPI.REQUEST_NULL
 
     def start(self) -> MPI.Request:
+        self.stager.to_mpi()
         if self._persistent is not None:
             self._persistent.Start()
             self.request = self._persistent
@@ -253,7 +289,9 @@ class PersistentAllreduce:
         return self.request.Test()
 
     def wait(self, what: str = "allreduce") -> None:
+        """Complete the allreduce; the tensor holds the result (for a staged one, on its stream)."""
         self.comm.wait(self.request, what)
+        self.stager.from_mpi()
 
     def free(self) -> None:
         if self._persistent is not None:
@@ -272,18 +310,27 @@ def _abort_on_uncaught(exc_type, exc, tb) -> None:  # noqa: ANN001 (sys.exceptho
         MPI.COMM_WORLD.Abort(1)
 
 
-def init(*, timeout_s: float | None = None, wait: str | None = None, threads: int | None = None) -> Communicator:
+def init(
+    *,
+    timeout_s: float | None = None,
+    wait: str | None = None,
+    threads: int | None = None,
+    cuda_aware: bool | None = None,
+) -> Communicator:
     """Initialise mpisolve on ``MPI.COMM_WORLD`` and return the world communicator.
 
     Also makes an uncaught exception on any rank abort the whole job (as
-    ``python -m mpi4py`` does), and gives each rank its share of the node's cores for
-    torch's intra-op threads unless ``OMP_NUM_THREADS`` or ``threads`` says otherwise.
-    Calling it again returns the same communicator.
+    ``python -m mpi4py`` does), gives each rank its share of the node's cores for
+    torch's intra-op threads unless ``OMP_NUM_THREADS`` or ``threads`` says otherwise,
+    and, where CUDA is available, makes ``comm.device`` (GPU ``local_rank % count``)
+    torch's current device. Calling it again returns the same communicator.
     """
     global _WORLD
     with _INIT_LOCK:
         if _WORLD is None:
-            _WORLD = Communicator(timeout_s=timeout_s, wait=wait)
+            _WORLD = Communicator(timeout_s=timeout_s, wait=wait, cuda_aware=cuda_aware)
+            if _WORLD.device.type == "cuda":
+                torch.cuda.set_device(_WORLD.device)
             if sys.excepthook is sys.__excepthook__:
                 sys.excepthook = _abort_on_uncaught
             if threads is not None:

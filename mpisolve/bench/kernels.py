@@ -1,0 +1,67 @@
+"""``bench kernels``: every kernel against its plain torch/numpy equivalent on the same data.
+
+Imports each kernel module of :data:`KERNEL_MODULES` that exists (the others are listed
+as ``missing``), and times each of its ``bench_cases(numel)``: ``kernel_s`` and
+``reference_s`` are medians over ``--repeats`` (after ``--warmup`` untimed calls, which
+also compile Numba code), ``kernel_over_reference`` their ratio: below 1 the kernel is
+faster. Tensors are on the CPU; torch and Numba use ``threads`` threads each (under
+mpiexec, each rank its share of the node's cores, and each time is the slowest rank's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+from ..comm.communicator import Communicator
+from ..kernels.dispatch import parallel_threads
+from ..options import InputError
+from . import median_seconds
+
+#: Kernel modules under ``mpisolve.kernels``, one per operation.
+KERNEL_MODULES = ("fused", "adasum", "inverse", "elastic")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--numel", type=int, default=1 << 22, help="elements of data per case (default 4194304)")
+    parser.add_argument("--kernels", nargs="+", choices=KERNEL_MODULES, help="only these kernel modules")
+
+
+def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
+    if args.numel < 1:
+        raise InputError("--numel must be >= 1")
+    result: dict[str, Any] = {
+        "ranks": comm.size,
+        "numel": args.numel,
+        "threads": parallel_threads(),
+        "mpi_cuda_aware": comm.cuda_aware,
+        "mpi_cuda_aware_source": comm.cuda_aware_source,
+        "missing": [],
+        "cases": {},
+    }
+    for name in args.kernels or KERNEL_MODULES:
+        module = _kernel_module(name)
+        if module is None:
+            result["missing"].append(name)
+            continue
+        for case in module.bench_cases(args.numel):
+            kernel_s = median_seconds(case.kernel, comm, args.repeats, args.warmup)
+            reference_s = median_seconds(case.reference, comm, args.repeats, args.warmup)
+            result["cases"][case.name] = {
+                "kernel_s": kernel_s,
+                "reference_s": reference_s,
+                "kernel_over_reference": kernel_s / reference_s,
+            }
+    return result
+
+
+def _kernel_module(name: str) -> Any:
+    """``mpisolve.kernels.<name>``, or None if that module does not exist (errors inside it propagate)."""
+    full_name = f"mpisolve.kernels.{name}"
+    try:
+        return importlib.import_module(full_name)
+    except ModuleNotFoundError as err:
+        if err.name == full_name:
+            return None
+        raise
