@@ -42,7 +42,7 @@ from mpi4py import MPI
 
 from ..comm.buckets import FusedBuffer
 from ..comm.communicator import Communicator
-from ..comm.windows import LAYOUTS, PROGRESS_MODES, Layout, Progress, SharedVector
+from ..comm.windows import Layout, Progress, SharedVector
 from ..kernels.elastic import elastic_exchange_
 from ..options import OptionError, require
 from .base import Solver, StepInfo, register
@@ -75,13 +75,6 @@ class WindowOptions:
     progress: Progress = "thread"
     force_internode: bool = False
 
-    def __post_init__(self) -> None:
-        require(self.layout in LAYOUTS, f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
-        require(
-            self.progress in PROGRESS_MODES,
-            f"progress must be one of {', '.join(PROGRESS_MODES)}, got {self.progress!r}",
-        )
-
 
 def _check_momentum(momentum: float) -> None:
     require(0 <= momentum < 1, f"momentum must be in [0, 1), got {momentum}")
@@ -94,7 +87,6 @@ class AsyncSGDOptions(WindowOptions):
     tau: int = 1
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
 
 
@@ -112,10 +104,6 @@ class AsyncMSGDOptions(AsyncSGDOptions):
 @dataclass(frozen=True, kw_only=True)
 class AsyncEASGDOptions(WindowOptions, EASGDOptions):
     """EASGD's ``tau``, ``alpha``/``rho`` and the window's ``layout``, ``progress``, ``force_internode``."""
-
-    def __post_init__(self) -> None:
-        WindowOptions.__post_init__(self)
-        EASGDOptions.__post_init__(self)
 
 
 @dataclass(frozen=True, kw_only=True)

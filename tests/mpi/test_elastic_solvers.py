@@ -181,3 +181,11 @@ def test_state_dict_round_trip_and_evaluating_show_the_center():
     torch.testing.assert_close(after["center"], center)
     solver.close()
     torch.testing.assert_close(solver.flat, center)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_easgd_refuses_a_center_step_above_one_on_every_rank():
+    comm = Communicator()
+    model = nn.Linear(2, 2)
+    with pytest.raises(mpisolve.OptionError, match="alpha \\* ranks <= 1"):
+        mpisolve.make_solver("easgd", model, torch.optim.SGD(model.parameters(), lr=0.1), comm.comm, alpha=0.6)
