@@ -17,6 +17,7 @@ from collections.abc import Callable
 #: benchmark -> module. Each module is imported only when it runs.
 BENCHES: dict[str, str] = {
     "allreduce": "mpisolve.bench.allreduce",
+    "windows": "mpisolve.bench.windows",
 }
 
 
