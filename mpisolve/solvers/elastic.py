@@ -32,6 +32,7 @@ center (the result) in every rank's model, and :meth:`evaluating` shows it meanw
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -171,6 +172,11 @@ class _LocalSteps(Solver):
         self.momentum = NesterovMomentum(self.flat, momentum) if momentum else None
         self.steps = 0
         self._swap: torch.Tensor | None = None
+        self.setup()
+
+    @abstractmethod
+    def setup(self) -> None:
+        """Build what the exchange needs (called once, at the end of construction)."""
 
     def step(self, batch_size: int | None = None) -> StepInfo:
         if self.closed:
@@ -185,13 +191,13 @@ class _LocalSteps(Solver):
             self.exchange()
         return StepInfo(applied=True, global_samples=local, local_samples=local)
 
+    @abstractmethod
     def exchange(self) -> None:
         """Meet the other workers (called every ``tau`` local steps)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def read_center(self, out: torch.Tensor) -> None:
         """Copy the current center (the result) into ``out``."""
-        raise NotImplementedError
 
     @contextmanager
     def evaluating(self) -> Iterator[torch.nn.Module]:
@@ -241,14 +247,7 @@ class EASGD(_LocalSteps):
     name = "easgd"
     Options = EASGDOptions
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        comm: MPI.Comm | Communicator | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(model, optimizer, comm, **options)
+    def setup(self) -> None:
         require(
             self.alpha * self.comm.size <= 1,
             f"easgd needs alpha * ranks <= 1 (the center's step beta), got {self.alpha} * {self.comm.size}",
@@ -286,14 +285,7 @@ class _Windowed(_LocalSteps):
 
     locked: ClassVar[bool]
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        comm: MPI.Comm | Communicator | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(model, optimizer, comm, **options)
+    def setup(self) -> None:
         self.vector = SharedVector(
             self.comm,
             self.flat.numel(),
@@ -324,14 +316,8 @@ class _Windowed(_LocalSteps):
 class _SharedParameters(_Windowed):
     """Downpour-style: push the local progress since the last exchange, pull the shared parameters."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        comm: MPI.Comm | Communicator | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(model, optimizer, comm, **options)
+    def setup(self) -> None:
+        super().setup()
         self.anchor = self.flat.clone()
 
     def exchange(self) -> None:
