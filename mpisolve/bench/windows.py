@@ -28,11 +28,14 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict:
     for force_internode in (False, True):
         for locked in (False, True):
             for layout in ("sharded", "server"):
-                with SharedVector(comm, args.numel, torch.float32, layout=layout, locked=locked, force_internode=force_internode) as v:
+                options = {"layout": layout, "locked": locked, "force_internode": force_internode}
+                with SharedVector(comm, args.numel, torch.float32, **options) as v:
                     v.store_(x)
-                    seconds = median_seconds(
-                        lambda: v.update(lambda c, a, b: elastic_exchange_(x[a:b], c, 0.1)), comm, args.repeats, args.warmup
-                    )
+
+                    def exchange() -> None:
+                        v.update(lambda center, start, stop: elastic_exchange_(x[start:stop], center, 0.1))
+
+                    seconds = median_seconds(exchange, comm, args.repeats, args.warmup)
                     key = f"{v.path}_{'locked' if locked else 'wild'}_{layout}_s"
                     result[key] = seconds
     a, b = torch.randn(256, 256), torch.randn(256, 256)

@@ -179,7 +179,8 @@ class SharedVector:
         else:
             self.win = MPI.Win.Allocate((stop - start) * itemsize, itemsize, info, comm.comm)
             self.view = None
-            self._local = torch.frombuffer(self.win.tomemory(), dtype=dtype) if stop > start else torch.empty(0, dtype=dtype)
+            memory = self.win.tomemory()
+            self._local = torch.frombuffer(memory, dtype=dtype) if stop > start else torch.empty(0, dtype=dtype)
         info.Free()
         chunk = max(1, chunk_bytes // itemsize)
         self.pieces = [
@@ -188,7 +189,8 @@ class SharedVector:
             for s in range(lo, hi, chunk)
         ]
         # Shards in the order this rank visits them: its own first, then round the ring.
-        self._shard_order = [t % comm.size for t in range(comm.rank, comm.rank + comm.size) if self.bounds[t % comm.size][0] < self.bounds[t % comm.size][1]]
+        ring = [(comm.rank + i) % comm.size for i in range(comm.size)]
+        self._shard_order = [t for t in ring if self.bounds[t][0] < self.bounds[t][1]]
         self._scratch = torch.empty(numel, dtype=dtype) if self.path == "internode" else None
         self._before = torch.empty(numel, dtype=dtype) if self.path == "internode" and not locked else None
         self._scratch_specs = self._specs(self._scratch) if self._scratch is not None else []
@@ -233,11 +235,7 @@ class SharedVector:
             self.win.Sync()
             out.copy_(self.view)
         else:
-            specs = self._specs(out)
-            self.comm.wait(
-                [self.win.Rget_accumulate(s, s, p.target, self._target(p), MPI.NO_OP) for p, s in zip(self.pieces, specs)],
-                "shared-vector read",
-            )
+            self._get_accumulate(self._specs(out))
 
     def accumulate(self, delta: torch.Tensor) -> None:
         """Add ``delta`` to the vector with ``MPI_Accumulate(SUM)``: element-wise atomic, no update lost.
@@ -273,7 +271,8 @@ class SharedVector:
                     pairs = self._scratch_by_target[target]
                     self._read_shard(target, self._scratch, pairs)
                     fn(self._scratch[lo:hi], lo, hi)
-                    self.comm.wait([self.win.Rput(s, p.target, self._target(p)) for p, s in pairs], "shared-vector write")
+                    puts = [self.win.Rput(s, p.target, self._target(p)) for p, s in pairs]
+                    self.comm.wait(puts, "shared-vector write")
                 self.win.Unlock(target)
         elif self.view is not None:
             self.win.Sync()
@@ -281,13 +280,7 @@ class SharedVector:
             self.win.Sync()
         else:
             self._wait_pending()  # the scratch buffer is about to be overwritten
-            self.comm.wait(
-                [
-                    self.win.Rget_accumulate(s, s, p.target, self._target(p), MPI.NO_OP)
-                    for p, s in zip(self.pieces, self._scratch_specs)
-                ],
-                "shared-vector read",
-            )
+            self._get_accumulate(self._scratch_specs)
             self._before.copy_(self._scratch)
             fn(self._scratch, 0, self.numel)
             self._scratch.sub_(self._before)
@@ -309,8 +302,17 @@ class SharedVector:
             return
         self.comm.wait([self.win.Rget(s, p.target, self._target(p)) for p, s in pairs], "shared-vector read")
 
+    def _get_accumulate(self, specs: list[list]) -> None:
+        """Read every piece into ``specs`` with ``Rget_accumulate(NO_OP)`` (the origin is ignored) and wait."""
+        reads = [
+            self.win.Rget_accumulate(s, s, p.target, self._target(p), MPI.NO_OP) for p, s in zip(self.pieces, specs)
+        ]
+        self.comm.wait(reads, "shared-vector read")
+
     def _start_accumulate(self, specs: list[list]) -> None:
-        self._pending = [self.win.Raccumulate(s, p.target, self._target(p), MPI.SUM) for p, s in zip(self.pieces, specs)]
+        self._pending = [
+            self.win.Raccumulate(s, p.target, self._target(p), MPI.SUM) for p, s in zip(self.pieces, specs)
+        ]
 
     def _wait_pending(self) -> None:
         if self._pending:

@@ -123,7 +123,8 @@ def flatten_parameters(params: list[torch.nn.Parameter]) -> torch.Tensor:
     """Make ``params`` views into one flat tensor (one copy, now) and return it."""
     dtypes = {p.dtype for p in params}
     if len(dtypes) != 1 or not dtypes <= {torch.float32, torch.float64}:
-        raise OptionError(f"the EASGD family needs parameters of one dtype, float32 or float64; got {sorted(map(str, dtypes))}")
+        found = ", ".join(sorted(map(str, dtypes)))
+        raise OptionError(f"the EASGD family needs parameters of one dtype, float32 or float64; got {found}")
     if any(p.device.type != "cpu" for p in params):
         raise OptionError("the EASGD family keeps its vectors in host memory: move the model to the CPU")
     flat = FusedBuffer([p.shape for p in params], params[0].dtype)

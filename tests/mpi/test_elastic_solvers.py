@@ -101,7 +101,8 @@ def test_synchronous_easgd_follows_the_update_equations(tau):
         solver.zero_grad()
         ((model(x) - t) ** 2).mean().backward()
         solver.step()
-        workers = [(w - lr * gw, b - lr * gb) for (w, b), (gw, gb) in ((wb, grad(*wb, *batch(r, step))) for r, wb in enumerate(workers))]
+        grads = [grad(*wb, *batch(r, step)) for r, wb in enumerate(workers)]
+        workers = [(w - lr * gw, b - lr * gb) for (w, b), (gw, gb) in zip(workers, grads)]
         if (step + 1) % tau == 0:
             new_center = [c + alpha * sum(wk[i] - c for wk in workers) for i, c in enumerate(center)]
             workers = [tuple(wk[i] - alpha * (wk[i] - center[i]) for i in range(2)) for wk in workers]
