@@ -18,6 +18,7 @@ from collections.abc import Callable
 BENCHES: dict[str, str] = {
     "allreduce": "mpisolve.bench.allreduce",
     "kernels": "mpisolve.bench.kernels",
+    "windows": "mpisolve.bench.windows",
 }
 
 

@@ -1,0 +1,361 @@
+"""Shared vectors in MPI windows: the center variable and shared parameters of the async solvers.
+
+A :class:`SharedVector` is one flat vector that every rank reads and updates one-sidedly,
+without the others taking part. Its elements are sharded over the ranks (rank r owns a
+contiguous, cache-line aligned slice), so no rank's memory or lock is a hot spot;
+``layout="server"`` puts it all on rank 0 instead, to compare.
+
+Two paths, chosen by where the ranks are:
+
+- ``"shared"``: every rank is on one node (the communicator's shared-memory split says
+  so). The window is ``MPI_Win_allocate_shared``; every rank maps the whole vector and
+  loads and stores it directly, as torch tensors over the window memory.
+- ``"internode"``: ranks on several nodes, or ``force_internode=True`` (to test this path
+  on one machine). The window is ``MPI_Win_allocate``; updates are passive-target
+  ``MPI_Raccumulate(SUM)`` and reads ``MPI_Rget_accumulate(NO_OP)`` (a plain Get racing an
+  Accumulate is undefined in MPI), in chunks of ``chunk_bytes``.
+
+Two modes, chosen by the solver:
+
+- ``locked=False`` (wild): one shared lock epoch (``MPI_Win_lock_all``) for the window's
+  life; nobody excludes anybody. On the shared path :meth:`update` runs on the window
+  memory itself (Hogwild: concurrent read-modify-writes may overwrite each other); on the
+  inter-node path it reads, applies the function to a copy and accumulates the difference
+  (element-wise atomic).
+- ``locked=True``: :meth:`update` holds an exclusive lock on each shard's owner while it
+  reads and writes that shard, so the exchange is atomic per shard, as a parameter server
+  serving one worker at a time would make it.
+
+:meth:`accumulate` adds with ``MPI_Accumulate`` on both paths: element-wise atomic, no
+update lost, whatever the mode.
+
+Progress: a passive-target operation must not wait for its target to enter MPI. With
+``progress="thread"`` (default) the inter-node path runs a thread of ours that pokes
+MPI's progress engine every ``PROGRESS_INTERVAL_S`` (mpi4py releases the GIL inside MPI
+calls); ``"mpich"`` relies on MPICH's own progress thread, which the job must be launched
+with (``MPICH_ASYNC_PROGRESS=1``); ``"none"`` relies on the library (e.g. RDMA hardware).
+The shared path needs none: its loads and stores are the memory itself.
+
+Every wait on an operation's completion goes through :meth:`Communicator.wait` (the
+watchdog). The calls MPI only offers as blocking (``Win_lock`` on the shared path,
+``Win_unlock``, ``Win_flush_all`` when draining, ``Win_free`` after a watchdogged barrier)
+are made where the operations they complete have already been waited for.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from mpi4py import MPI
+
+from ..options import OptionError
+from .communicator import MPI_TYPES, Communicator, mpi_buffer
+
+Layout = Literal["sharded", "server"]
+Progress = Literal["thread", "mpich", "none"]
+LAYOUTS: tuple[str, ...] = ("sharded", "server")
+PROGRESS_MODES: tuple[str, ...] = ("thread", "mpich", "none")
+
+#: How often the progress thread pokes MPI's progress engine.
+PROGRESS_INTERVAL_S = 5e-4
+#: Default size of one RMA operation: large float accumulates are not hardware atomics.
+CHUNK_BYTES = 1 << 20
+_CACHE_LINE = 64
+
+#: ``fn(center_slice, start, stop)``: change ``center_slice`` (elements start:stop) in place.
+UpdateFn = Callable[[torch.Tensor, int, int], None]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One RMA operation's extent: elements ``start:stop`` of the vector, at ``disp`` in ``target``'s window."""
+
+    target: int
+    disp: int
+    start: int
+    stop: int
+
+
+def shard_bounds(numel: int, size: int, layout: str, itemsize: int) -> list[tuple[int, int]]:
+    """Each rank's ``(start, stop)`` of a vector of ``numel`` elements.
+
+    ``"sharded"``: contiguous slices as equal as cache-line alignment allows;
+    ``"server"``: everything on rank 0.
+    """
+    if layout == "server":
+        return [(0, numel) if r == 0 else (numel, numel) for r in range(size)]
+    align = max(1, _CACHE_LINE // itemsize)
+    per = -(-numel // size)
+    per = -(-per // align) * align
+    return [(min(r * per, numel), min((r + 1) * per, numel)) for r in range(size)]
+
+
+def check_progress(progress: str) -> None:
+    """Raise :class:`OptionError` unless this MPI can make progress the way ``progress`` says."""
+    if progress not in PROGRESS_MODES:
+        raise OptionError(f"progress must be one of {', '.join(PROGRESS_MODES)}, got {progress!r}")
+    if progress != "none" and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        raise OptionError(
+            f"progress={progress!r} needs MPI initialised with MPI_THREAD_MULTIPLE "
+            "(mpi4py's default; check mpi4py.rc.thread_level)"
+        )
+    if progress == "mpich":
+        if not MPI.Get_library_version().startswith("MPICH"):
+            raise OptionError("progress='mpich' needs MPICH; use progress='thread' with this MPI")
+        if os.environ.get("MPICH_ASYNC_PROGRESS") != "1":
+            raise OptionError(
+                "progress='mpich' needs the job launched with MPICH_ASYNC_PROGRESS=1 "
+                "(e.g. mpiexec -genv MPICH_ASYNC_PROGRESS 1 ...); or use progress='thread'"
+            )
+
+
+class _ProgressThread:
+    """Pokes MPI's progress engine so that passive-target operations aimed at this rank complete."""
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self._comm = comm.Dup()  # a private communicator: the probe can never match a real message
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mpisolve-rma-progress", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(PROGRESS_INTERVAL_S):
+            self._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._comm.Free()
+
+
+class SharedVector:
+    """A flat vector of ``numel`` elements of ``dtype`` in an MPI window every rank updates one-sidedly.
+
+    Collective to build, :meth:`store_`, :meth:`quiesce` and :meth:`close`; :meth:`read`,
+    :meth:`accumulate` and :meth:`update` are one-sided (each rank alone).
+    """
+
+    def __init__(
+        self,
+        comm: Communicator,
+        numel: int,
+        dtype: torch.dtype,
+        *,
+        layout: Layout = "sharded",
+        locked: bool = False,
+        force_internode: bool = False,
+        progress: Progress = "thread",
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
+        if layout not in LAYOUTS:
+            raise OptionError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"a shared vector holds float32 or float64, got {dtype}")
+        if numel < 1 or chunk_bytes < 1:
+            raise ValueError(f"numel and chunk_bytes must be >= 1, got {numel} and {chunk_bytes}")
+        check_progress(progress)
+        self.comm = comm
+        self.numel = numel
+        self.dtype = dtype
+        self.layout = layout
+        self.locked = locked
+        self.path: str = "internode" if force_internode or comm.nodes > 1 else "shared"
+        self._mpi_type = MPI_TYPES[dtype]
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        self.bounds = shard_bounds(numel, comm.size, layout, itemsize)
+        start, stop = self.bounds[comm.rank]
+        info = MPI.Info.Create()
+        info.Set("accumulate_ops", "same_op_no_op")  # SUM and NO_OP only: lets MPI use hardware atomics
+        info.Set("same_disp_unit", "true")
+        if self.path == "shared":
+            self.win = MPI.Win.Allocate_shared((stop - start) * itemsize, itemsize, info, comm.comm)
+            self.view: torch.Tensor | None = self._map_whole(itemsize)
+            self._local = self.view[start:stop]
+        else:
+            self.win = MPI.Win.Allocate((stop - start) * itemsize, itemsize, info, comm.comm)
+            self.view = None
+            memory = self.win.tomemory()
+            self._local = torch.frombuffer(memory, dtype=dtype) if stop > start else torch.empty(0, dtype=dtype)
+        info.Free()
+        chunk = max(1, chunk_bytes // itemsize)
+        self.pieces = [
+            Piece(t, s - lo, s, min(s + chunk, hi))
+            for t, (lo, hi) in enumerate(self.bounds)
+            for s in range(lo, hi, chunk)
+        ]
+        # Shards in the order this rank visits them: its own first, then round the ring.
+        ring = [(comm.rank + i) % comm.size for i in range(comm.size)]
+        self._shard_order = [t for t in ring if self.bounds[t][0] < self.bounds[t][1]]
+        self._scratch = torch.empty(numel, dtype=dtype) if self.path == "internode" else None
+        self._before = torch.empty(numel, dtype=dtype) if self.path == "internode" and not locked else None
+        self._scratch_specs = self._specs(self._scratch) if self._scratch is not None else []
+        self._scratch_by_target = self._by_target(self._scratch) if self._scratch is not None else {}
+        self._pending: list[MPI.Request] = []
+        self._progress = _ProgressThread(comm.comm) if self.path == "internode" and progress == "thread" else None
+        if not locked:
+            self.win.Lock_all(MPI.MODE_NOCHECK)  # nobody ever takes an exclusive lock on a wild window
+        self.closed = False
+
+    def _map_whole(self, itemsize: int) -> torch.Tensor:
+        """The whole vector as one tensor over the shared segments (contiguous, as MPI allocates by default)."""
+        base = self.win.Shared_query(0)[0].address
+        for rank, (lo, hi) in enumerate(self.bounds):
+            if hi > lo and self.win.Shared_query(rank)[0].address != base + lo * itemsize:
+                raise RuntimeError("MPI gave non-contiguous shared-memory segments; use force_internode=True")
+        memory = MPI.buffer.fromaddress(base, self.numel * itemsize)
+        return torch.frombuffer(memory, dtype=self.dtype)
+
+    def _specs(self, tensor: torch.Tensor) -> list[list]:
+        """MPI buffer specs of ``tensor``'s slices matching :attr:`pieces` (built once, reused)."""
+        return [mpi_buffer(tensor[p.start : p.stop]) for p in self.pieces]
+
+    def _target(self, piece: Piece) -> tuple[int, int, MPI.Datatype]:
+        return (piece.disp, piece.stop - piece.start, self._mpi_type)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("this shared vector is closed")
+
+    # -------------------------------------------------------------- one-sided
+    def read(self, out: torch.Tensor) -> None:
+        """Copy the vector into ``out`` (contiguous, ``numel`` elements, same dtype): element-wise atomic."""
+        self._check_open()
+        if self.locked:
+            by_target = self._by_target(out) if self.view is None else {}
+            for target in self._shard_order:
+                self.win.Lock(target, MPI.LOCK_SHARED)
+                self._read_shard(target, out, by_target.get(target, []))
+                self.win.Unlock(target)
+        elif self.view is not None:
+            self.win.Sync()
+            out.copy_(self.view)
+        else:
+            self._get_accumulate(self._specs(out))
+
+    def accumulate(self, delta: torch.Tensor) -> None:
+        """Add ``delta`` to the vector with ``MPI_Accumulate(SUM)``: element-wise atomic, no update lost.
+
+        Returns once ``delta`` may be reused; the additions land before any later
+        read of this rank's (MPI orders accumulates to the same location).
+        """
+        self._check_open()
+        if self.locked:
+            self.update(lambda center, start, stop: center.add_(delta[start:stop]))
+            return
+        self._start_accumulate(self._specs(delta))
+        self._wait_pending()
+
+    def update(self, fn: UpdateFn) -> None:
+        """Apply ``fn(center_slice, start, stop)`` to the vector, in place, shard by shard.
+
+        Locked: each shard's owner is locked exclusively for the read, ``fn`` and the
+        write. Wild, shared path: ``fn`` runs on the window memory itself, racing other
+        ranks. Wild, inter-node: ``fn`` runs on a fresh read and the difference is
+        accumulated (element-wise atomic), completing by the next call.
+        """
+        self._check_open()
+        if self.locked:
+            for target in self._shard_order:
+                lo, hi = self.bounds[target]
+                self.win.Lock(target, MPI.LOCK_EXCLUSIVE)
+                if self.view is not None:
+                    self.win.Sync()
+                    fn(self.view[lo:hi], lo, hi)
+                    self.win.Sync()
+                else:
+                    pairs = self._scratch_by_target[target]
+                    self._read_shard(target, self._scratch, pairs)
+                    fn(self._scratch[lo:hi], lo, hi)
+                    puts = [self.win.Rput(s, p.target, self._target(p)) for p, s in pairs]
+                    self.comm.wait(puts, "shared-vector write")
+                self.win.Unlock(target)
+        elif self.view is not None:
+            self.win.Sync()
+            fn(self.view, 0, self.numel)
+            self.win.Sync()
+        else:
+            self._wait_pending()  # the scratch buffer is about to be overwritten
+            self._get_accumulate(self._scratch_specs)
+            self._before.copy_(self._scratch)
+            fn(self._scratch, 0, self.numel)
+            self._scratch.sub_(self._before)
+            self._start_accumulate(self._scratch_specs)
+
+    def _by_target(self, tensor: torch.Tensor) -> dict[int, list[tuple[Piece, list]]]:
+        """:attr:`pieces` with the buffer specs of ``tensor``'s matching slices, grouped by target."""
+        grouped: dict[int, list[tuple[Piece, list]]] = {}
+        for piece, spec in zip(self.pieces, self._specs(tensor)):
+            grouped.setdefault(piece.target, []).append((piece, spec))
+        return grouped
+
+    def _read_shard(self, target: int, out: torch.Tensor, pairs: list[tuple[Piece, list]]) -> None:
+        """Inside a lock epoch on ``target``: copy its shard into ``out`` (through ``pairs`` off the shared path)."""
+        if self.view is not None:
+            lo, hi = self.bounds[target]
+            self.win.Sync()
+            out[lo:hi].copy_(self.view[lo:hi])
+            return
+        self.comm.wait([self.win.Rget(s, p.target, self._target(p)) for p, s in pairs], "shared-vector read")
+
+    def _get_accumulate(self, specs: list[list]) -> None:
+        """Read every piece into ``specs`` with ``Rget_accumulate(NO_OP)`` (the origin is ignored) and wait."""
+        reads = [
+            self.win.Rget_accumulate(s, s, p.target, self._target(p), MPI.NO_OP) for p, s in zip(self.pieces, specs)
+        ]
+        self.comm.wait(reads, "shared-vector read")
+
+    def _start_accumulate(self, specs: list[list]) -> None:
+        self._pending = [
+            self.win.Raccumulate(s, p.target, self._target(p), MPI.SUM) for p, s in zip(self.pieces, specs)
+        ]
+
+    def _wait_pending(self) -> None:
+        if self._pending:
+            self.comm.wait(self._pending, "shared-vector accumulate")
+            self._pending = []
+
+    # -------------------------------------------------------------- collective
+    def store_(self, values: torch.Tensor) -> None:
+        """Collective: set the vector to ``values`` (each rank writes its own shard from its copy)."""
+        self.quiesce()
+        lo, hi = self.bounds[self.comm.rank]
+        if self.locked:
+            self.win.Lock(self.comm.rank, MPI.LOCK_EXCLUSIVE)
+        self._local.copy_(values[lo:hi])
+        self.win.Sync()
+        if self.locked:
+            self.win.Unlock(self.comm.rank)
+        self.comm.barrier("shared-vector store")
+
+    def quiesce(self) -> None:
+        """Collective: complete this rank's operations, then wait until every rank has."""
+        self._check_open()
+        self._wait_pending()
+        if not self.locked:
+            self.win.Flush_all()  # remote completion of the accumulates waited for above
+        self.comm.barrier("shared-vector quiesce")
+
+    def close(self) -> None:
+        """Collective: drain every rank's operations and free the window (idempotent)."""
+        if self.closed:
+            return
+        self.quiesce()
+        if not self.locked:
+            self.win.Unlock_all()
+        if self._progress is not None:
+            self._progress.stop()
+        self.view = None
+        self._local = torch.empty(0, dtype=self.dtype)
+        self.win.Free()
+        self.closed = True
+
+    def __enter__(self) -> SharedVector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

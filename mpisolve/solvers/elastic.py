@@ -1,0 +1,403 @@
+"""The EASGD family and EA-wild: workers that step on their own and meet through a shared vector.
+
+Every rank trains its own copy x_i of the model with the user's optimizer and, every
+``tau`` steps, exchanges with a vector all ranks share:
+
+========================  ==========================================================  ==========
+solver                    exchange every ``tau`` local steps                          shared via
+========================  ==========================================================  ==========
+``easgd``                 x_c += alpha sum_i (x_i - x_c);  x_i -= alpha (x_i - x_c)     allreduce
+``async-sgd``             W += x_i - x_anchor;  x_i = x_anchor = W  (Downpour)          window, locked
+``async-msgd``            as async-sgd, local steps with Nesterov momentum              window, locked
+``hogwild-sgd``           as async-sgd, no locks at all (Hogwild)                       window, wild
+``async-easgd``           d = alpha (x_i - x_c);  x_i -= d;  x_c += d                   window, locked
+``async-measgd``          as async-easgd, local steps with Nesterov momentum (EAMSGD)   window, locked
+``ea-wild``               as async-easgd, no locks at all (Hogwild EASGD)               window, wild
+========================  ==========================================================  ==========
+
+``easgd`` is synchronous: every rank holds the same center, and one allreduce of the
+differences per exchange updates it everywhere. The asynchronous solvers keep the
+center x_c (or the shared parameters W) in a :class:`~mpisolve.comm.windows.SharedVector`
+and never wait for another worker: *locked* exchanges hold an exclusive lock on each
+shard while reading and writing it (a parameter server serving one worker at a time),
+*wild* ones take no lock (see the window module for the memory paths).
+
+``alpha = eta * rho`` (give ``alpha`` or ``rho``; the default ``alpha = 0.9 / ranks``
+is the EASGD paper's beta = p alpha = 0.9). The ``m`` variants apply Nesterov momentum
+to each local step of the user's optimizer (v = mu v + delta; x += mu v), so give them an
+optimizer without momentum. The model's parameters become views into one flat tensor
+(one dtype, CPU); buffers (batch-norm statistics) stay per rank. ``close()`` leaves the
+center (the result) in every rank's model, and :meth:`evaluating` shows it meanwhile.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from mpi4py import MPI
+
+from ..comm.buckets import FusedBuffer
+from ..comm.communicator import Communicator
+from ..comm.windows import Layout, Progress, SharedVector
+from ..kernels.elastic import elastic_exchange_
+from ..options import OptionError, require
+from .base import Solver, StepInfo, register
+
+
+# ------------------------------------------------------------------ options
+@dataclass(frozen=True, kw_only=True)
+class EASGDOptions:
+    """``tau``: local steps between exchanges. ``alpha``: the elastic moving rate, or
+    ``rho``: the elastic penalty (alpha = lr * rho); neither: alpha = 0.9 / ranks."""
+
+    tau: int = 4
+    alpha: float | None = None
+    rho: float | None = None
+
+    def __post_init__(self) -> None:
+        require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
+        require(self.alpha is None or self.rho is None, "give alpha or rho, not both")
+        require(self.alpha is None or 0 < self.alpha <= 1, f"alpha must be in (0, 1], got {self.alpha}")
+        require(self.rho is None or self.rho > 0, f"rho must be > 0, got {self.rho}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WindowOptions:
+    """``layout``: "sharded" (each rank owns a slice) or "server" (rank 0 owns all).
+    ``progress``: "thread", "mpich" or "none" (who progresses passive-target RMA).
+    ``force_internode``: use the inter-node RMA path even on one node (for testing)."""
+
+    layout: Layout = "sharded"
+    progress: Progress = "thread"
+    force_internode: bool = False
+
+
+def _check_momentum(momentum: float) -> None:
+    require(0 <= momentum < 1, f"momentum must be in [0, 1), got {momentum}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AsyncSGDOptions(WindowOptions):
+    """``tau``: local steps between pushes to the shared parameters (1: every step)."""
+
+    tau: int = 1
+
+    def __post_init__(self) -> None:
+        require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AsyncMSGDOptions(AsyncSGDOptions):
+    """``momentum``: Nesterov momentum of the local steps."""
+
+    momentum: float = 0.9
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_momentum(self.momentum)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AsyncEASGDOptions(WindowOptions, EASGDOptions):
+    """EASGD's ``tau``, ``alpha``/``rho`` and the window's ``layout``, ``progress``, ``force_internode``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AsyncMEASGDOptions(AsyncEASGDOptions):
+    """``momentum``: Nesterov momentum of the local steps (EAMSGD's 0.99)."""
+
+    momentum: float = 0.99
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_momentum(self.momentum)
+
+
+# ------------------------------------------------------------------ pieces
+def flatten_parameters(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """Make ``params`` views into one flat tensor (one copy, now) and return it."""
+    dtypes = {p.dtype for p in params}
+    if len(dtypes) != 1 or not dtypes <= {torch.float32, torch.float64}:
+        found = ", ".join(sorted(map(str, dtypes)))
+        raise OptionError(f"the EASGD family needs parameters of one dtype, float32 or float64; got {found}")
+    if any(p.device.type != "cpu" for p in params):
+        raise OptionError("the EASGD family keeps its vectors in host memory: move the model to the CPU")
+    flat = FusedBuffer([p.shape for p in params], params[0].dtype)
+    flat.pack([p.detach() for p in params])
+    for p, view in zip(params, flat.views):
+        p.data = view
+    return flat.flat
+
+
+class NesterovMomentum:
+    """Nesterov momentum around any optimizer's step: v = mu v + delta; x += mu v."""
+
+    def __init__(self, flat: torch.Tensor, momentum: float) -> None:
+        self.flat = flat
+        self.momentum = momentum
+        self.velocity = torch.zeros_like(flat)
+        self._delta = torch.empty_like(flat)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        self._delta.copy_(self.flat)
+        optimizer.step()
+        torch.sub(self.flat, self._delta, out=self._delta)
+        self.velocity.mul_(self.momentum).add_(self._delta)
+        self.flat.add_(self.velocity, alpha=self.momentum)
+
+
+class _LocalSteps(Solver):
+    """Local optimizer steps on a flat copy of the model, an exchange every ``tau`` of them."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        comm: MPI.Comm | Communicator | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(model, optimizer, comm, **options)
+        momentum = getattr(self.options, "momentum", 0.0)
+        if momentum and any(group.get("momentum", 0) for group in optimizer.param_groups):
+            raise OptionError(
+                f"{self.name} applies its own momentum ({momentum}); give it an optimizer without momentum"
+            )
+        if isinstance(self.options, EASGDOptions):
+            self.alpha = _resolve_alpha(self.options, optimizer, self.comm.size)
+        self.flat = flatten_parameters(self.params)
+        self.momentum = NesterovMomentum(self.flat, momentum) if momentum else None
+        self.steps = 0
+        self._swap: torch.Tensor | None = None
+        self.setup()
+
+    @abstractmethod
+    def setup(self) -> None:
+        """Build what the exchange needs (called once, at the end of construction)."""
+
+    def step(self, batch_size: int | None = None) -> StepInfo:
+        if self.closed:
+            raise RuntimeError(f"solver {self.name!r} is closed")
+        local = self.take_samples(batch_size)
+        if self.momentum is not None:
+            self.momentum.step(self.optimizer)
+        else:
+            self.optimizer.step()
+        self.steps += 1
+        if self.steps % self.options.tau == 0:
+            self.exchange()
+        return StepInfo(applied=True, global_samples=local, local_samples=local)
+
+    @abstractmethod
+    def exchange(self) -> None:
+        """Meet the other workers (called every ``tau`` local steps)."""
+
+    @abstractmethod
+    def read_center(self, out: torch.Tensor) -> None:
+        """Copy the current center (the result) into ``out``."""
+
+    @contextmanager
+    def evaluating(self) -> Iterator[torch.nn.Module]:
+        """The model holds the center for the duration; this worker's parameters come back after."""
+        if self._swap is None:
+            self._swap = torch.empty_like(self.flat)
+        self._swap.copy_(self.flat)
+        self.read_center(self.flat)
+        try:
+            yield self.model
+        finally:
+            self.flat.copy_(self._swap)
+
+    def state_dict(self) -> dict[str, Any]:
+        center = torch.empty_like(self.flat)
+        self.read_center(center)
+        velocity = self.momentum.velocity.clone() if self.momentum is not None else None
+        return {**super().state_dict(), "center": center, "steps": self.steps, "velocity": velocity}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Collective: every rank loads the same state's center."""
+        super().load_state_dict(state)
+        self.steps = int(state["steps"])
+        if self.momentum is not None:
+            self.momentum.velocity.copy_(state["velocity"])
+
+
+def _resolve_alpha(options: EASGDOptions, optimizer: torch.optim.Optimizer, ranks: int) -> float:
+    if options.alpha is not None:
+        return options.alpha
+    if options.rho is not None:
+        alpha = optimizer.param_groups[0]["lr"] * options.rho
+        require(0 < alpha <= 1, f"alpha = lr * rho must be in (0, 1], got {alpha}")
+        return alpha
+    return 0.9 / ranks
+
+
+# ------------------------------------------------------------------ synchronous EASGD
+@register
+class EASGD(_LocalSteps):
+    """Synchronous EASGD: every ``tau`` steps each worker and the (replicated) center pull together.
+
+    x_c += alpha sum_i (x_i - x_c) and x_i -= alpha (x_i - x_c), both from the old
+    values, with one allreduce of the differences. beta = ranks * alpha must be <= 1.
+    """
+
+    name = "easgd"
+    Options = EASGDOptions
+
+    def setup(self) -> None:
+        require(
+            self.alpha * self.comm.size <= 1,
+            f"easgd needs alpha * ranks <= 1 (the center's step beta), got {self.alpha} * {self.comm.size}",
+        )
+        self.center = self.flat.clone()
+        self._diff = torch.empty_like(self.flat)
+        self._sum = self.comm.persistent_allreduce(self._diff)
+
+    def exchange(self) -> None:
+        torch.sub(self.flat, self.center, out=self._diff)
+        self.flat.sub_(self._diff, alpha=self.alpha)
+        self._sum.start()
+        self._sum.wait("easgd exchange")
+        self.center.add_(self._diff, alpha=self.alpha)
+
+    def read_center(self, out: torch.Tensor) -> None:
+        out.copy_(self.center)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.center.copy_(state["center"])
+
+    def close(self) -> None:
+        """Every rank's model becomes rank 0's center (bit for bit)."""
+        if not self.closed:
+            self.comm.bcast_(self.center, what="easgd center")
+            self.flat.copy_(self.center)
+            self._sum.free()
+        super().close()
+
+
+# ------------------------------------------------------------------ windowed, asynchronous
+class _Windowed(_LocalSteps):
+    """The asynchronous solvers: the shared vector lives in a :class:`SharedVector`."""
+
+    locked: ClassVar[bool]
+
+    def setup(self) -> None:
+        self.vector = SharedVector(
+            self.comm,
+            self.flat.numel(),
+            self.flat.dtype,
+            layout=self.options.layout,
+            locked=self.locked,
+            force_internode=self.options.force_internode,
+            progress=self.options.progress,
+        )
+        self.vector.store_(self.flat)
+
+    def read_center(self, out: torch.Tensor) -> None:
+        self.vector.read(out)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.vector.store_(state["center"])
+
+    def close(self) -> None:
+        """Collective: wait until every rank has stopped writing, load the center, free the window."""
+        if not self.closed:
+            self.vector.quiesce()
+            self.vector.read(self.flat)
+            self.vector.close()
+        super().close()
+
+
+class _SharedParameters(_Windowed):
+    """Downpour-style: push the local progress since the last exchange, pull the shared parameters."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.anchor = self.flat.clone()
+
+    def exchange(self) -> None:
+        self.vector.update(self._push_pull)
+
+    def _push_pull(self, shared: torch.Tensor, start: int, stop: int) -> None:
+        x, anchor = self.flat[start:stop], self.anchor[start:stop]
+        torch.sub(x, anchor, out=anchor)  # this worker's progress since its last pull
+        shared.add_(anchor)
+        x.copy_(shared)
+        anchor.copy_(shared)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "anchor": self.anchor.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.anchor.copy_(state["anchor"])
+
+
+class _ElasticExchange(_Windowed):
+    """Asynchronous EASGD: d = alpha (x_i - x_c); x_i -= d; x_c += d, against the shared center."""
+
+    def exchange(self) -> None:
+        self.vector.update(self._pull_together)
+
+    def _pull_together(self, center: torch.Tensor, start: int, stop: int) -> None:
+        elastic_exchange_(self.flat[start:stop], center, self.alpha)
+
+
+@register
+class AsyncSGD(_SharedParameters):
+    """Asynchronous SGD on shared parameters, each push-and-pull atomic per shard."""
+
+    name = "async-sgd"
+    Options = AsyncSGDOptions
+    locked = True
+
+
+@register
+class AsyncMSGD(_SharedParameters):
+    """Asynchronous momentum SGD: async-sgd with Nesterov momentum on the local steps."""
+
+    name = "async-msgd"
+    Options = AsyncMSGDOptions
+    locked = True
+
+
+@register
+class HogwildSGD(_SharedParameters):
+    """Hogwild SGD: async-sgd without any lock."""
+
+    name = "hogwild-sgd"
+    Options = AsyncSGDOptions
+    locked = False
+
+
+@register
+class AsyncEASGD(_ElasticExchange):
+    """Asynchronous EASGD, each exchange atomic per shard of the center."""
+
+    name = "async-easgd"
+    Options = AsyncEASGDOptions
+    locked = True
+
+
+@register
+class AsyncMEASGD(_ElasticExchange):
+    """Asynchronous EAMSGD: async-easgd with Nesterov momentum on the local steps."""
+
+    name = "async-measgd"
+    Options = AsyncMEASGDOptions
+    locked = True
+
+
+@register
+class EAWild(_ElasticExchange):
+    """EA-wild (Hogwild EASGD): workers update the center concurrently, without locks."""
+
+    name = "ea-wild"
+    Options = AsyncEASGDOptions
+    locked = False

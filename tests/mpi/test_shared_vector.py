@@ -1,0 +1,98 @@
+"""SharedVector: exact concurrent accumulates on both paths, locked updates, progress, clean close."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from mpisolve.comm.communicator import Communicator
+from mpisolve.comm.windows import SharedVector
+
+N = 5000  # 20 kB of float32: with 4 kB chunks every accumulate is several RMA operations per shard
+
+
+def contribution(rank, n=N):
+    """Integer-valued floats, different on every rank: sums are exact in float32."""
+    return (torch.arange(n) % 7 + rank + 1).float()
+
+
+def expected_sum(size, rounds, n=N):
+    return rounds * sum(contribution(r, n) for r in range(size))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3, 4)
+@pytest.mark.parametrize("layout", ["sharded", "server"])
+@pytest.mark.parametrize("force_internode", [False, True])
+def test_concurrent_accumulates_lose_no_update(force_internode, layout):
+    comm = Communicator()
+    rounds = 40
+    with SharedVector(comm, N, torch.float32, layout=layout, force_internode=force_internode, chunk_bytes=4096) as v:
+        assert v.path == ("internode" if force_internode else "shared")
+        v.store_(torch.zeros(N))
+        mine, seen = contribution(comm.rank), torch.empty(N)
+        for k in range(rounds):
+            v.accumulate(mine)
+            v.read(seen)
+            # a rank's read follows its own accumulates (MPI orders them per location)
+            assert bool((seen >= (k + 1) * mine).all())
+        v.quiesce()
+        v.read(seen)
+        assert torch.equal(seen, expected_sum(comm.size, rounds))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("layout", ["sharded", "server"])
+@pytest.mark.parametrize("force_internode", [False, True])
+def test_locked_read_modify_write_is_atomic_per_shard(force_internode, layout):
+    """Under the exclusive lock a plain (non-atomic) add in the update function loses nothing."""
+    comm = Communicator()
+    rounds = 25
+    with SharedVector(comm, N, torch.float32, layout=layout, locked=True, force_internode=force_internode, chunk_bytes=4096) as v:
+        v.store_(torch.zeros(N))
+        mine = contribution(comm.rank)
+        for _ in range(rounds):
+            v.update(lambda center, start, stop: center.add_(mine[start:stop]))
+        v.quiesce()
+        seen = torch.empty(N)
+        v.read(seen)
+        assert torch.equal(seen, expected_sum(comm.size, rounds))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 4)
+@pytest.mark.parametrize("locked", [False, True])
+def test_updates_complete_while_the_owner_stays_out_of_mpi(locked):
+    """Rank 0 owns everything and sleeps outside MPI while the others update; the progress thread serves them."""
+    comm = Communicator()
+    with SharedVector(comm, N, torch.float64, layout="server", locked=locked, force_internode=True) as v:
+        v.store_(torch.zeros(N, dtype=torch.float64))
+        if comm.rank == 0:
+            time.sleep(0.5)
+        else:
+            mine = contribution(comm.rank).double()
+            for _ in range(10):
+                v.update(lambda center, start, stop: center.add_(mine[start:stop]))
+        v.quiesce()
+        seen = torch.empty(N, dtype=torch.float64)
+        v.read(seen)
+        assert torch.equal(seen, 10 * sum(contribution(r).double() for r in range(1, comm.size)))
+
+
+def progress_threads():
+    return [t for t in threading.enumerate() if t.name == "mpisolve-rma-progress"]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("force_internode", [False, True])
+def test_close_frees_the_window_and_stops_the_progress_thread(force_internode):
+    comm = Communicator()
+    v = SharedVector(comm, 100, torch.float32, force_internode=force_internode)
+    assert len(progress_threads()) == (1 if force_internode else 0)  # the shared path needs none
+    v.accumulate(torch.ones(100))
+    v.close()
+    v.close()  # idempotent
+    assert v.closed and not v.win and not progress_threads()
+    with pytest.raises(RuntimeError, match="closed"):
+        v.read(torch.empty(100))
