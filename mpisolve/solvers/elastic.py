@@ -152,7 +152,13 @@ class NesterovMomentum:
 
 
 class _LocalSteps(Solver):
-    """Local optimizer steps on a flat copy of the model, an exchange every ``tau`` of them."""
+    """Local optimizer steps on a flat copy of the model, an exchange every ``tau`` of them.
+
+    Each step applies this rank's own update and reports only its own samples, so these
+    solvers are not lockstep: a training loop sums the ranks' counts to know the progress.
+    """
+
+    lockstep = False
 
     def __init__(
         self,
