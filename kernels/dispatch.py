@@ -96,6 +96,6 @@ class BenchCase:
     ``python -m mpisolve bench kernels`` times both callables and prints their ratio.
     """
 
-    name: str
+    name: str  # the operation and its data, e.g. "pack 4 tensors"; the bench prefixes the module
     kernel: Callable[[], Any]
     reference: Callable[[], Any]

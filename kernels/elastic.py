@@ -67,4 +67,4 @@ def bench_cases(numel: int) -> list[BenchCase]:
         x.sub_(tmp)
         center.add_(tmp)
 
-    return [BenchCase("elastic_exchange", lambda: elastic_exchange_(x, center, alpha), torch_exchange)]
+    return [BenchCase("exchange", lambda: elastic_exchange_(x, center, alpha), torch_exchange)]

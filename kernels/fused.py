@@ -157,7 +157,7 @@ def _bench_cases(sizes: list[int]) -> list[BenchCase]:
     label = f"{len(sizes)} tensors"
     return [
         BenchCase(
-            f"fused.pack {label}", kernel=lambda: pack(tensors, flat), reference=lambda: torch.cat(views, out=flat)
+            f"pack {label}", kernel=lambda: pack(tensors, flat), reference=lambda: torch.cat(views, out=flat)
         ),
-        BenchCase(f"fused.unpack {label}", kernel=lambda: unpack(flat, tensors), reference=torch_unpack),
+        BenchCase(f"unpack {label}", kernel=lambda: unpack(flat, tensors), reference=torch_unpack),
     ]

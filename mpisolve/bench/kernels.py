@@ -48,7 +48,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         for case in module.bench_cases(args.numel):
             kernel_s = median_seconds(case.kernel, comm, args.repeats, args.warmup)
             reference_s = median_seconds(case.reference, comm, args.repeats, args.warmup)
-            result["cases"][case.name] = {
+            result["cases"][f"{name}.{case.name}"] = {
                 "kernel_s": kernel_s,
                 "reference_s": reference_s,
                 "kernel_over_reference": kernel_s / reference_s,
