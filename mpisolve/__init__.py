@@ -7,22 +7,39 @@ The public door::
     reduced = mpisolve.allreduce(tensors, op="average")     # functional collective
     solver = mpisolve.make_solver("allreduce", model, optimizer)
     mpisolve.solvers()                                      # every solver's name
+
+Names are imported on first use, so ``import mpisolve`` neither imports torch nor starts
+MPI: commands that need neither (``python -m mpisolve plot``) run on a login node.
 """
 
-from .comm import CommTimeout, Communicator, ModelMismatchError, allreduce, init
-from .solvers import OptionError, Solver, StepInfo, make_solver, solvers
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CommTimeout",
-    "Communicator",
-    "ModelMismatchError",
-    "OptionError",
-    "Solver",
-    "StepInfo",
-    "allreduce",
-    "init",
-    "make_solver",
-    "solvers",
-]
+#: public name -> module that defines it
+_EXPORTS = {
+    "CommTimeout": "mpisolve.comm",
+    "Communicator": "mpisolve.comm",
+    "ModelMismatchError": "mpisolve.comm",
+    "allreduce": "mpisolve.comm",
+    "init": "mpisolve.comm",
+    "OptionError": "mpisolve.options",
+    "Solver": "mpisolve.solvers",
+    "StepInfo": "mpisolve.solvers",
+    "make_solver": "mpisolve.solvers",
+}
+
+__all__ = [*_EXPORTS, "solvers"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "solvers":  # the subpackage, which called lists the solver names
+        return import_module("mpisolve.solvers")
+    if name in _EXPORTS:
+        value = getattr(import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'mpisolve' has no attribute {name!r}")

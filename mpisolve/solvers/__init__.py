@@ -1,4 +1,12 @@
-"""Solvers; importing this package registers every one of them."""
+"""Solvers; importing this package registers every one of them.
+
+``mpisolve.solvers`` is both this package and the documented ``mpisolve.solvers()``,
+which lists the registered names: the package module is made callable for that, since
+importing a subpackage always binds its module to the parent's attribute of that name.
+"""
+
+import sys
+import types
 
 from . import allreduce  # noqa: F401  (registers "allreduce")
 from . import elastic  # noqa: F401  (registers the EASGD family and EA-wild)
@@ -6,3 +14,12 @@ from ..options import OptionError
 from .base import Solver, StepInfo, make_solver, register, solvers
 
 __all__ = ["OptionError", "Solver", "StepInfo", "make_solver", "register", "solvers"]
+
+
+class _SolversPackage(types.ModuleType):
+    def __call__(self) -> list[str]:
+        """The names of every registered solver."""
+        return solvers()
+
+
+sys.modules[__name__].__class__ = _SolversPackage

@@ -31,3 +31,18 @@ def test_plot_command_draws_both_plots(tmp_path, capsys):
 def test_missing_log_is_one_line_and_status_2(tmp_path, capsys):
     assert main(["plot", str(tmp_path / "nope.jsonl")]) == 2
     assert capsys.readouterr().err.strip().startswith("mpisolve plot: error: cannot read the log")
+
+
+def test_plot_runs_where_mpi_cannot_start(tmp_path):
+    """On a login node MPI may not initialise: plot must not import mpi4py at all."""
+    import subprocess
+    import sys
+
+    write_log(tmp_path / "run.jsonl", [0.5, 0.9])
+    blocker = "import sys; sys.modules['mpi4py'] = None; import runpy; sys.argv = ['mpisolve'] + sys.argv[1:]; runpy.run_module('mpisolve', run_name='__main__')"
+    done = subprocess.run(
+        [sys.executable, "-c", blocker, "plot", str(tmp_path / "run.jsonl"), "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "accuracy_vs_time.png").exists()
