@@ -19,6 +19,7 @@ BENCHES: dict[str, str] = {
     "allreduce": "mpisolve.bench.allreduce",
     "kernels": "mpisolve.bench.kernels",
     "windows": "mpisolve.bench.windows",
+    "adasum": "mpisolve.bench.adasum",
 }
 
 
@@ -51,13 +52,20 @@ def median_seconds(fn: Callable[[], None], comm, repeats: int, warmup: int) -> f
 
     Each repeat's time is the slowest rank's, as a collective's time is.
     """
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        comm.barrier()
-        start = time.perf_counter()
-        fn()
-        times.append(comm.reduce_scalar(time.perf_counter() - start, op="max"))
-    return statistics.median(times)
+    return interleaved_medians({"fn": fn}, comm, repeats, warmup)["fn"]
 
+
+def interleaved_medians(fns: dict[str, Callable[[], None]], comm, repeats: int, warmup: int) -> dict[str, float]:  # noqa: ANN001
+    """:func:`median_seconds` of several functions, timed in turn within each repeat, so
+    that load from outside the benchmark falls on all of them alike and their ratios hold."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            comm.barrier()
+            start = time.perf_counter()
+            fn()
+            times[name].append(comm.reduce_scalar(time.perf_counter() - start, op="max"))
+    return {name: statistics.median(t) for name, t in times.items()}

@@ -7,11 +7,12 @@ from collections.abc import Sequence
 import torch
 from mpi4py import MPI
 
+from .adasum import Adasum
 from .buckets import FusedBuffer, wire_dtype
 from .communicator import Communicator, as_communicator, mpi_buffer
 from .device import Stager
 
-REDUCE_OPS = ("sum", "average")
+REDUCE_OPS = ("sum", "average", "adasum")
 
 
 def allreduce(
@@ -25,6 +26,8 @@ def allreduce(
     devices. The tensors are fused into one flat buffer per wire dtype and device
     (float16 and bfloat16 are reduced in float32), each reduced by one MPI allreduce,
     all in flight together; CUDA buffers go to MPI as ``comm.stager`` says.
+    ``op="adasum"`` combines each tensor by Adasum's rule instead (see
+    :mod:`mpisolve.comm.adasum` for the order over any number of ranks).
     """
     if op not in REDUCE_OPS:
         raise ValueError(f"op must be one of {', '.join(map(repr, REDUCE_OPS))}; got {op!r}")
@@ -39,15 +42,17 @@ def allreduce(
     for i, t in enumerate(tensors):
         groups.setdefault((wire_dtype(t.dtype), t.device), []).append(i)
     fused: list[tuple[list[int], FusedBuffer, Stager]] = []
-    requests = []
     for (wire, device), members in groups.items():
         buf = FusedBuffer([tensors[i].shape for i in members], wire, device)
         buf.pack([tensors[i] for i in members])
         stager = comm.stager(buf.flat)
         stager.to_mpi()
-        requests.append(comm.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(stager.memory), MPI.SUM))
         fused.append((members, buf, stager))
-    comm.wait(requests, f"allreduce of {len(tensors)} tensors")
+    if op == "adasum":
+        _adasum([stager.memory for _, _, stager in fused], [buf.numels for _, buf, _ in fused], comm)
+    else:
+        requests = [comm.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(stager.memory), MPI.SUM) for _, _, stager in fused]
+        comm.wait(requests, f"allreduce of {len(tensors)} tensors")
     out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
     for members, buf, stager in fused:
         stager.from_mpi()
@@ -56,3 +61,17 @@ def allreduce(
         for i, view in zip(members, buf.views):
             out[i] = view if view.dtype == tensors[i].dtype else view.to(tensors[i].dtype)
     return out
+
+
+def _adasum(flats: list[torch.Tensor], numels: list[list[int]], comm: Communicator) -> None:
+    """Adasum every fused buffer in place, all in flight together."""
+    adasum = Adasum(comm)
+    reductions = [adasum.reduction(flat, sizes, tag=i) for i, (flat, sizes) in enumerate(zip(flats, numels))]
+    try:
+        for reduction in reductions:
+            adasum.start(reduction)
+        for reduction in reductions:
+            adasum.finish(reduction)
+    finally:
+        for reduction in reductions:
+            reduction.free()

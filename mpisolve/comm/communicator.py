@@ -134,6 +134,7 @@ class Communicator:
         self._parent: Communicator | None = None
         self.cuda_aware, self.cuda_aware_source = detect_cuda_aware(cuda_aware)
         self.device: torch.device = local_device(self.local_rank)
+        self._named_splits: dict[Any, Communicator | None] = {}
 
     # ----------------------------------------------------------------- waiting
     def wait(self, requests: MPI.Request | Sequence[MPI.Request], what: str) -> None:
@@ -142,7 +143,15 @@ class Communicator:
         ``what`` names the operation for the watchdog's message.
         """
         reqs = [requests] if isinstance(requests, MPI.Request) else list(requests)
-        if _all_done(reqs):
+        self.wait_for(lambda: _all_done(reqs), what)
+
+    def wait_for(self, done: Callable[[], bool], what: str) -> None:
+        """Poll ``done`` (which drives MPI, e.g. by testing requests) until it returns True.
+
+        The same polite polling and watchdog as :meth:`wait`, for waits that do work
+        between polls (a multi-stage reduction advancing whichever stage is ready).
+        """
+        if done():
             return
         start = time.perf_counter()
         deadline = start + self.timeout_s
@@ -150,7 +159,7 @@ class Communicator:
         sleep_after = start + YIELD_BEFORE_SLEEP_S
         pause = 5e-5
         try:
-            while not _all_done(reqs):
+            while not done():
                 now = time.perf_counter()
                 if now > deadline:
                     raise CommTimeout(
@@ -219,11 +228,22 @@ class Communicator:
         """A reusable in-place allreduce of ``tensor`` (MPI-4 persistent where available)."""
         return PersistentAllreduce(self, tensor, op)
 
-    def split(self, color: int, key: int | None = None) -> Communicator:
-        """A sub-communicator with the same waiting policy and watchdog."""
-        sub = self.comm.Split(color, self.rank if key is None else key)
-        child = Communicator(sub, timeout_s=self.timeout_s, wait=self.wait_policy, cuda_aware=self.cuda_aware)
-        child._parent = self
+    def split(self, color: int | None, key: int | None = None, *, name: Any = None) -> Communicator | None:
+        """A sub-communicator with the same waiting policy and watchdog (collective).
+
+        ``color`` None: this rank joins none (returns None). With ``name`` (the same on
+        every rank), the split is made on the first call only and kept: later calls with
+        that name return it without communicating, so hot paths can ask for it freely.
+        """
+        if name is not None and name in self._named_splits:
+            return self._named_splits[name]
+        sub = self.comm.Split(MPI.UNDEFINED if color is None else color, self.rank if key is None else key)
+        child = None
+        if sub != MPI.COMM_NULL:
+            child = Communicator(sub, timeout_s=self.timeout_s, wait=self.wait_policy, cuda_aware=self.cuda_aware)
+            child._parent = self
+        if name is not None:
+            self._named_splits[name] = child
         return child
 
     def agree(self, check: Callable[[], T]) -> T:

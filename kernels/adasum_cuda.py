@@ -1,0 +1,122 @@
+"""GPU twins of ``adasum.py``'s kernels, in numba.cuda (imported only for CUDA tensors).
+
+Statistics: each block covers a tile of ``THREADS * ITEMS`` consecutive elements, its
+threads striding through the tile with coalesced reads. A thread finds its first
+element's segment by binary search, then walks forward through the segments its
+elements cross, accumulating in float64 and adding each segment's partial sums into
+``out`` with one atomic add per quantity. Combine: one thread per element (grid-stride),
+its segment found by binary search, its coefficients computed from the summed stats.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from numba import cuda
+
+from .adasum import TINY, _check
+from .dispatch import device_array
+
+#: Threads per block and elements per thread in the statistics pass.
+THREADS = 128
+ITEMS = 8
+
+
+@cuda.jit(device=True, inline=True)
+def _segment_of(bounds, index):  # noqa: ANN001, ANN202
+    """The segment holding ``index``: the last t with bounds[t] <= index (t < T)."""
+    lo = 0
+    hi = bounds.shape[0] - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if bounds[mid] <= index:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@cuda.jit(device=True, inline=True)
+def _flush(out, segment, dot, na, nb):  # noqa: ANN001, ANN202
+    cuda.atomic.add(out, (segment, 0), dot)
+    cuda.atomic.add(out, (segment, 1), na)
+    cuda.atomic.add(out, (segment, 2), nb)
+
+
+@cuda.jit
+def _stats_kernel(a, b, bounds, out):  # noqa: ANN001, ANN202
+    n = a.shape[0]
+    first = cuda.blockIdx.x * cuda.blockDim.x * ITEMS + cuda.threadIdx.x
+    if first >= n:
+        return
+    segment = _segment_of(bounds, first)
+    dot = 0.0
+    na = 0.0
+    nb = 0.0
+    for j in range(ITEMS):
+        i = first + j * cuda.blockDim.x
+        if i >= n:
+            break
+        if i >= bounds[segment + 1]:
+            _flush(out, segment, dot, na, nb)
+            dot = 0.0
+            na = 0.0
+            nb = 0.0
+            while i >= bounds[segment + 1]:
+                segment += 1
+        x = np.float64(a[i])
+        y = np.float64(b[i])
+        dot += x * y
+        na += x * x
+        nb += y * y
+    _flush(out, segment, dot, na, nb)
+
+
+@cuda.jit(device=True, inline=True)
+def _coefficient(dot, norm_sq):  # noqa: ANN001, ANN202
+    if norm_sq >= TINY:
+        return 1.0 - dot / (2.0 * norm_sq)
+    return 1.0
+
+
+@cuda.jit
+def _combine_kernel(a, b, bounds, stats, out):  # noqa: ANN001, ANN202
+    start, stride = cuda.grid(1), cuda.gridsize(1)
+    for i in range(start, a.shape[0], stride):
+        t = _segment_of(bounds, i)
+        ca = _coefficient(stats[t, 0], stats[t, 1])
+        cb = _coefficient(stats[t, 0], stats[t, 2])
+        out[i] = ca * a[i] + cb * b[i]
+
+
+def stats_arrays(a, b, bounds, out) -> None:  # noqa: ANN001 (numba device arrays)
+    """:func:`segment_stats` on numba device arrays; ``out`` must hold zeros."""
+    n = a.shape[0]
+    if n:
+        _stats_kernel[math.ceil(n / (THREADS * ITEMS)), THREADS](a, b, bounds, out)
+
+
+def combine_arrays(a, b, bounds, stats, out) -> None:  # noqa: ANN001 (numba device arrays)
+    """:func:`segment_combine` on numba device arrays."""
+    n = a.shape[0]
+    if n:
+        _combine_kernel[min(math.ceil(n / THREADS), 4096), THREADS](a, b, bounds, stats, out)
+
+
+def segment_stats(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """GPU twin of :func:`mpisolve.kernels.adasum.segment_stats`."""
+    _check(a, b, bounds, out)
+    out.zero_()
+    stats_arrays(device_array(a), device_array(b), device_array(bounds), device_array(out))
+    return out
+
+
+def segment_combine(
+    a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
+    """GPU twin of :func:`mpisolve.kernels.adasum.segment_combine`."""
+    _check(a, b, bounds, stats)
+    combine_arrays(device_array(a), device_array(b), device_array(bounds), device_array(stats), device_array(out))
+    return out

@@ -1,0 +1,89 @@
+"""``bench adasum``: Adasum against mpisolve's own sum allreduce of the same tensors.
+
+Same tensors, same run, timed in turn within each repeat: ``adasum_s`` (``mpisolve.allreduce(tensors, op="adasum")``),
+``sum_s`` (``op="sum"``, the same fusing and the same one-shot buffers) and
+``mpi_contiguous_s`` (one MPI Allreduce of a contiguous buffer of the same size: the MPI
+limit). ``adasum_buckets_s`` and ``sum_buckets_s`` time the solvers' path on gradient
+buckets, set up once: the Adasum reducer against the persistent sum allreduce.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from mpi4py import MPI
+
+from ..comm.adasum import AdasumReducer
+from ..comm.buckets import GradientBuckets
+from ..comm.collectives import allreduce
+from ..comm.communicator import Communicator, mpi_buffer
+from ..options import InputError
+from . import interleaved_medians
+from .allreduce import gradient_params
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..train.models import MODELS
+
+    parser.add_argument("--model", choices=sorted(MODELS), help="use this model's parameter tensors")
+    parser.add_argument("--numel", type=int, help="total elements, split over --tensors tensors")
+    parser.add_argument("--tensors", type=int, default=1, help="number of tensors for --numel")
+    parser.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size of the bucketed figures")
+
+
+def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
+    if args.bucket_mb <= 0:
+        raise InputError("--bucket-mb must be > 0")
+    params = gradient_params(args)
+    generator = torch.Generator().manual_seed(comm.rank)
+    tensors = [torch.randn(p.shape, generator=generator) for p in params]
+    numel = sum(t.numel() for t in tensors)
+
+    contiguous = torch.randn(numel, generator=generator)
+    contiguous_spec = mpi_buffer(contiguous)
+
+    def mpi_contiguous() -> None:
+        comm.comm.Allreduce(MPI.IN_PLACE, contiguous_spec, MPI.SUM)
+
+    bucket_bytes = int(args.bucket_mb * 1e6)
+    adasum_grads = GradientBuckets(params, comm, bucket_bytes=bucket_bytes, reducer=AdasumReducer(comm))
+    sum_grads = GradientBuckets([torch.nn.Parameter(p.detach().clone()) for p in params], comm, bucket_bytes=bucket_bytes)
+    for grads in (adasum_grads, sum_grads):
+        for p in grads.params:
+            p.grad.normal_(generator=generator)
+
+    def buckets(grads: GradientBuckets) -> Callable[[], None]:
+        def reduce() -> None:
+            grads.rearm()
+            grads.finish()
+
+        return reduce
+
+    timings = interleaved_medians(
+        {
+            "adasum_s": lambda: allreduce(tensors, "adasum", comm),
+            "sum_s": lambda: allreduce(tensors, "sum", comm),
+            "mpi_contiguous_s": mpi_contiguous,
+            "adasum_buckets_s": buckets(adasum_grads),
+            "sum_buckets_s": buckets(sum_grads),
+        },
+        comm,
+        args.repeats,
+        args.warmup,
+    )
+    result: dict[str, Any] = {
+        "ranks": comm.size,
+        "numel": numel,
+        "tensors": len(tensors),
+        "buckets": len(adasum_grads.buckets),
+        "mpi_library": comm.library_version(),
+        **timings,
+        "adasum_over_sum": timings["adasum_s"] / timings["sum_s"],
+        "adasum_over_sum_buckets": timings["adasum_buckets_s"] / timings["sum_buckets_s"],
+    }
+    adasum_grads.close()
+    sum_grads.close()
+    return result

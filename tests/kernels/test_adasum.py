@@ -1,0 +1,118 @@
+"""Adasum's kernels against a float64 numpy reference, and the CUDA twins against the CPU ones."""
+
+import numpy as np
+import pytest
+import torch
+from numba import config, cuda
+
+from mpisolve.kernels import adasum, adasum_cuda
+from mpisolve.kernels.adasum import TINY
+
+
+def layout(lengths):
+    return torch.tensor(np.concatenate(([0], np.cumsum(lengths))), dtype=torch.int64)
+
+
+def reference_stats(a, b, bounds):
+    a, b = a.double().numpy(), b.double().numpy()
+    edges = bounds.tolist()
+    return np.array([[a[lo:hi] @ b[lo:hi], a[lo:hi] @ a[lo:hi], b[lo:hi] @ b[lo:hi]] for lo, hi in zip(edges, edges[1:])]).reshape(-1, 3)
+
+
+def reference_combine(a, b, bounds, stats):
+    a, b = a.double().numpy(), b.double().numpy()
+    out = np.empty_like(a)
+    edges = bounds.tolist()
+    for (lo, hi), (dot, na, nb) in zip(zip(edges, edges[1:]), stats.tolist()):
+        ca = 1 - dot / (2 * na) if na >= TINY else 1.0
+        cb = 1 - dot / (2 * nb) if nb >= TINY else 1.0
+        out[lo:hi] = ca * a[lo:hi] + cb * b[lo:hi]
+    return out
+
+
+LENGTHS = [[], [0], [1], [5, 0, 3], [0, 0, 7, 1, 0], [1000, 1, 2, 333, 0, 4097]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("lengths", LENGTHS)
+def test_cpu_kernels_match_numpy(lengths, dtype):
+    g = torch.Generator().manual_seed(len(lengths))
+    bounds = layout(lengths)
+    n = int(bounds[-1])
+    a, b = torch.randn(n, generator=g, dtype=dtype), torch.randn(n, generator=g, dtype=dtype)
+    stats = torch.full((len(lengths), 3), 7.0, dtype=torch.float64)
+    adasum.segment_stats(a, b, bounds, stats)
+    np.testing.assert_allclose(stats.numpy(), reference_stats(a, b, bounds), rtol=1e-12, atol=1e-12)
+    out = torch.empty_like(a)
+    adasum.segment_combine(a, b, bounds, stats, out)
+    rtol = 1e-6 if dtype == torch.float32 else 1e-12
+    np.testing.assert_allclose(out.double().numpy(), reference_combine(a, b, bounds, stats), rtol=rtol, atol=rtol)
+
+
+def test_combine_guard_and_in_place():
+    bounds = layout([3, 3, 3])
+    a = torch.tensor([0.0, 0, 0, 1, 2, 3, 1e-160, 0, 0], dtype=torch.float64)
+    b = torch.tensor([1.0, 2, 3, 0, 0, 0, 2, 0, 0], dtype=torch.float64)
+    stats = adasum.segment_stats(a, b, bounds, torch.empty(3, 3, dtype=torch.float64))
+    expected = reference_combine(a, b, bounds, stats)
+    adasum.segment_combine(a, b, bounds, stats, a)  # out aliases a
+    np.testing.assert_array_equal(a.numpy(), expected)
+    # a zero segment and a tiny one pass through as a plain sum
+    np.testing.assert_array_equal(a.numpy()[:3], [1, 2, 3])
+    np.testing.assert_array_equal(a.numpy()[3:6], [1, 2, 3])
+
+
+def test_identical_and_orthogonal_segments_are_exact():
+    bounds = layout([4, 4])
+    a = torch.tensor([1.0, -2, 3, 0.5, 1, 0, 0, 0], dtype=torch.float32)
+    b = torch.tensor([1.0, -2, 3, 0.5, 0, 1, 0, 0], dtype=torch.float32)
+    stats = adasum.segment_stats(a, b, bounds, torch.empty(2, 3, dtype=torch.float64))
+    out = adasum.segment_combine(a, b, bounds, stats, torch.empty_like(a))
+    assert out.tolist() == [1.0, -2, 3, 0.5, 1, 1, 0, 0]
+
+
+def test_bad_arguments_are_named():
+    a = torch.zeros(4)
+    with pytest.raises(ValueError, match="stats must be float64 of shape"):
+        adasum.segment_stats(a, a, layout([4]), torch.zeros(2, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="a and b must be flat tensors"):
+        adasum.segment_stats(a, torch.zeros(4, dtype=torch.float64), layout([4]), torch.zeros(1, 3, dtype=torch.float64))
+
+
+def test_bench_cases_run():
+    for case in adasum.bench_cases(1000):
+        case.kernel()
+        case.reference()
+
+
+# ------------------------------------------------------------ CUDA twins
+needs_cuda = pytest.mark.skipif(
+    not (config.ENABLE_CUDASIM or cuda.is_available()), reason="needs a GPU or NUMBA_ENABLE_CUDASIM=1"
+)
+TILE = adasum_cuda.THREADS * adasum_cuda.ITEMS
+
+
+@needs_cuda
+@pytest.mark.parametrize(
+    "lengths",
+    [[], [0], [1], [TILE - 1], [TILE], [TILE + 1], [7, 0, TILE - 7, 1, 0, adasum_cuda.THREADS + 3], [0, 1] * 40 + [5]],
+    ids=lambda lengths: f"{len(lengths)}seg-{sum(lengths)}",
+)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cuda_twins_match_cpu(lengths, dtype):
+    rng = np.random.default_rng(sum(lengths) + len(lengths))
+    bounds = layout(lengths)
+    n = int(bounds[-1])
+    a = torch.from_numpy(rng.standard_normal(n).astype(dtype))
+    b = torch.from_numpy(rng.standard_normal(n).astype(dtype))
+    stats = adasum.segment_stats(a, b, bounds, torch.empty(len(lengths), 3, dtype=torch.float64))
+    out = adasum.segment_combine(a, b, bounds, stats, torch.empty_like(a))
+
+    d_a, d_b, d_bounds = cuda.to_device(a.numpy()), cuda.to_device(b.numpy()), cuda.to_device(bounds.numpy())
+    d_stats = cuda.to_device(np.zeros((len(lengths), 3)))
+    adasum_cuda.stats_arrays(d_a, d_b, d_bounds, d_stats)
+    np.testing.assert_allclose(d_stats.copy_to_host(), stats.numpy(), rtol=1e-12, atol=1e-12)
+    d_out = cuda.to_device(np.zeros(n, dtype=dtype))
+    adasum_cuda.combine_arrays(d_a, d_b, d_bounds, cuda.to_device(stats.numpy()), d_out)
+    rtol = 1e-6 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(d_out.copy_to_host(), out.numpy(), rtol=rtol, atol=rtol)
