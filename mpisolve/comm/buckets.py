@@ -217,7 +217,6 @@ class GradientBuckets:
                 p.grad = view
             self.reducer.prepare(bucket)
         self.samples = samples
-        self._sent_samples = 0
         self._next = 0  # the next bucket to start, in bucket order
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
 
@@ -236,10 +235,11 @@ class GradientBuckets:
         self.reducer.progress()
 
     def _start(self, bucket: Bucket) -> None:
-        if self.samples is not None and bucket.index == 0:
-            self._sent_samples = self.samples()
-            bucket.buffer.extra.fill_(self._sent_samples)
         bucket.to_wire()
+        if self.samples is not None and bucket.index == 0:
+            # Written into the wire buffer: half-precision buckets travel in float32, which
+            # holds any realistic count exactly, where bfloat16 would round it past 256.
+            bucket.wire[-1] = self.samples()
         self.reducer.start(bucket)
         bucket.launched = True
 

@@ -380,7 +380,9 @@ def as_communicator(comm: MPI.Comm | Communicator | None) -> Communicator:
     if isinstance(comm, Communicator):
         return comm
     if isinstance(comm, MPI.Comm):
-        return Communicator(comm)
+        # The world is wrapped once; other communicators are wrapped per call (a split
+        # of the node is a collective, so callers that reuse one should pass a Communicator).
+        return init() if comm == MPI.COMM_WORLD else Communicator(comm)
     raise TypeError(f"comm must be an mpi4py communicator or a mpisolve Communicator, got {type(comm).__name__}")
 
 

@@ -98,3 +98,15 @@ def test_mismatched_models_raise_on_every_rank():
     model = nn.Sequential(nn.Linear(3, 5 if comm.rank == odd else 4), nn.Linear(4, 2) if comm.rank != odd else nn.Linear(5, 2))
     with pytest.raises(ModelMismatchError, match=rf"parameter 0 \('0.weight'\).*rank\(s\) {odd} have"):
         mpisolve.make_solver("allreduce", model, torch.optim.SGD(model.parameters(), lr=0.1), comm=comm.comm)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_sample_count_is_exact_for_bfloat16_gradients():
+    comm = Communicator()
+    model = nn.Linear(2, 1).to(torch.bfloat16)
+    solver = mpisolve.make_solver("allreduce", model, torch.optim.SGD(model.parameters(), lr=0.0), comm=comm.comm)
+    solver.zero_grad()
+    model(torch.ones(301 + comm.rank, 2, dtype=torch.bfloat16)).sum().backward()
+    info = solver.step()
+    assert info.global_samples == sum(301 + r for r in range(comm.size))
+    solver.close()
