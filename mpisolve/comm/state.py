@@ -69,13 +69,17 @@ def broadcast_tensors(tensors: Sequence[torch.Tensor], comm: Communicator, root:
     tensors = [t for t in tensors if t.numel() > 0]
     if comm.size == 1 or not tensors:
         return
-    flat = torch.empty(sum(t.numel() * t.element_size() for t in tensors), dtype=torch.uint8)
-    pieces = []
-    offset = 0
+    # Each piece starts at a multiple of its element size, so it can be viewed as its dtype.
+    offsets = []
+    end = 0
     for t in tensors:
-        n = t.numel() * t.element_size()
-        piece = flat[offset : offset + n]
-        offset += n
+        start = -(-end // t.element_size()) * t.element_size()
+        offsets.append(start)
+        end = start + t.numel() * t.element_size()
+    flat = torch.empty(end, dtype=torch.uint8)
+    pieces = []
+    for t, start in zip(tensors, offsets):
+        piece = flat[start : start + t.numel() * t.element_size()]
         if comm.rank == root:
             piece.copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
         pieces.append(piece)

@@ -61,13 +61,15 @@ def test_matches_single_process_on_the_global_batch(bucket_mb):
 def test_construction_broadcasts_parameters_and_optimizer_state():
     comm = Communicator()
     torch.manual_seed(comm.rank)
-    model = nn.Linear(4, 3)
+    # 15 float32 elements before the float64 ones: their bytes are not 8-aligned when packed.
+    model = nn.Sequential(nn.Linear(4, 3), nn.Linear(4, 3, dtype=torch.float64))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    model(torch.randn(2, 4)).sum().backward()
+    x = torch.randn(2, 4)
+    (model[0](x).sum() + model[1](x.double()).sum()).backward()
     opt.step()  # rank-dependent Adam state
     solver = mpisolve.make_solver("allreduce", model, opt, comm=comm.comm)
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    state = torch.cat([opt.state[p]["exp_avg"].reshape(-1) for p in model.parameters()])
+    flat = torch.cat([p.detach().double().reshape(-1) for p in model.parameters()])
+    state = torch.cat([opt.state[p]["exp_avg"].double().reshape(-1) for p in model.parameters()])
     for t in (flat, state):
         gathered = comm.comm.allgather(t.tolist())
         assert all(g == gathered[0] for g in gathered)
