@@ -83,7 +83,7 @@ def test_bad_shapes_are_refused():
         eigh_psd_(torch.zeros(2, 3, 3), torch.zeros(3, 3))
 
 
-def test_bench_cases_compute_the_same_as_their_loops():
+def test_bench_cases_run():
     for case in bench_cases(20_000):
         case.kernel()
         case.reference()

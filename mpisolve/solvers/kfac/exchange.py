@@ -19,7 +19,7 @@ import torch
 
 from ...comm.buckets import FusedBuffer
 from ...comm.communicator import Communicator, PersistentAllreduce
-from .packing import TrianglePacker
+from ...kernels.triangle import pack_triu, triangle_numel
 
 
 class FactorExchange:
@@ -51,14 +51,14 @@ class FactorExchange:
         self.groups = [list(g) for g in groups]
         self.packed = packed
         self.eager = eager
-        self._packers = {n: TrianglePacker(n, device) for n in set(self.dims)} if packed else {}
+        # Packed factors are computed in full into a scratch matrix per size, then packed.
         self._scratch = {n: torch.empty(n, n, dtype=dtype, device=device) for n in set(self.dims)} if packed else {}
         self.buffers: list[FusedBuffer] = []
         self._slot: list[torch.Tensor] = [torch.empty(0)] * len(dims)
         self._count: list[torch.Tensor] = [torch.empty(0)] * len(dims)
         self._group_of = [0] * len(dims)
         for g, group in enumerate(self.groups):
-            shapes = [torch.Size([self._packers[self.dims[f]].numel]) if packed else torch.Size([self.dims[f]] * 2) for f in group]
+            shapes = [torch.Size([triangle_numel(self.dims[f])]) if packed else torch.Size([self.dims[f]] * 2) for f in group]
             buffer = FusedBuffer(shapes, dtype, device, extra=len(group))
             self.buffers.append(buffer)
             for i, f in enumerate(group):
@@ -89,7 +89,7 @@ class FactorExchange:
                 "sharing and activation recomputation are not supported)"
             )
         if self.packed:
-            self._packers[self.dims[f]].pack(self._scratch[self.dims[f]], self._slot[f])
+            pack_triu(self._scratch[self.dims[f]], self._slot[f])
         self._count[f].fill_(1.0)
         self.captured[f] = True
         g = self._group_of[f]
@@ -123,16 +123,9 @@ class FactorExchange:
         self._inflight.clear()
 
     def result(self, f: int) -> tuple[torch.Tensor, int]:
-        """After :meth:`finish`: the sum of factor ``f`` over ranks and how many ranks computed it.
-
-        The matrix is valid until the next call for a factor of the same size.
-        """
-        count = int(round(float(self._count[f])))
-        if not self.packed:
-            return self._slot[f], count
-        full = self._scratch[self.dims[f]]
-        self._packers[self.dims[f]].unpack(self._slot[f], full)
-        return full, count
+        """After :meth:`finish`: the sum of factor ``f`` over ranks (upper triangle when packed)
+        and how many ranks computed it."""
+        return self._slot[f], int(round(float(self._count[f])))
 
     def rearm(self) -> None:
         """Expect the next step's factors."""

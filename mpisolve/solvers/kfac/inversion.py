@@ -23,8 +23,9 @@ import torch
 from ...comm.buckets import FusedBuffer
 from ...comm.communicator import Communicator, PersistentBcast
 from ...kernels.inverse import FAILED, eigh_psd_, inverse_spd_
+from ...kernels.triangle import pack_triu, triangle_numel, unpack_triu_
 from .layers import Factor
-from .packing import TrianglePacker, triangle_numel
+
 from .placement import EVERY_RANK
 
 
@@ -88,7 +89,6 @@ class Inverter:
             for i, f in enumerate(batch.members):
                 self._where[f] = (batch, i)
         device = self.factors[0].running.device if self.factors else torch.device("cpu")
-        self._packers = {f.dim: TrianglePacker(f.dim, device) for f in self.factors} if self.packed else {}
         # Broadcast groups, in the order every rank starts them: by root, then factor.
         placed = sorted((o, f) for f, o in enumerate(owners) if o != EVERY_RANK)
         groups: list[tuple[int, list[int]]] = []
@@ -165,7 +165,7 @@ class Inverter:
 
     def _decompose(self, batch: _Batch, shifts: Sequence[float]) -> None:
         for i, f in enumerate(batch.members):
-            batch.stack[i].copy_(self.factors[f].running)
+            self.factors[f].fill(batch.stack[i])
         if self.method == "inverse":
             status = inverse_spd_(batch.stack, [shifts[f] for f in batch.members])
         else:
@@ -179,7 +179,7 @@ class Inverter:
             payload[0].copy_(batch.stack[i])
             payload[1].copy_(batch.values[i])
         elif self.packed:
-            self._packers[self.factors[f].dim].pack(batch.stack[i], payload[0])
+            pack_triu(batch.stack[i], payload[0])
         else:
             payload[0].copy_(batch.stack[i])
 
@@ -190,7 +190,7 @@ class Inverter:
             for target, source in zip(factor.decomposition(), sources):
                 target.copy_(source)
         elif self.packed:
-            self._packers[factor.dim].unpack(self._payload[f][0], factor.inverse)
+            unpack_triu_(self._payload[f][0], factor.inverse)
         else:
             for target, source in zip(factor.decomposition(), self._payload[f]):
                 target.copy_(source)

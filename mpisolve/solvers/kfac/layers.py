@@ -23,17 +23,26 @@ import math
 
 import torch
 
+from ...kernels.triangle import pack_triu, triangle_numel, unpack_triu_
 from .factors import FactorComputer, LayerSpec
 
 
 class Factor:
-    """A Kronecker factor: running average, update count and its latest decomposition."""
+    """A Kronecker factor: running average, update count and its latest decomposition.
 
-    def __init__(self, name: str, dim: int, method: str, dtype: torch.dtype, device: torch.device) -> None:
+    The running average is kept as the full matrix, or (``packed``) as its upper
+    triangle, the layout the factor travels in: the average is then updated in place
+    from the received sum, on half the numbers, and only unpacked where it is
+    decomposed.
+    """
+
+    def __init__(self, name: str, dim: int, method: str, dtype: torch.dtype, device: torch.device, packed: bool) -> None:
         self.name = name
         self.dim = dim
         self.method = method
-        self.running = torch.eye(dim, dtype=dtype, device=device)
+        self.packed = packed
+        eye = torch.eye(dim, dtype=dtype, device=device)
+        self.running = pack_triu(eye, torch.empty(triangle_numel(dim), dtype=dtype, device=device)) if packed else eye
         self.updates = 0
         self.inverted = False
         if method == "inverse":
@@ -43,7 +52,7 @@ class Factor:
             self.values = torch.ones(dim, dtype=dtype, device=device)
 
     def update(self, batch_sum: torch.Tensor, count: int, decay: float) -> None:
-        """Fold in the mean of ``count`` ranks' batch factors (``batch_sum`` is their sum)."""
+        """Fold in the mean of ``count`` ranks' batch factors (``batch_sum``, in the running layout)."""
         self.updates += 1
         rate = min(1.0 - 1.0 / self.updates, decay)
         if rate == 0.0:  # a plain replacement (0 * a non-finite old value would stay non-finite)
@@ -51,12 +60,28 @@ class Factor:
         else:
             self.running.mul_(rate).add_(batch_sum, alpha=(1.0 - rate) / count)
 
+    def fill(self, out: torch.Tensor) -> torch.Tensor:
+        """``out <- the running average as a full matrix``."""
+        return unpack_triu_(self.running, out) if self.packed else out.copy_(self.running)
+
+    def matrix(self) -> torch.Tensor:
+        """The running average as a new full matrix."""
+        return self.fill(torch.empty(self.dim, self.dim, dtype=self.running.dtype, device=self.running.device))
+
+    def mean_eigenvalue(self) -> float:
+        """tr(F) / dim."""
+        if not self.packed:
+            return float(self.running.diagonal().sum()) / self.dim
+        rows = torch.arange(self.dim, device=self.running.device)
+        return float(self.running[rows * self.dim - rows * (rows - 1) // 2].sum()) / self.dim
+
     def decomposition(self) -> list[torch.Tensor]:
         """The tensors the decomposition lives in (the inverse, or eigenvectors and eigenvalues)."""
         return [self.inverse] if self.method == "inverse" else [self.vectors, self.values]
 
     def state_dict(self) -> dict:
-        state = {"running": self.running, "updates": self.updates, "inverted": self.inverted}
+        """Full matrices whatever the layout: a checkpoint loads into any variant."""
+        state = {"running": self.matrix(), "updates": self.updates, "inverted": self.inverted}
         if self.method == "inverse":
             state["inverse"] = self.inverse
         else:
@@ -68,21 +93,25 @@ class Factor:
         for key in keys:
             if key not in state:
                 raise ValueError(f"K-FAC state of factor {self.name} lacks {key!r} (saved with another method?)")
-            target = getattr(self, key)
-            if tuple(state[key].shape) != tuple(target.shape):
+            expected = (self.dim, self.dim) if key != "values" else (self.dim,)
+            if tuple(state[key].shape) != expected:
                 raise ValueError(
-                    f"K-FAC state of factor {self.name}: {key} has shape {tuple(state[key].shape)}, "
-                    f"expected {tuple(target.shape)}"
+                    f"K-FAC state of factor {self.name}: {key} has shape {tuple(state[key].shape)}, expected {expected}"
                 )
-            target.copy_(state[key])
+        running = state["running"].to(self.running.dtype).contiguous()
+        if self.packed:
+            pack_triu(running, self.running)
+        else:
+            self.running.copy_(running)
+        for key in keys[1:]:
+            getattr(self, key).copy_(state[key])
         self.updates = int(state["updates"])
         self.inverted = bool(state["inverted"])
 
 
 def factored_damping(a: Factor, g: Factor, damping: float) -> tuple[float, float]:
     """The shifts (for A, for G) of factored Tikhonov damping; pi = 1 when a trace is not positive."""
-    trace_a = float(a.running.diagonal().sum()) / a.dim
-    trace_g = float(g.running.diagonal().sum()) / g.dim
+    trace_a, trace_g = a.mean_eigenvalue(), g.mean_eigenvalue()
     ratio = trace_a / trace_g if trace_g > 0 else 0.0
     pi = math.sqrt(ratio) if trace_a > 0 and math.isfinite(ratio) and ratio > 0 else 1.0
     root = math.sqrt(damping)
@@ -95,12 +124,12 @@ class KFACLayer:
     Buffers for the gradient matrix and the intermediate products are allocated once.
     """
 
-    def __init__(self, spec: LayerSpec, method: str, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, spec: LayerSpec, method: str, dtype: torch.dtype, device: torch.device, packed: bool) -> None:
         self.spec = spec
         self.method = method
         self.computer = FactorComputer(spec)
-        self.a = Factor(f"{spec.name}.A", spec.a_dim, method, dtype, device)
-        self.g = Factor(f"{spec.name}.G", spec.g_dim, method, dtype, device)
+        self.a = Factor(f"{spec.name}.A", spec.a_dim, method, dtype, device, packed)
+        self.g = Factor(f"{spec.name}.G", spec.g_dim, method, dtype, device, packed)
         shape = (spec.g_dim, spec.a_dim)
         self._matrix = torch.empty(shape, dtype=dtype, device=device) if self._needs_matrix_copy(dtype) else None
         self._work = torch.empty(shape, dtype=dtype, device=device)

@@ -157,10 +157,10 @@ class KFACSolver(Solver):
         # Factor traffic has its own communicator: its collectives, started from forward and
         # backward hooks, never have to be ordered against the gradient buckets'.
         self.factor_comm = self.comm.split(0)
-        self.layers = [KFACLayer(s, o.method, dtype, self.device) for s in specs]
+        self.packed = bool(o.resolved("pack_triangles"))
+        self.layers = [KFACLayer(s, o.method, dtype, self.device, self.packed) for s in specs]
         self.factors = [f for layer in self.layers for f in (layer.a, layer.g)]
         self._group_lr = {id(p): group for group in optimizer.param_groups for p in group["params"]}
-        self.packed = bool(o.resolved("pack_triangles"))
         self.comm_models: dict[str, CommModel] = {}
         self.owners = self._place()
         self.inverter = Inverter(
@@ -295,8 +295,10 @@ class KFACSolver(Solver):
         if self._capturing:
             start = time.perf_counter()
             self.exchange.finish()
-            self.timings["factor_comm"] += time.perf_counter() - start
+            middle = time.perf_counter()
+            self.timings["factor_comm"] += middle - start
             self._update_factors()
+            self.timings["factor_compute"] += time.perf_counter() - middle
             if self._fusion_pending:
                 self._profile()
         if step % o.inv_update_steps == 0:

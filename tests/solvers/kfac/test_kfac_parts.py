@@ -1,4 +1,4 @@
-"""K-FAC's communication and placement parts: triangle packing, placement, fusion planning."""
+"""K-FAC's placement and fusion planning."""
 
 import pytest
 import torch
@@ -6,23 +6,7 @@ import torch
 from mpisolve.solvers.kfac import placement
 from mpisolve.solvers.kfac.factors import find_layers
 from mpisolve.solvers.kfac.fusion import CommModel, fit_comm_model, plan_fusion, probe_sizes
-from mpisolve.solvers.kfac.packing import TrianglePacker, triangle_numel
 from mpisolve.train.models import resnet18
-
-
-@pytest.mark.parametrize("n", [1, 2, 7, 64])
-def test_triangle_packing_round_trip(n):
-    x = torch.randn(n, n + 3, dtype=torch.float64)
-    symmetric = x @ x.T
-    packer = TrianglePacker(n)
-    packed = torch.empty(triangle_numel(n), dtype=torch.float64)
-    packer.pack(symmetric, packed)
-    assert packed.numel() == n * (n + 1) // 2
-    out = torch.full((n, n), float("nan"), dtype=torch.float64)
-    packer.unpack(packed, out)
-    assert torch.equal(out, symmetric)
-    rows, cols = torch.triu_indices(n, n)
-    assert torch.equal(packed, symmetric[rows, cols])  # row-major upper triangle
 
 
 def resnet18_factor_dims():

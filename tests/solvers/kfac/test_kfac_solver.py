@@ -58,7 +58,7 @@ def test_applied_direction_is_the_damped_kronecker_solve(variant):
     for layer in solver.layers:
         name = layer.spec.name
         v = gradient_matrix(getattr(reference, name))
-        a, g = layer.a.running, layer.g.running  # this step's factors (factor_decay=0)
+        a, g = layer.a.matrix(), layer.g.matrix()  # this step's factors (factor_decay=0)
         dense = torch.kron(a, g) + damping * torch.eye(a.shape[0] * g.shape[0], dtype=torch.float64)
         expected = torch.linalg.solve(dense, v.T.reshape(-1)).view(v.shape[1], v.shape[0]).T
         torch.testing.assert_close(update_matrix(getattr(model, name), before[name]), expected, rtol=1e-9, atol=1e-12)
@@ -83,7 +83,7 @@ def test_inverse_method_uses_factored_damping():
     nn.functional.mse_loss(model(x), target).backward()
     solver.step()
     layer = solver.layers[0]
-    a, g = layer.a.running, layer.g.running
+    a, g = layer.a.matrix(), layer.g.matrix()
     pi = math.sqrt((a.trace() / a.shape[0]) / (g.trace() / g.shape[0]))
     root = math.sqrt(damping)
     v = gradient_matrix(reference[0])
@@ -169,13 +169,13 @@ def test_non_finite_batch_factors_are_not_folded_in():
     solver.zero_grad()
     nn.functional.cross_entropy(model(x), y).backward()
     solver.step()
-    kept = solver.layers[0].a.running.clone()
+    kept = solver.layers[0].a.matrix()
     x[0, 0] = float("inf")
     solver.zero_grad()
     nn.functional.cross_entropy(model(x), y).backward()
     with pytest.warns(RuntimeWarning, match=r"non-finite batch factors.*0\.A"):
         solver.step()
-    assert torch.equal(solver.layers[0].a.running, kept) and solver.layers[0].a.updates == 1
+    assert torch.equal(solver.layers[0].a.matrix(), kept) and solver.layers[0].a.updates == 1
     solver.close()
 
 
@@ -190,7 +190,7 @@ def test_factor_that_cannot_be_decomposed_keeps_its_previous_inverse():
     nn.functional.cross_entropy(model(x), y).backward()
     solver.step()
     kept = solver.layers[1].a.inverse.clone()
-    solver.layers[1].a.running[0, 0] = float("nan")  # a stored factor gone bad
+    solver.layers[1].a.running.view(-1)[0] = float("nan")  # a stored factor gone bad
     solver.zero_grad()
     nn.functional.cross_entropy(model(x), y).backward()
     with pytest.warns(RuntimeWarning, match=r"could not be decomposed.*2\.A.*previous decomposition"):

@@ -1,0 +1,59 @@
+"""GPU twin of ``triangle``: one CUDA thread per matrix entry (numba.cuda).
+
+Imported only when a CUDA tensor reaches ``pack_triu`` or ``unpack_triu_``. The launch
+helpers take anything numba.cuda accepts (device arrays; host arrays under the CUDA
+simulator, which is how the tests run them without a GPU).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from numba import cuda
+
+from .dispatch import device_array
+from .triangle import _check
+
+BLOCK = (16, 16)
+
+
+@cuda.jit
+def _pack_entries(matrix, out):  # noqa: ANN001, ANN202
+    i, j = cuda.grid(2)
+    n = matrix.shape[0]
+    if i < n and i <= j < n:
+        out[i * n - (i * (i - 1)) // 2 - i + j] = matrix[i, j]
+
+
+@cuda.jit
+def _unpack_entries(packed, out):  # noqa: ANN001, ANN202
+    i, j = cuda.grid(2)
+    n = out.shape[0]
+    if i < n and j < n:
+        a, b = (i, j) if i <= j else (j, i)
+        out[i, j] = packed[a * n - (a * (a - 1)) // 2 - a + b]
+
+
+def _grid(n: int) -> tuple[int, int]:
+    return ((n + BLOCK[0] - 1) // BLOCK[0], (n + BLOCK[1] - 1) // BLOCK[1])
+
+
+def launch_pack(matrix: Any, out: Any) -> None:
+    _pack_entries[_grid(matrix.shape[0]), BLOCK](matrix, out)
+
+
+def launch_unpack(packed: Any, out: Any) -> None:
+    _unpack_entries[_grid(out.shape[0]), BLOCK](packed, out)
+
+
+def pack_triu(matrix: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    _check(matrix, out)
+    launch_pack(device_array(matrix), device_array(out))
+    return out
+
+
+def unpack_triu_(packed: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    _check(out, packed)
+    launch_unpack(device_array(packed), device_array(out))
+    return out
