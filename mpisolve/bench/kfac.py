@@ -3,11 +3,12 @@
 Every K-FAC iteration updates the factors and the inverses (``factor_update_steps =
 inv_update_steps = 1``): the worst case, where the variants differ most. Per variant:
 ``iter_s`` (median seconds of forward, backward and ``step()``, the slowest rank's),
-``breakdown`` (seconds per iteration of each phase: factor compute in the hooks, factor
-communication waited for, inversion, inverse communication waited for,
-preconditioning; the largest over ranks), the placement's
+``breakdown`` (seconds per iteration of each phase: factor compute in the hooks and the
+running-average update, factor communication waited for, inversion, inverse
+communication waited for, preconditioning; the largest over ranks), the placement's
 ``inversion_load_max_over_mean`` (in its cost unit) and the measured
-``inversion_s_max_over_mean`` across ranks. Top level: ``sgd_iter_s`` (the allreduce
+``inversion_s_max_over_mean``, both over the ``inverting_ranks`` (all ranks, unless a
+node runs more ranks than it has cores). Top level: ``sgd_iter_s`` (the allreduce
 solver on the same model and batch), ``spd_over_d`` (spd-kfac iter_s / d-kfac iter_s),
 ``inversion_load_max_over_mean`` (spd-kfac's), ``ranks``.
 """
@@ -101,11 +102,14 @@ def _time_kfac(args, comm, x, y, in_shape, classes, options) -> dict[str, Any]: 
     seconds, solver = _time_solver(args, comm, x, y, in_shape, classes, "kfac", options, lambda s: s.reset_timings())
     breakdown = {phase: comm.reduce_scalar(solver.timings[phase] / args.repeats, op="max") for phase in PHASES}
     inversion_s = comm.allgather_object(solver.timings["inversion"] / args.repeats)
+    loads = solver.placement_loads()
+    workers = solver.inverting_ranks
     entry: dict[str, Any] = {
         "iter_s": seconds,
         "breakdown": breakdown,
-        "inversion_load_max_over_mean": max_over_mean(solver.placement_loads()),
-        "inversion_s_max_over_mean": max_over_mean(inversion_s),
+        "inverting_ranks": len(workers),
+        "inversion_load_max_over_mean": max_over_mean([loads[r] for r in workers]),
+        "inversion_s_max_over_mean": max_over_mean([inversion_s[r] for r in workers]),
         "factors": len(solver.factors),
         "replicated_factors": sum(1 for o in solver.owners if o == EVERY_RANK),
         "factor_messages": len(solver.exchange.groups),

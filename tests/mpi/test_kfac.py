@@ -139,13 +139,22 @@ def test_placement_is_shared_balanced_and_replicates_only_what_is_cheap():
     replicated = [d for d, o in zip(dims, solver.owners) if o == EVERY_RANK]
     if placed and replicated:
         assert max(replicated) <= min(placed)  # inverted everywhere only below the crossover size
-    loads = solver.placement_loads()
-    costs = solver.inversion_costs
+    workers = solver.inverting_ranks
+    assert len(workers) == min(comm.size, comm.cores)  # one node here: one inverting rank per core
+    assert {o for o in solver.owners if o != EVERY_RANK} <= set(workers)
+    loads, costs = solver.placement_loads(), solver.inversion_costs
     shared = sum(c for c, o in zip(costs, solver.owners) if o == EVERY_RANK)
-    assert max(loads) <= max(max(costs) + shared, 4 / 3 * sum(loads) / comm.size + 1e-9)
+    owned = sum(costs) - shared
+    assert max(loads) <= shared + max(max(costs), 4 / 3 * owned / len(workers)) + 1e-9  # greedy's bound
     mpd = mpisolve.make_solver("kfac", model, torch.optim.SGD(model.parameters(), lr=0.1), comm=comm.comm, variant="mpd-kfac")
     assert mpd.owners == [f % comm.size for f in range(len(dims))]  # MPD-KFAC: round-robin
     mpd.close()
+    measured = mpisolve.make_solver(
+        "kfac", model, torch.optim.SGD(model.parameters(), lr=0.1), comm=comm.comm, placement_cost="measured", replicate="never"
+    )
+    assert EVERY_RANK not in measured.owners and all(c > 0 for c in measured.inversion_costs)
+    assert same_on_every_rank(comm, torch.tensor(measured.owners + measured.inversion_costs))
+    measured.close()
     solver.close()
 
 

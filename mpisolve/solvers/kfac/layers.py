@@ -43,6 +43,9 @@ class Factor:
         self.packed = packed
         eye = torch.eye(dim, dtype=dtype, device=device)
         self.running = pack_triu(eye, torch.empty(triangle_numel(dim), dtype=dtype, device=device)) if packed else eye
+        rows = torch.arange(dim, device=device)
+        #: Where the diagonal lies in the running average's storage.
+        self._diagonal = rows * dim - rows * (rows - 1) // 2 if packed else rows * (dim + 1)
         self.updates = 0
         self.inverted = False
         if method == "inverse":
@@ -70,10 +73,7 @@ class Factor:
 
     def mean_eigenvalue(self) -> float:
         """tr(F) / dim."""
-        if not self.packed:
-            return float(self.running.diagonal().sum()) / self.dim
-        rows = torch.arange(self.dim, device=self.running.device)
-        return float(self.running[rows * self.dim - rows * (rows - 1) // 2].sum()) / self.dim
+        return float(self.running.view(-1)[self._diagonal].sum()) / self.dim
 
     def decomposition(self) -> list[torch.Tensor]:
         """The tensors the decomposition lives in (the inverse, or eigenvectors and eigenvalues)."""

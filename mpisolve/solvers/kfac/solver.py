@@ -162,7 +162,8 @@ class KFACSolver(Solver):
         self.factors = [f for layer in self.layers for f in (layer.a, layer.g)]
         self._group_lr = {id(p): group for group in optimizer.param_groups for p in group["params"]}
         self.comm_models: dict[str, CommModel] = {}
-        self.owners = self._place()
+        self.inverting_ranks = self._inverting_ranks()
+        self.owners, self.inversion_costs = self._place()
         self.inverter = Inverter(
             self.factor_comm,
             self.factors,
@@ -210,60 +211,74 @@ class KFACSolver(Solver):
         """Elements of factor f's decomposition on the wire."""
         return sum(s.numel() for s in result_shapes(self.factors[f].dim, self.options.method, self.packed))
 
-    def _place(self) -> list[int]:
-        """Owner of each factor's inversion (``EVERY_RANK``: all ranks), the same on every rank."""
+    def _place(self) -> tuple[list[int], list[float]]:
+        """Owner of each factor's inversion (``EVERY_RANK``: all ranks) and the costs it balanced.
+
+        The same on every rank: whatever is measured is agreed on (slowest rank) first.
+        """
         o, ranks = self.options, self.comm.size
-        if o.variant == "d-kfac" or ranks == 1:
-            return [placement.EVERY_RANK] * len(self.factors)
         dims = [f.dim for f in self.factors]
-        replicated = [False] * len(dims)
+        flops = [placement.flop_cost(n) for n in dims]
+        if o.variant == "d-kfac" or ranks == 1:
+            return [placement.EVERY_RANK] * len(dims), flops
+        wire = [self._wire_numel(f) for f in range(len(dims))]
         seconds: dict[int, float] = {}
+        replicated = [False] * len(dims)
         if o.resolved("replicate") == "auto":
-            sizes = probe_sizes(min(max(self._wire_numel(f) for f in range(len(dims))), PROBE_LIMIT))
+            sizes = probe_sizes(min(max(wire), PROBE_LIMIT))
             self.comm_models["bcast"] = model = measure_comm_model(self.factor_comm, "bcast", sizes)
-            # Measure inversions smallest first until one costs more than its broadcast:
-            # larger ones grow as n^3 against n^2 and are broadcast.
-            by_size = {dims[f]: self._wire_numel(f) for f in range(len(dims))}
-            for n in sorted(by_size):
+            broadcast = {n: model.seconds(w) for n, w in zip(dims, wire)}
+            # Smallest first until an inversion costs more than its broadcast: beyond, inversions
+            # grow as n^3 and broadcasts as n^2.
+            for n in sorted(broadcast):
                 seconds[n] = self._time_inversion(n)
-                if seconds[n] > model.seconds(by_size[n]):
+                if seconds[n] > broadcast[n]:
                     break
-            replicated = [dims[f] in seconds and seconds[dims[f]] <= model.seconds(by_size[dims[f]]) for f in range(len(dims))]
+            replicated = [n in seconds and seconds[n] <= broadcast[n] for n in dims]
+        costs = flops
         if o.placement_cost == "measured":
-            for n in sorted(set(dims)):
-                if n not in seconds:
-                    seconds[n] = self._time_inversion(n)
-            costs = [seconds[n] for n in dims]
-        else:
-            costs = [placement.flop_cost(n) for n in dims]
-        self.inversion_costs = costs
+            costs = [seconds[n] if n in seconds else seconds.setdefault(n, self._time_inversion(n)) for n in dims]
         if o.resolved("placement") == "balanced":
-            return placement.balanced(costs, ranks, replicated)
-        spread = placement.round_robin(len(dims) - sum(replicated), ranks)
-        return [placement.EVERY_RANK if r else spread.pop(0) for r in replicated]
+            workers = self.inverting_ranks
+            placed = placement.balanced(costs, len(workers), replicated)
+            return [o if o == placement.EVERY_RANK else workers[o] for o in placed], costs
+        spread = iter(placement.round_robin(len(dims) - sum(replicated), ranks))
+        return [placement.EVERY_RANK if r else next(spread) for r in replicated], costs
+
+    def _inverting_ranks(self) -> list[int]:
+        """The ranks a balanced placement gives inversions to: every rank, except that a node
+        running more ranks than it has cores gives them to as many of its ranks as it has
+        cores (more would only time-share those cores, and thrash their caches)."""
+        if self.options.variant == "d-kfac" or self.comm.size == 1:
+            return list(range(self.comm.size))
+        seats = self.comm.allgather_object(self.comm.local_rank < self.comm.cores)
+        return [rank for rank, seated in enumerate(seats) if seated]
 
     def _time_inversion(self, n: int) -> float:
-        """Seconds to decompose one n x n factor here (the slowest rank's, so all ranks agree)."""
+        """Seconds to decompose one n x n factor here, best of a few after a warm-up call;
+        the slowest rank's, so all ranks agree."""
         generator = torch.Generator().manual_seed(n)
         x = torch.randn(n, 2 * n, generator=generator, dtype=self.factors[0].running.dtype)
-        stack = (x @ x.T / (2 * n)).unsqueeze(0).to(self.device)
+        source = (x @ x.T / (2 * n)).unsqueeze(0).to(self.device)
+        stack = source.clone()
         values = torch.empty(1, n, dtype=stack.dtype, device=self.device)
-        source = stack.clone()
-        best = math.inf
-        for _ in range(2 if n < 512 else 1):
+        times = []
+        for _ in range(1 + (3 if n < 512 else 1)):
             stack.copy_(source)
             start = time.perf_counter()
             if self.options.method == "inverse":
                 inverse_spd_(stack, [1e-3])
             else:
                 eigh_psd_(stack, values)
-            best = min(best, time.perf_counter() - start)
+            times.append(time.perf_counter() - start)
+        best = min(times[1:])  # the first call pays for lazy initialisation
         return float(self.factor_comm.allreduce_(torch.tensor([best], dtype=torch.float64), op="max", what="inversion timing"))
 
     def placement_loads(self) -> list[float]:
-        """Each rank's inversion cost under the placement (n^3 units or measured seconds)."""
-        costs = getattr(self, "inversion_costs", [placement.flop_cost(f.dim) for f in self.factors])
-        return placement.loads(costs, self.owners, self.comm.size)
+        """Each rank's inversion cost under the placement (n^3 units or measured seconds).
+
+        ``max_over_mean`` of the loads of ``inverting_ranks`` is the placement's balance."""
+        return placement.loads(self.inversion_costs, self.owners, self.comm.size)
 
     # ---------------------------------------------------------------- hooks
     def _on_forward(self, index: int, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
