@@ -246,10 +246,11 @@ class KFACSolver(Solver):
         return [placement.EVERY_RANK if r else next(spread) for r in replicated], costs
 
     def _inverting_ranks(self) -> list[int]:
-        """The ranks a balanced placement gives inversions to: every rank, except that a node
-        running more ranks than it has cores gives them to as many of its ranks as it has
-        cores (more would only time-share those cores, and thrash their caches)."""
-        if self.options.variant == "d-kfac" or self.comm.size == 1:
+        """The ranks that may own inversions: every rank, except that for a balanced placement a
+        node running more ranks than it has cores gives them to as many of its ranks as it
+        has cores (more would only time-share those cores, and thrash their caches)."""
+        o = self.options
+        if o.variant == "d-kfac" or o.resolved("placement") != "balanced" or self.comm.size == 1:
             return list(range(self.comm.size))
         seats = self.comm.allgather_object(self.comm.local_rank < self.comm.cores)
         return [rank for rank, seated in enumerate(seats) if seated]
