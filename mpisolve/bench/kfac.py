@@ -114,6 +114,7 @@ def _time_kfac(args, comm, x, y, in_shape, classes, options) -> dict[str, Any]: 
         "replicated_factors": sum(1 for o in solver.owners if o == EVERY_RANK),
         "factor_messages": len(solver.exchange.groups),
         "inverse_broadcasts": len(solver.inverter.broadcast_groups),
+        "packed_inverses": sum(solver.inverse_packed),
     }
     if solver.comm_models:
         entry["comm_models"] = {k: {"alpha_s": m.alpha, "beta_s_per_elem": m.beta} for k, m in solver.comm_models.items()}

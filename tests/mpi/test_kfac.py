@@ -209,3 +209,40 @@ def test_a_factor_that_cannot_be_inverted_falls_back_alike_everywhere(variant):
     assert torch.equal(solver.layers[2].a.inverse, kept)
     assert torch.isfinite(flat(model)).all() and same_on_every_rank(comm, flat(model))
     solver.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3, 4)
+@pytest.mark.parametrize("method", ["inverse", "eigen"])
+@pytest.mark.parametrize("fuse", [False, True])
+def test_inverter_places_inverts_and_shares_results(method, fuse):
+    from mpisolve.solvers.kfac.inversion import Inverter
+    from mpisolve.solvers.kfac.layers import Factor
+
+    comm = Communicator()
+    dims = [5, 9, 5, 3, 9, 1, 7]
+    factors = []
+    for i, n in enumerate(dims):
+        factor = Factor(f"f{i}", n, method, torch.float64, torch.device("cpu"), packed=i % 2 == 0)
+        x = torch.randn(n, n + 2, generator=torch.Generator().manual_seed(i), dtype=torch.float64)
+        state = factor.state_dict()
+        state.update(running=x @ x.T, updates=1)  # running averages stored full or as triangles
+        factor.load_state_dict(state)
+        factors.append(factor)
+    owners = [i % comm.size if i % 3 else EVERY_RANK for i in range(len(dims))]
+    shifts = [0.1 * (i + 1) for i in range(len(dims))]
+    packed = [i % 2 == 1 for i in range(len(dims))]  # inverses broadcast as triangles or in full
+    inverter = Inverter(comm.split(0), factors, owners, method=method, packed=packed, fuse_broadcasts=fuse)
+    statuses = inverter.run(shifts)
+    assert statuses == [0] * len(dims)
+    for f, factor in enumerate(factors):
+        dense = factor.matrix()
+        if method == "inverse":
+            expected = torch.linalg.inv(dense + shifts[f] * torch.eye(dense.shape[0], dtype=torch.float64))
+            torch.testing.assert_close(factor.inverse, expected)
+            assert same_on_every_rank(comm, factor.inverse)
+        else:
+            torch.testing.assert_close(factor.vectors @ torch.diag(factor.values) @ factor.vectors.T, dense)
+            assert same_on_every_rank(comm, factor.vectors)
+        assert factor.inverted
+    inverter.close()

@@ -3,8 +3,8 @@
 Each rank inverts the factors it owns and those every rank inverts, stacked by size into
 one batched kernel call per size (``mpisolve.kernels.inverse``). Owned results go out in
 persistent broadcasts: one per factor, or one per owner with the owner's results fused
-(``fuse_broadcasts``), as upper triangles where the result is symmetric and
-``packed``. Broadcasts are started in one order on every rank (by root): a rank posts
+(``fuse_broadcasts``), each inverse as its upper triangle where ``packed`` says so (the
+inverse method's results are symmetric; eigenvectors are not). Broadcasts are started in one order on every rank (by root): a rank posts
 the receives from lower roots before it computes, its own broadcast as soon as its
 owned results are ready, and computes the replicated factors while everything moves.
 
@@ -69,16 +69,16 @@ class Inverter:
         owners: Sequence[int],
         *,
         method: str,
-        packed: bool,
+        packed: Sequence[bool],
         fuse_broadcasts: bool,
     ) -> None:
-        if len(owners) != len(factors):
-            raise ValueError("one owner per factor")
+        if len(owners) != len(factors) or len(packed) != len(factors):
+            raise ValueError("one owner and one packing choice per factor")
         self.comm = comm
         self.factors = list(factors)
         self.owners = list(owners)
         self.method = method
-        self.packed = packed and method == "inverse"  # eigenvectors are not symmetric
+        self.packed = [p and method == "inverse" for p in packed]  # eigenvectors are not symmetric
         rank = comm.rank
         owned = [f for f, o in enumerate(owners) if o == rank]
         replicated = [f for f, o in enumerate(owners) if o == EVERY_RANK]
@@ -117,7 +117,7 @@ class Inverter:
         self.seconds = {"inversion": 0.0, "inverse_comm": 0.0}
 
     def _wire_shapes(self, f: int) -> list[torch.Size]:
-        return result_shapes(self.factors[f].dim, self.method, self.packed)
+        return result_shapes(self.factors[f].dim, self.method, self.packed[f])
 
     # --------------------------------------------------------------- a round
     def run(self, shifts: Sequence[float]) -> list[int]:
@@ -178,7 +178,7 @@ class Inverter:
         if self.method == "eigen":
             payload[0].copy_(batch.stack[i])
             payload[1].copy_(batch.values[i])
-        elif self.packed:
+        elif self.packed[f]:
             pack_triu(batch.stack[i], payload[0])
         else:
             payload[0].copy_(batch.stack[i])
@@ -189,7 +189,7 @@ class Inverter:
             sources = [batch.stack[i]] if self.method == "inverse" else [batch.stack[i], batch.values[i]]
             for target, source in zip(factor.decomposition(), sources):
                 target.copy_(source)
-        elif self.packed:
+        elif self.packed[f]:
             unpack_triu_(self._payload[f][0], factor.inverse)
         else:
             for target, source in zip(factor.decomposition(), self._payload[f]):

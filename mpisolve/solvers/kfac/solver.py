@@ -37,6 +37,7 @@ from torch import nn
 from ...comm.buckets import GradientBuckets
 from ...comm.communicator import Communicator
 from ...kernels.inverse import FAILED, RECOVERED, eigh_psd_, inverse_spd_
+from ...kernels.triangle import triangle_numel, unpack_triu_
 from ...options import OptionError, require
 from ..base import Solver, StepInfo, register
 from . import placement
@@ -163,13 +164,13 @@ class KFACSolver(Solver):
         self._group_lr = {id(p): group for group in optimizer.param_groups for p in group["params"]}
         self.comm_models: dict[str, CommModel] = {}
         self.inverting_ranks = self._inverting_ranks()
-        self.owners, self.inversion_costs = self._place()
+        self.owners, self.inversion_costs, self.inverse_packed = self._place()
         self.inverter = Inverter(
             self.factor_comm,
             self.factors,
             self.owners,
             method=o.method,
-            packed=self.packed,
+            packed=self.inverse_packed,
             fuse_broadcasts=o.variant == "spd-kfac",
         )
         self.exchange = self._exchange(self._unfused_groups(), eager=o.variant == "spd-kfac")
@@ -207,12 +208,9 @@ class KFACSolver(Solver):
             device=self.device,
         )
 
-    def _wire_numel(self, f: int) -> int:
-        """Elements of factor f's decomposition on the wire."""
-        return sum(s.numel() for s in result_shapes(self.factors[f].dim, self.options.method, self.packed))
-
-    def _place(self) -> tuple[list[int], list[float]]:
-        """Owner of each factor's inversion (``EVERY_RANK``: all ranks) and the costs it balanced.
+    def _place(self) -> tuple[list[int], list[float], list[bool]]:
+        """Owner of each factor's inversion (``EVERY_RANK``: all ranks), the costs it balanced,
+        and whether each inverse is broadcast as its upper triangle.
 
         The same on every rank: whatever is measured is agreed on (slowest rank) first.
         """
@@ -220,14 +218,19 @@ class KFACSolver(Solver):
         dims = [f.dim for f in self.factors]
         flops = [placement.flop_cost(n) for n in dims]
         if o.variant == "d-kfac" or ranks == 1:
-            return [placement.EVERY_RANK] * len(dims), flops
-        wire = [self._wire_numel(f) for f in range(len(dims))]
+            return [placement.EVERY_RANK] * len(dims), flops, [False] * len(dims)
+        packable = self.packed and o.method == "inverse"
+        if o.resolved("replicate") == "auto" or packable:
+            largest = max(sum(s.numel() for s in result_shapes(n, o.method, False)) for n in dims)
+            sizes = probe_sizes(min(largest, PROBE_LIMIT))
+            self.comm_models["bcast"] = measure_comm_model(self.factor_comm, "bcast", sizes)
+        pays = {n: packable and self._packing_pays(n) for n in sorted(set(dims))}
+        pack = [pays[n] for n in dims]
+        wire = [sum(s.numel() for s in result_shapes(n, o.method, p)) for n, p in zip(dims, pack)]
         seconds: dict[int, float] = {}
         replicated = [False] * len(dims)
         if o.resolved("replicate") == "auto":
-            sizes = probe_sizes(min(max(wire), PROBE_LIMIT))
-            self.comm_models["bcast"] = model = measure_comm_model(self.factor_comm, "bcast", sizes)
-            broadcast = {n: model.seconds(w) for n, w in zip(dims, wire)}
+            broadcast = {n: self.comm_models["bcast"].seconds(w) for n, w in zip(dims, wire)}
             # Smallest first until an inversion costs more than its broadcast: beyond, inversions
             # grow as n^3 and broadcasts as n^2.
             for n in sorted(broadcast):
@@ -237,13 +240,30 @@ class KFACSolver(Solver):
             replicated = [n in seconds and seconds[n] <= broadcast[n] for n in dims]
         costs = flops
         if o.placement_cost == "measured":
-            costs = [seconds[n] if n in seconds else seconds.setdefault(n, self._time_inversion(n)) for n in dims]
+            for n in sorted(set(dims) - set(seconds)):
+                seconds[n] = self._time_inversion(n)
+            costs = [seconds[n] for n in dims]
         if o.resolved("placement") == "balanced":
             workers = self.inverting_ranks
             placed = placement.balanced(costs, len(workers), replicated)
-            return [o if o == placement.EVERY_RANK else workers[o] for o in placed], costs
+            return [r if r == placement.EVERY_RANK else workers[r] for r in placed], costs, pack
         spread = iter(placement.round_robin(len(dims) - sum(replicated), ranks))
-        return [placement.EVERY_RANK if r else next(spread) for r in replicated], costs
+        return [placement.EVERY_RANK if r else next(spread) for r in replicated], costs, pack
+
+    def _packing_pays(self, n: int) -> bool:
+        """Whether broadcasting an n x n inverse as its triangle saves more wire time (by the
+        fitted broadcast model) than unpacking it costs a receiver (measured here, the
+        slowest rank's). On a CPU the unpack's transposed writes often cost more."""
+        saved = self.comm_models["bcast"].beta * (n * n - triangle_numel(n))
+        packed = torch.randn(triangle_numel(n), dtype=self.factors[0].running.dtype).to(self.device)
+        out = torch.empty(n, n, dtype=packed.dtype, device=self.device)
+        seconds = 0.0
+        for _ in range(2):  # the second call: the first may pay for compilation
+            start = time.perf_counter()
+            unpack_triu_(packed, out)
+            seconds = time.perf_counter() - start
+        slowest = self.factor_comm.allreduce_(torch.tensor([seconds], dtype=torch.float64), op="max", what="unpack timing")
+        return saved > float(slowest)
 
     def _inverting_ranks(self) -> list[int]:
         """The ranks that may own inversions: every rank, except that for a balanced placement a
