@@ -19,7 +19,7 @@ from numba import njit
 from .dispatch import BenchCase, by_device, host_array
 
 #: Tile edge for the CPU unpack: measured best among 8..256 for n = 4608 (about the speed of
-#: torch's own transposed copy, 3.5x faster than ``index_copy_``).
+#: torch's own transposed copy, about 3x faster than ``index_copy_``).
 TILE = 16
 
 
