@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from numba import cuda
 
-from .dispatch import device_array
+from .dispatch import device_array, launch_stream
 from .triangle import _check
 
 BLOCK = (16, 16)
@@ -39,21 +39,25 @@ def _grid(n: int) -> tuple[int, int]:
     return ((n + BLOCK[0] - 1) // BLOCK[0], (n + BLOCK[1] - 1) // BLOCK[1])
 
 
-def launch_pack(matrix: Any, out: Any) -> None:
-    _pack_entries[_grid(matrix.shape[0]), BLOCK](matrix, out)
+def launch_pack(matrix: Any, out: Any, stream: Any = 0) -> None:
+    _pack_entries[_grid(matrix.shape[0]), BLOCK, stream](matrix, out)
 
 
-def launch_unpack(packed: Any, out: Any) -> None:
-    _unpack_entries[_grid(out.shape[0]), BLOCK](packed, out)
+def launch_unpack(packed: Any, out: Any, stream: Any = 0) -> None:
+    _unpack_entries[_grid(out.shape[0]), BLOCK, stream](packed, out)
 
 
 def pack_triu(matrix: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """On torch's current stream, ordered after the work that produced ``matrix``."""
     _check(matrix, out)
-    launch_pack(device_array(matrix), device_array(out))
+    with cuda.gpus[matrix.device.index]:
+        launch_pack(device_array(matrix, sync=False), device_array(out, sync=False), launch_stream(matrix))
     return out
 
 
 def unpack_triu_(packed: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """On torch's current stream, ordered after the work that produced ``packed``."""
     _check(out, packed)
-    launch_unpack(device_array(packed), device_array(out))
+    with cuda.gpus[packed.device.index]:
+        launch_unpack(device_array(packed, sync=False), device_array(out, sync=False), launch_stream(packed))
     return out
