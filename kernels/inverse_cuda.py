@@ -4,14 +4,15 @@ Imported only when a CUDA tensor reaches :func:`mpisolve.kernels.inverse.inverse
 or ``eigh_psd_``; CuPy itself is imported on first use, so this module imports (and its
 backend can be exercised with numpy standing in for CuPy) on machines without a GPU.
 CuPy views the torch tensors' memory through ``__cuda_array_interface__``; nothing is
-copied to the host.
+copied to the host. CuPy runs on torch's current stream of the tensors' device, so its
+work is ordered after whatever produced the stack and before whatever reads it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -72,9 +73,20 @@ def _cupy_backend() -> XpLinalg:
     return XpLinalg(cupy, lambda: cupyx.errstate(linalg="raise"))
 
 
+@contextlib.contextmanager
+def _on_torch_stream(tensor: torch.Tensor) -> Iterator[None]:
+    """CuPy's current device and stream set to torch's current ones for ``tensor``."""
+    import cupy
+
+    with cupy.cuda.Device(tensor.device.index), cupy.cuda.ExternalStream(torch.cuda.current_stream(tensor.device).cuda_stream):
+        yield
+
+
 def inverse_spd_(stack: torch.Tensor, shifts: Sequence[float]) -> torch.Tensor:
-    return invert_spd(stack, shifts, _cupy_backend())
+    with _on_torch_stream(stack):
+        return invert_spd(stack, shifts, _cupy_backend())
 
 
 def eigh_psd_(stack: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    return eigh_psd(stack, values, _cupy_backend())
+    with _on_torch_stream(stack):
+        return eigh_psd(stack, values, _cupy_backend())

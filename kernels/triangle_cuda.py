@@ -1,8 +1,9 @@
 """GPU twin of ``triangle``: one CUDA thread per matrix entry (numba.cuda).
 
-Imported only when a CUDA tensor reaches ``pack_triu`` or ``unpack_triu_``. The launch
-helpers take anything numba.cuda accepts (device arrays; host arrays under the CUDA
-simulator, which is how the tests run them without a GPU).
+Imported only when a CUDA tensor reaches ``pack_triu`` or ``unpack_triu_``, which launch
+on torch's current stream. ``pack_arrays`` and ``unpack_arrays`` take any arrays
+numba.cuda accepts (and run under ``NUMBA_ENABLE_CUDASIM=1`` on the CPU, which is how
+they are tested without a GPU).
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ def _grid(n: int) -> tuple[int, int]:
     return ((n + BLOCK[0] - 1) // BLOCK[0], (n + BLOCK[1] - 1) // BLOCK[1])
 
 
-def launch_pack(matrix: Any, out: Any, stream: Any = 0) -> None:
+def pack_arrays(matrix: Any, out: Any, *, stream: Any = 0) -> None:
+    """``out <- the row-major upper triangle of matrix`` (arrays numba.cuda accepts)."""
     _pack_entries[_grid(matrix.shape[0]), BLOCK, stream](matrix, out)
 
 
-def launch_unpack(packed: Any, out: Any, stream: Any = 0) -> None:
+def unpack_arrays(packed: Any, out: Any, *, stream: Any = 0) -> None:
+    """``out <- the symmetric matrix whose upper triangle is packed`` (arrays numba.cuda accepts)."""
     _unpack_entries[_grid(out.shape[0]), BLOCK, stream](packed, out)
 
 
@@ -51,7 +54,7 @@ def pack_triu(matrix: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """On torch's current stream, ordered after the work that produced ``matrix``."""
     _check(matrix, out)
     with cuda.gpus[matrix.device.index]:
-        launch_pack(device_array(matrix, sync=False), device_array(out, sync=False), launch_stream(matrix))
+        pack_arrays(device_array(matrix, sync=False), device_array(out, sync=False), stream=launch_stream(matrix))
     return out
 
 
@@ -59,5 +62,5 @@ def unpack_triu_(packed: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """On torch's current stream, ordered after the work that produced ``packed``."""
     _check(out, packed)
     with cuda.gpus[packed.device.index]:
-        launch_unpack(device_array(packed, sync=False), device_array(out, sync=False), launch_stream(packed))
+        unpack_arrays(device_array(packed, sync=False), device_array(out, sync=False), stream=launch_stream(packed))
     return out

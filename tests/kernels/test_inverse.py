@@ -88,3 +88,23 @@ def test_bench_cases_run():
         case.kernel()
         case.reference()
     assert {c.name.split()[0] for c in bench_cases(20_000)} == {"inverse_spd", "eigh_psd"}
+
+
+@pytest.mark.gpu
+def test_cuda_tensors_are_inverted_on_torch_s_current_stream():
+    source = spd_stack(3, 40)
+    source[1, 0, 0] = float("nan")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        stack = source.cuda() * 2  # produced on the side stream: the CuPy work must follow it
+        status = inverse_spd_(stack, [1e-3] * 3)
+        values = torch.empty(3, 40, dtype=torch.float64, device="cuda")
+        vectors = source.cuda() * 2
+        eigh_status = eigh_psd_(vectors, values)
+    stream.synchronize()
+    expected = source * 2
+    assert cpu_inverse(expected.clone(), [1e-3] * 3).tolist() == status.tolist() == [OK, FAILED, OK]
+    for i in (0, 2):
+        torch.testing.assert_close(stack[i].cpu(), torch.linalg.inv(expected[i] + 1e-3 * torch.eye(40, dtype=torch.float64)))
+        torch.testing.assert_close((vectors[i] @ torch.diag(values[i]) @ vectors[i].T).cpu(), expected[i])
+    assert eigh_status.tolist() == [OK, FAILED, OK]

@@ -1,8 +1,9 @@
 """Upper-triangle packing: round trips on the CPU twin and on the GPU twin's kernels."""
 
-import numba
+import numpy as np
 import pytest
 import torch
+from numba import config, cuda
 
 from mpisolve.kernels.triangle import bench_cases, pack_triu, triangle_numel, unpack_triu_
 
@@ -30,19 +31,35 @@ def test_wrong_sizes_are_refused():
         unpack_triu_(torch.zeros(6, dtype=torch.float64), torch.zeros(3, 3))
 
 
-@pytest.mark.skipif(not numba.config.ENABLE_CUDASIM, reason="runs the CUDA kernels under NUMBA_ENABLE_CUDASIM=1")
-def test_gpu_twin_kernels_agree_with_the_cpu_twin():
-    from mpisolve.kernels.triangle_cuda import launch_pack, launch_unpack
+@pytest.mark.skipif(not (config.ENABLE_CUDASIM or cuda.is_available()), reason="needs a GPU or NUMBA_ENABLE_CUDASIM=1")
+@pytest.mark.parametrize("n", [1, 19])  # 19: more than one 16 x 16 block
+def test_gpu_twin_kernels_agree_with_the_cpu_twin(n):
+    from mpisolve.kernels.triangle_cuda import pack_arrays, unpack_arrays
 
-    n = 19  # more than one 16 x 16 block
     x = torch.randn(n, n, dtype=torch.float64)
     symmetric = x + x.T
-    packed = torch.empty(triangle_numel(n), dtype=torch.float64)
-    launch_pack(symmetric.numpy(), packed.numpy())
+    d_packed = cuda.to_device(np.zeros(triangle_numel(n)))
+    pack_arrays(cuda.to_device(symmetric.numpy()), d_packed)
+    packed = torch.from_numpy(d_packed.copy_to_host())
     assert torch.equal(packed, pack_triu(symmetric, torch.empty_like(packed)))
-    out = torch.zeros(n, n, dtype=torch.float64)
-    launch_unpack(packed.numpy(), out.numpy())
-    assert torch.equal(out, symmetric)
+    d_out = cuda.to_device(np.zeros((n, n)))
+    unpack_arrays(d_packed, d_out)
+    assert torch.equal(torch.from_numpy(d_out.copy_to_host()), symmetric)
+
+
+@pytest.mark.gpu
+def test_pack_and_unpack_torch_cuda_tensors_on_a_side_stream():
+    n = 70
+    x = torch.randn(n, n, dtype=torch.float64)
+    symmetric = (x + x.T).cuda()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        doubled = symmetric * 2  # produced on the side stream: packing must be ordered after it
+        packed = pack_triu(doubled, torch.empty(triangle_numel(n), dtype=torch.float64, device="cuda"))
+        out = unpack_triu_(packed, torch.empty_like(doubled))
+    stream.synchronize()
+    assert torch.equal(packed.cpu(), pack_triu(symmetric.cpu() * 2, torch.empty(triangle_numel(n), dtype=torch.float64)))
+    assert torch.equal(out.cpu(), symmetric.cpu() * 2)
 
 
 def test_bench_cases_run():

@@ -26,6 +26,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ...options import OptionError
+
 
 @dataclass
 class LayerSpec:
@@ -56,9 +58,14 @@ def find_layers(model: nn.Module, skip: Sequence[str | type] = ()) -> list[Layer
     """The model's Linear and Conv2d layers with a trainable weight, in registration order.
 
     ``skip`` entries are module names (a name also skips the modules inside it), class
-    names, or classes. Conv2d with ``groups > 1`` is not Kronecker-factored here and
+    names, or classes; an entry that matches no module is refused (a misspelt name would
+    otherwise go unnoticed). Conv2d with ``groups > 1`` is not Kronecker-factored here and
     keeps its plain gradient, as does every other kind of layer.
     """
+    unmatched = [e for e in skip if not any(_skipped(n, m, (e,)) for n, m in model.named_modules())]
+    if unmatched:
+        names = ", ".join(getattr(e, "__name__", repr(e)) for e in unmatched)
+        raise OptionError(f"kfac: skip entries that match no module of the model: {names}")
     layers = []
     for name, module in model.named_modules():
         if not isinstance(module, (nn.Linear, nn.Conv2d)) or _skipped(name, module, skip):

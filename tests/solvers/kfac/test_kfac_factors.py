@@ -5,6 +5,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from mpisolve.options import OptionError
 from mpisolve.solvers.kfac.factors import FactorComputer, find_layers
 
 
@@ -97,5 +98,7 @@ def test_find_layers_skips_by_name_class_and_type_and_leaves_grouped_convs():
     assert [s.name for s in find_layers(model, skip=("3",))] == ["0"]
     assert [s.name for s in find_layers(model, skip=(nn.Conv2d,))] == ["3.0", "3.1"]
     assert [s.name for s in find_layers(model, skip=["Linear"])] == ["0"]
+    with pytest.raises(OptionError, match=r"match no module of the model: 'fc', Embedding"):
+        find_layers(model, skip=("3", "fc", nn.Embedding))
     specs = {s.name: s for s in find_layers(model)}
     assert (specs["0"].a_dim, specs["0"].g_dim, specs["3.1"].a_dim) == (3 * 9 + 1, 4, 4)

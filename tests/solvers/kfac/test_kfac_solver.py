@@ -214,6 +214,26 @@ def test_singular_factor_without_enough_damping_is_inverted_safely():
     solver.close()
 
 
+def test_skipped_layers_keep_their_plain_gradient():
+    torch.manual_seed(5)
+    model = Net()
+    reference = copy.deepcopy(model)
+    solver = mpisolve.make_solver(
+        "kfac", model, torch.optim.SGD(model.parameters(), lr=1.0), skip=["fc", nn.Conv2d], **exact_options()
+    )
+    assert [layer.spec.name for layer in solver.layers] == ["out"]
+    x, y = torch.randn(4, 2, 4, 4), torch.randint(0, 2, (4,))
+    nn.functional.cross_entropy(reference(x), y).backward()
+    solver.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    solver.step()
+    for name in ("fc", "conv"):
+        for p, q in zip(getattr(model, name).parameters(), getattr(reference, name).parameters()):
+            torch.testing.assert_close(p.detach(), (q - q.grad).detach())
+    assert not torch.allclose(model.out.weight, (reference.out.weight - reference.out.weight.grad).detach())
+    solver.close()
+
+
 def test_layers_never_run_keep_their_plain_gradient():
     torch.manual_seed(5)
     model = nn.ModuleDict({"used": nn.Linear(3, 2), "unused": nn.Linear(2, 2)})
