@@ -12,7 +12,8 @@
 #   3. without MPI: results.csv and results.json (per seed and solver: epochs and seconds to
 #      TARGET, final accuracy, throughput; epochs to a few other accuracies; medians),
 #      curves.csv (every evaluation) and the plots of the first seed's two runs.
-# Results go to perf/results/kfac_convergence/ (override with OUT=...).
+# Results go to perf/results/kfac_convergence/ (override with OUT=...). The script takes the
+# lock itself (LOCK=...); a caller already holding it sets KFAC_STUDY_LOCKED=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
