@@ -20,6 +20,7 @@ BENCHES: dict[str, str] = {
     "kernels": "mpisolve.bench.kernels",
     "windows": "mpisolve.bench.windows",
     "adasum": "mpisolve.bench.adasum",
+    "kfac": "mpisolve.bench.kfac",
 }
 
 

@@ -20,7 +20,7 @@ from ..options import InputError
 from . import median_seconds
 
 #: Kernel modules under ``mpisolve.kernels``, one per operation.
-KERNEL_MODULES = ("fused", "adasum", "inverse", "elastic")
+KERNEL_MODULES = ("fused", "adasum", "inverse", "triangle", "elastic")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -228,6 +228,10 @@ class Communicator:
         """A reusable in-place allreduce of ``tensor`` (MPI-4 persistent where available)."""
         return PersistentAllreduce(self, tensor, op)
 
+    def persistent_bcast(self, tensor: torch.Tensor, root: int = 0) -> PersistentBcast:
+        """A reusable broadcast of ``tensor`` from ``root`` (MPI-4 persistent where available)."""
+        return PersistentBcast(self, tensor, root)
+
     def split(self, color: int | None, key: int | None = None, *, name: Any = None) -> Communicator | None:
         """A sub-communicator with the same waiting policy and watchdog (collective).
 
@@ -274,27 +278,35 @@ class Communicator:
         self.comm.Abort(code)
 
 
-class PersistentAllreduce:
-    """An in-place allreduce of one buffer, started many times.
+class PersistentCollective:
+    """An in-place collective on one buffer, set up once and started many times.
 
-    Uses an MPI-4 persistent collective (``MPI_Allreduce_init``: set up once, nothing
-    allocated per start) and falls back to ``Iallreduce`` on MPI libraries without it.
-    A CUDA tensor goes through ``comm.stager`` (one host twin, reused by every start):
-    :meth:`start` makes the values ready for MPI, :meth:`wait` brings the result back.
+    Uses an MPI-4 persistent collective (``MPI_*_init``: set up once, nothing allocated
+    per start) and falls back to posting the nonblocking collective on every start on
+    MPI libraries without it. Subclasses say which collective. A CUDA tensor goes through
+    ``comm.stager`` (one host twin, reused by every start): :meth:`start` makes the values
+    ready for MPI, :meth:`wait` brings the result back.
     """
 
-    def __init__(self, comm: Communicator, tensor: torch.Tensor, op: str = "sum") -> None:
+    kind = "collective"  # names the operation for the watchdog
+
+    def __init__(self, comm: Communicator, tensor: torch.Tensor) -> None:
         self.comm = comm
         self.tensor = tensor
         self.stager = comm.stager(tensor)
         self._spec = mpi_buffer(self.stager.memory)
-        self._op = MPI_OPS[op]
         self._persistent: MPI.Prequest | None
         try:
-            self._persistent = comm.comm.Allreduce_init(MPI.IN_PLACE, self._spec, self._op)
+            self._persistent = self._init()
         except NotImplementedError:
             self._persistent = None
         self.request: MPI.Request = MPI.REQUEST_NULL
+
+    def _init(self) -> MPI.Prequest:
+        raise NotImplementedError
+
+    def _post(self) -> MPI.Request:
+        raise NotImplementedError
 
     def start(self) -> MPI.Request:
         self.stager.to_mpi()
@@ -302,21 +314,53 @@ class PersistentAllreduce:
             self._persistent.Start()
             self.request = self._persistent
         else:
-            self.request = self.comm.comm.Iallreduce(MPI.IN_PLACE, self._spec, self._op)
+            self.request = self._post()
         return self.request
 
     def test(self) -> bool:
         return self.request.Test()
 
-    def wait(self, what: str = "allreduce") -> None:
-        """Complete the allreduce; the tensor holds the result (for a staged one, on its stream)."""
-        self.comm.wait(self.request, what)
+    def wait(self, what: str | None = None) -> None:
+        """Complete the collective; the tensor holds the result (for a staged one, on its stream)."""
+        self.comm.wait(self.request, what or self.kind)
         self.stager.from_mpi()
 
     def free(self) -> None:
         if self._persistent is not None:
             self._persistent.Free()
             self._persistent = None
+
+
+class PersistentAllreduce(PersistentCollective):
+    """An in-place allreduce of one buffer, started many times (``MPI_Allreduce_init``)."""
+
+    kind = "allreduce"
+
+    def __init__(self, comm: Communicator, tensor: torch.Tensor, op: str = "sum") -> None:
+        self._op = MPI_OPS[op]
+        super().__init__(comm, tensor)
+
+    def _init(self) -> MPI.Prequest:
+        return self.comm.comm.Allreduce_init(MPI.IN_PLACE, self._spec, self._op)
+
+    def _post(self) -> MPI.Request:
+        return self.comm.comm.Iallreduce(MPI.IN_PLACE, self._spec, self._op)
+
+
+class PersistentBcast(PersistentCollective):
+    """A broadcast of one buffer from ``root``, started many times (``MPI_Bcast_init``)."""
+
+    kind = "broadcast"
+
+    def __init__(self, comm: Communicator, tensor: torch.Tensor, root: int = 0) -> None:
+        self.root = root
+        super().__init__(comm, tensor)
+
+    def _init(self) -> MPI.Prequest:
+        return self.comm.comm.Bcast_init(self._spec, root=self.root)
+
+    def _post(self) -> MPI.Request:
+        return self.comm.comm.Ibcast(self._spec, root=self.root)
 
 
 _WORLD: Communicator | None = None
@@ -390,6 +434,8 @@ __all__ = [
     "CommTimeout",
     "Communicator",
     "PersistentAllreduce",
+    "PersistentBcast",
+    "PersistentCollective",
     "as_communicator",
     "init",
     "mpi_buffer",

@@ -5,7 +5,8 @@ heterogeneity), then writes ``DIR/summary.json``, each run's ``DIR/<solver>.json
 ``DIR/<solver>.summary.json``, the PNG plots of :mod:`mpisolve.train.plots`, and a table
 on stdout. ``summary.json``::
 
-    {"solvers": {name: {"time_to_target_s": float or null, "final_accuracy": float,
+    {"solvers": {name: {"time_to_target_s": float or null, "epochs_to_target": float or null,
+                        "final_accuracy": float,
                         "samples_per_s": float, "busy_fraction": float}},
      "ranks": 4, "target_accuracy": 0.9 or null, "workload": {...},
      "mpi_library_version": "...", "versions": {...}, "git_commit": "...",
@@ -27,7 +28,7 @@ from .metrics import read_records, write_json
 from .plots import plot_runs
 
 #: Per-solver fields of summary.json, taken from each run's summary.
-SOLVER_FIELDS = ("time_to_target_s", "final_accuracy", "samples_per_s", "busy_fraction")
+SOLVER_FIELDS = ("time_to_target_s", "epochs_to_target", "final_accuracy", "samples_per_s", "busy_fraction")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,15 +79,17 @@ def compare(plan: CompareConfig, comm: Communicator, *, show: bool = True) -> di
 def table(result: dict[str, Any]) -> str:
     """summary.json as a fixed-width table."""
     target = result["target_accuracy"]
-    head = ("solver", f"time to {target:g} (s)" if target is not None else "time to target", "final acc", "samples/s", "busy")
+    to = f"to {target:g}" if target is not None else "to target"
+    head = ("solver", f"time {to} (s)", f"epochs {to}", "final acc", "samples/s", "busy")
     rows = [head]
     for name, s in result["solvers"].items():
-        tta = s["time_to_target_s"]
+        tta, eta = s["time_to_target_s"], s["epochs_to_target"]
         acc = s["final_accuracy"]
         rows.append(
             (
                 name,
                 "-" if tta is None else f"{tta:.2f}",
+                "-" if eta is None else f"{eta:.2f}",
                 "-" if acc is None else f"{acc:.4f}",
                 f"{s['samples_per_s']:.0f}",
                 f"{s['busy_fraction']:.2f}",

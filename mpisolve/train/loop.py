@@ -124,6 +124,7 @@ class Trainer:
         }
         # Outcomes so far (restored on resume).
         self.time_to_target_s: float | None = None
+        self.epochs_to_target: float | None = None
         self.test_accuracy: float | None = None
         self.test_loss: float | None = None
         self.last_update_samples = 0
@@ -191,7 +192,7 @@ class Trainer:
 
     def _milestone(self, now: Progress, due: Due) -> None:
         if due.evaluate:
-            self._evaluate()
+            self._evaluate(now)
         if due.log:
             self._record(now, due.evaluate, important=due.evaluate or due.stop)
         if due.checkpoint:
@@ -199,8 +200,8 @@ class Trainer:
                 self._save_checkpoint(now)
 
     # ---------------------------------------------------------------- evaluation
-    def _evaluate(self) -> None:
-        """Test accuracy and loss over every rank's test shard; notes the time to target."""
+    def _evaluate(self, now: Progress) -> None:
+        """Test accuracy and loss over every rank's test shard; notes the time and epochs to target."""
         self.ctrl.barrier("barrier before evaluation")  # waiting for the slowest rank is training time
         with self.clock.paused():
             totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
@@ -220,6 +221,7 @@ class Trainer:
         target = self.config.target_accuracy
         if target is not None and self.time_to_target_s is None and self.test_accuracy >= target:
             self.time_to_target_s = self.clock.wall_s()
+            self.epochs_to_target = self.schedule.epoch(now)
 
     # ------------------------------------------------------------------- records
     def _record(self, now: Progress, evaluated: bool, *, important: bool) -> None:
@@ -273,6 +275,7 @@ class Trainer:
             "workload": self.config.workload(),
             "target_accuracy": self.config.target_accuracy,
             "time_to_target_s": self.time_to_target_s,
+            "epochs_to_target": self.epochs_to_target,
             "final_accuracy": self.test_accuracy,
             "final_test_loss": self.test_loss,
             "steps": now.steps,
@@ -306,6 +309,7 @@ class Trainer:
                 "wall_s": self.clock.wall_s(),
                 "blocked_s": self.clock.blocked_s(),
                 "time_to_target_s": self.time_to_target_s,
+                "epochs_to_target": self.epochs_to_target,
                 "test_accuracy": self.test_accuracy,
                 "test_loss": self.test_loss,
                 "last_update_samples": self.last_update_samples,
@@ -335,6 +339,7 @@ class Trainer:
         random.setstate(_as_tuples(rng["python"]))
         run = state["run"]
         self.time_to_target_s = run["time_to_target_s"]
+        self.epochs_to_target = run["epochs_to_target"]
         self.test_accuracy = run["test_accuracy"]
         self.test_loss = run["test_loss"]
         self.last_update_samples = run["last_update_samples"]

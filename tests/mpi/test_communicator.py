@@ -64,3 +64,17 @@ def test_persistent_allreduce_reused():
         req.wait()
         assert t.tolist() == [sum(range(comm.size)) + i * comm.size] * 7
     req.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_persistent_bcast_reused_from_any_root():
+    comm = Communicator()
+    t = torch.zeros(5, dtype=torch.float64)
+    root = comm.size - 1
+    req = comm.persistent_bcast(t, root)
+    for i in range(3):
+        t.fill_(float(comm.rank * 10 + i))
+        req.start()
+        req.wait()
+        assert t.tolist() == [float(root * 10 + i)] * 5
+    req.free()

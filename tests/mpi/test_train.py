@@ -220,6 +220,7 @@ def test_compare_writes_summary_table_and_plots(comm, shared_dir, test_solvers):
         for entry in written["solvers"].values():
             assert set(entry) == set(SOLVER_FIELDS)
             assert isinstance(entry["time_to_target_s"], float) and 0 <= entry["final_accuracy"] <= 1
+            assert 0 < entry["epochs_to_target"] < 0.5  # the one evaluation: at the end of 4 short steps
             assert entry["samples_per_s"] > 0 and 0 < entry["busy_fraction"] <= 1
         for name in ("accuracy_vs_time.png", "accuracy_vs_epochs.png", "allreduce.jsonl", "test-delayed.summary.json"):
             assert (shared_dir / "cmp" / name).stat().st_size > 0

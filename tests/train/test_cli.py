@@ -15,7 +15,7 @@ RECORD = {
 }
 SUMMARY = {
     "solver", "options", "ranks", "mpi_library_version", "versions", "git_commit",
-    "time_to_target_s", "final_accuracy",
+    "time_to_target_s", "epochs_to_target", "final_accuracy",
 }
 
 
@@ -53,5 +53,6 @@ def test_train_writes_records_and_summary(tmp_path):
     summary = json.loads((tmp_path / "run.summary.json").read_text())
     assert SUMMARY <= set(summary) and summary["ranks"] == 2 and summary["steps"] == 6
     assert summary["time_to_target_s"] is not None and summary["final_accuracy"] == records[-1]["test_accuracy"]
+    assert summary["epochs_to_target"] == records[-1]["epoch"]  # first evaluation: the last record
     assert json.loads(result.stdout) == summary  # rank 0 prints it once
     assert "allreduce" in result.stderr  # progress lines from rank 0 (not a terminal: plain lines)

@@ -1,0 +1,122 @@
+"""``bench kfac``: a training iteration of each K-FAC variant, and of plain allreduce SGD.
+
+Every K-FAC iteration updates the factors and the inverses (``factor_update_steps =
+inv_update_steps = 1``): the worst case, where the variants differ most. Per variant:
+``iter_s`` (median seconds of forward, backward and ``step()``, the slowest rank's),
+``breakdown`` (seconds per iteration of each phase: factor compute in the hooks and the
+running-average update, factor communication waited for, inversion, inverse
+communication waited for, preconditioning; the largest over ranks), the placement's
+``inversion_load_max_over_mean`` (in its cost unit) and the measured
+``inversion_s_max_over_mean``, both over the ``inverting_ranks`` (all ranks, unless a
+node runs more ranks than it has cores). Top level: ``sgd_iter_s`` (the allreduce
+solver on the same model and batch), ``spd_over_d`` (spd-kfac iter_s / d-kfac iter_s),
+``inversion_load_max_over_mean`` (spd-kfac's), ``ranks``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..comm.communicator import Communicator
+from ..options import InputError
+from ..solvers import make_solver
+from ..solvers.kfac.placement import EVERY_RANK, max_over_mean
+from ..solvers.kfac.solver import PHASES, VARIANTS
+from ..train.models import MODELS, build_model
+from . import median_seconds
+from .allreduce import MODEL_INPUTS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", choices=sorted(MODELS), default="resnet18")
+    parser.add_argument("--batch", type=int, default=4, help="examples per rank per iteration")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated K-FAC variants to time")
+    parser.add_argument("--method", choices=("inverse", "eigen"), default="inverse")
+    parser.add_argument("--profile-steps", type=int, default=2, help="spd-kfac's fusion_profile_steps")
+    parser.set_defaults(repeats=3, warmup=1)  # a ResNet-18 K-FAC iteration takes seconds on a CPU
+
+
+def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown or not variants:
+        raise InputError(f"--variants takes a comma-separated subset of {', '.join(VARIANTS)}; got {args.variants!r}")
+    if args.batch < 1 or args.profile_steps < 1:
+        raise InputError("--batch and --profile-steps must be >= 1")
+    in_shape, classes = MODEL_INPUTS[args.model]
+    generator = torch.Generator().manual_seed(comm.rank)
+    x = torch.randn(args.batch, *in_shape, generator=generator)
+    y = torch.randint(0, classes, (args.batch,), generator=generator)
+    result: dict[str, Any] = {
+        "model": args.model,
+        "batch_per_rank": args.batch,
+        "method": args.method,
+        "ranks": comm.size,
+        "repeats": args.repeats,
+        "variants": {},
+    }
+    for variant in variants:
+        options = dict(
+            variant=variant, method=args.method, factor_update_steps=1, inv_update_steps=1, kl_clip=0.001
+        )
+        if variant == "spd-kfac":
+            options["fusion_profile_steps"] = args.profile_steps
+        result["variants"][variant] = _time_kfac(args, comm, x, y, in_shape, classes, options)
+        gc.collect()
+    result["sgd_iter_s"], sgd = _time_solver(args, comm, x, y, in_shape, classes, "allreduce", {})
+    sgd.close()
+    if "spd-kfac" in variants and "d-kfac" in variants:
+        result["spd_over_d"] = result["variants"]["spd-kfac"]["iter_s"] / result["variants"]["d-kfac"]["iter_s"]
+    if "spd-kfac" in variants:
+        result["inversion_load_max_over_mean"] = result["variants"]["spd-kfac"]["inversion_load_max_over_mean"]
+    return result
+
+
+def _time_solver(args, comm, x, y, in_shape, classes, name, options, before_timing=None):  # noqa: ANN001, ANN202
+    """Median seconds of one training iteration after warming up, and the solver (to inspect, then close)."""
+    torch.manual_seed(0)
+    model = build_model(args.model, in_shape, classes)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    solver = make_solver(name, model, optimizer, comm=comm.comm, **options)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def iteration() -> None:
+        solver.zero_grad()
+        loss_fn(model(x), y).backward()
+        solver.step()
+
+    for _ in range(args.warmup + (args.profile_steps + 1 if options.get("variant") == "spd-kfac" else 0)):
+        iteration()
+    if before_timing is not None:
+        before_timing(solver)
+    seconds = median_seconds(iteration, comm, args.repeats, warmup=0)
+    return seconds, solver
+
+
+def _time_kfac(args, comm, x, y, in_shape, classes, options) -> dict[str, Any]:  # noqa: ANN001
+    seconds, solver = _time_solver(args, comm, x, y, in_shape, classes, "kfac", options, lambda s: s.reset_timings())
+    breakdown = {phase: comm.reduce_scalar(solver.timings[phase] / args.repeats, op="max") for phase in PHASES}
+    inversion_s = comm.allgather_object(solver.timings["inversion"] / args.repeats)
+    loads = solver.placement_loads()
+    workers = solver.inverting_ranks
+    entry: dict[str, Any] = {
+        "iter_s": seconds,
+        "breakdown": breakdown,
+        "inverting_ranks": len(workers),
+        "inversion_load_max_over_mean": max_over_mean([loads[r] for r in workers]),
+        "inversion_s_max_over_mean": max_over_mean([inversion_s[r] for r in workers]),
+        "factors": len(solver.factors),
+        "replicated_factors": sum(1 for o in solver.owners if o == EVERY_RANK),
+        "factor_messages": len(solver.exchange.groups),
+        "inverse_broadcasts": len(solver.inverter.broadcast_groups),
+        "packed_inverses": sum(solver.inverse_packed),
+    }
+    if solver.comm_models:
+        entry["comm_models"] = {k: {"alpha_s": m.alpha, "beta_s_per_elem": m.beta} for k, m in solver.comm_models.items()}
+    solver.close()
+    return entry

@@ -1,0 +1,139 @@
+"""One step's batch factors, summed over ranks in fused messages.
+
+Each factor's batch value is computed (by the layer hooks) into :meth:`FactorExchange.target`
+and handed over with :meth:`FactorExchange.ready`. Factors travel in groups, each group
+one flat buffer with one persistent allreduce; a group may be started as soon as all of
+its factors are ready (SPD-KFAC's pipelining) or only in :meth:`FactorExchange.finish`
+(D-KFAC and MPD-KFAC). Groups start in a fixed order on every rank, so collectives match.
+
+Every group carries one count per factor (1 from each rank that computed it this step):
+a layer that did not run on some rank (or anywhere) is averaged over the ranks that did
+(or left alone), instead of being pulled towards zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ...comm.buckets import FusedBuffer
+from ...comm.communicator import Communicator, PersistentAllreduce
+from ...kernels.triangle import pack_triu, triangle_numel
+
+
+class FactorExchange:
+    """Batch factors ``0..F-1`` of sizes ``dims``, summed over ranks in ``groups``.
+
+    ``groups``: factor indices, each group one message, started in list order.
+    ``packed``: symmetric factors travel as upper triangles. ``eager``: a group starts
+    when its last factor is ready (and every earlier group has started).
+    """
+
+    def __init__(
+        self,
+        comm: Communicator,
+        dims: Sequence[int],
+        names: Sequence[str],
+        groups: Sequence[Sequence[int]],
+        *,
+        packed: bool,
+        eager: bool,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        members = sorted(f for g in groups for f in g)
+        if members != list(range(len(dims))):
+            raise ValueError("fusion groups must hold every factor exactly once")
+        self.comm = comm
+        self.dims = list(dims)
+        self.names = list(names)
+        self.groups = [list(g) for g in groups]
+        self.packed = packed
+        self.eager = eager
+        # Packed factors are computed in full into a scratch matrix per size, then packed.
+        self._scratch = {n: torch.empty(n, n, dtype=dtype, device=device) for n in set(self.dims)} if packed else {}
+        self.buffers: list[FusedBuffer] = []
+        self._slot: list[torch.Tensor] = [torch.empty(0)] * len(dims)
+        self._count: list[torch.Tensor] = [torch.empty(0)] * len(dims)
+        self._group_of = [0] * len(dims)
+        for g, group in enumerate(self.groups):
+            shapes = [torch.Size([triangle_numel(self.dims[f])]) if packed else torch.Size([self.dims[f]] * 2) for f in group]
+            buffer = FusedBuffer(shapes, dtype, device, extra=len(group))
+            self.buffers.append(buffer)
+            for i, f in enumerate(group):
+                self._slot[f] = buffer.views[i]
+                self._count[f] = buffer.extra[i]
+                self._group_of[f] = g
+        self.requests: list[PersistentAllreduce] = [comm.persistent_allreduce(b.flat, "sum") for b in self.buffers]
+        self.captured = [False] * len(dims)
+        self._pending = [len(g) for g in self.groups]
+        self._next = 0
+        self._inflight: list[PersistentAllreduce] = []
+
+    def wire_numel(self, f: int) -> int:
+        """Elements factor ``f`` puts on the wire."""
+        return self._slot[f].numel()
+
+    # ---------------------------------------------------------------- hooks
+    def target(self, f: int) -> torch.Tensor:
+        """Where factor ``f``'s batch value is to be computed (an n x n tensor)."""
+        return self._scratch[self.dims[f]] if self.packed else self._slot[f]
+
+    def ready(self, f: int) -> None:
+        """Factor ``f`` is in :meth:`target`: put it in its message; maybe start messages."""
+        if self.captured[f]:
+            raise RuntimeError(
+                f"mpisolve kfac: factor {self.names[f]} was computed twice in one step: the layer ran "
+                "forward or backward twice between two step() calls (gradient accumulation, weight "
+                "sharing and activation recomputation are not supported)"
+            )
+        if self.packed:
+            pack_triu(self._scratch[self.dims[f]], self._slot[f])
+        self._count[f].fill_(1.0)
+        self.captured[f] = True
+        g = self._group_of[f]
+        self._pending[g] -= 1
+        if self.eager and self._pending[g] == 0:
+            while self._next < len(self.groups) and self._pending[self._next] == 0:
+                self._start(self._next)
+        self.progress()
+
+    def progress(self) -> None:
+        """Let MPI move the messages in flight along."""
+        if self._inflight:
+            self._inflight = [r for r in self._inflight if not r.test()]
+
+    def _start(self, g: int) -> None:
+        for f in self.groups[g]:
+            if not self.captured[f]:  # did not run here: contributes nothing
+                self._slot[f].zero_()
+                self._count[f].zero_()
+        self.requests[g].start()
+        self._inflight.append(self.requests[g])
+        self._next = g + 1
+
+    # ----------------------------------------------------------------- step
+    def finish(self) -> None:
+        """Start what has not started, in order, and complete every message."""
+        while self._next < len(self.groups):
+            self._start(self._next)
+        for g, request in enumerate(self.requests):
+            request.wait(f"K-FAC factor allreduce {g}")
+        self._inflight.clear()
+
+    def result(self, f: int) -> tuple[torch.Tensor, int]:
+        """After :meth:`finish`: the sum of factor ``f`` over ranks (upper triangle when packed)
+        and how many ranks computed it."""
+        return self._slot[f], int(round(float(self._count[f])))
+
+    def rearm(self) -> None:
+        """Expect the next step's factors."""
+        self.captured = [False] * len(self.dims)
+        self._pending = [len(g) for g in self.groups]
+        self._next = 0
+
+    def close(self) -> None:
+        for request in self.requests:
+            request.free()
+        self.requests.clear()

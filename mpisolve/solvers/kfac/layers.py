@@ -1,0 +1,188 @@
+"""A preconditioned layer: its two factors' running averages and decompositions, and the math.
+
+Factors start as the identity with no updates. The k-th update of a factor averages with
+decay ``min(1 - 1/k, factor_decay)``: the first update replaces the identity by the
+batch factor, the next ones average the batches seen so far, and from the
+``1/(1 - factor_decay)``-th on it is the usual exponential average (so early
+preconditioning is not biased towards the identity). Damping is never added to a stored
+factor: the decompositions are computed from damped copies.
+
+For the gradient matrix V (``[out, in(+1)]``, bias as the last column):
+
+- eigen: A = Q_A diag(d_A) Q_A^T, G = Q_G diag(d_G) Q_G^T and
+  U = Q_G [(Q_G^T V Q_A) / (d_G d_A^T + damping)] Q_A^T, which is exactly
+  (A (x) G + damping I)^-1 vec(V) (column-stacking vec);
+- inverse: factored Tikhonov damping (Martens and Grosse 2015, section 6.3),
+  U = (G + sqrt(damping)/pi I)^-1 V (A + pi sqrt(damping) I)^-1 with
+  pi = sqrt((tr A / dim A) / (tr G / dim G)).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...kernels.triangle import pack_triu, triangle_numel, unpack_triu_
+from .factors import FactorComputer, LayerSpec
+
+
+class Factor:
+    """A Kronecker factor: running average, update count and its latest decomposition.
+
+    The running average is kept as the full matrix, or (``packed``) as its upper
+    triangle, the layout the factor travels in: the average is then updated in place
+    from the received sum, on half the numbers, and only unpacked where it is
+    decomposed.
+    """
+
+    def __init__(self, name: str, dim: int, method: str, dtype: torch.dtype, device: torch.device, packed: bool) -> None:
+        self.name = name
+        self.dim = dim
+        self.method = method
+        self.packed = packed
+        eye = torch.eye(dim, dtype=dtype, device=device)
+        self.running = pack_triu(eye, torch.empty(triangle_numel(dim), dtype=dtype, device=device)) if packed else eye
+        rows = torch.arange(dim, device=device)
+        #: Where the diagonal lies in the running average's storage.
+        self._diagonal = rows * dim - rows * (rows - 1) // 2 if packed else rows * (dim + 1)
+        self.updates = 0
+        self.inverted = False
+        if method == "inverse":
+            self.inverse = torch.eye(dim, dtype=dtype, device=device)
+        else:
+            self.vectors = torch.eye(dim, dtype=dtype, device=device)
+            self.values = torch.ones(dim, dtype=dtype, device=device)
+
+    def update(self, batch_sum: torch.Tensor, count: int, decay: float) -> None:
+        """Fold in the mean of ``count`` ranks' batch factors (``batch_sum``, in the running layout)."""
+        self.updates += 1
+        rate = min(1.0 - 1.0 / self.updates, decay)
+        if rate == 0.0:  # a plain replacement (0 * a non-finite old value would stay non-finite)
+            torch.div(batch_sum, count, out=self.running)
+        else:
+            self.running.mul_(rate).add_(batch_sum, alpha=(1.0 - rate) / count)
+
+    def fill(self, out: torch.Tensor) -> torch.Tensor:
+        """``out <- the running average as a full matrix``."""
+        return unpack_triu_(self.running, out) if self.packed else out.copy_(self.running)
+
+    def matrix(self) -> torch.Tensor:
+        """The running average as a new full matrix."""
+        return self.fill(torch.empty(self.dim, self.dim, dtype=self.running.dtype, device=self.running.device))
+
+    def mean_eigenvalue(self) -> float:
+        """tr(F) / dim."""
+        return float(self.running.view(-1)[self._diagonal].sum()) / self.dim
+
+    def decomposition(self) -> list[torch.Tensor]:
+        """The tensors the decomposition lives in (the inverse, or eigenvectors and eigenvalues)."""
+        return [self.inverse] if self.method == "inverse" else [self.vectors, self.values]
+
+    def state_dict(self) -> dict:
+        """Full matrices whatever the layout: a checkpoint loads into any variant."""
+        state = {"running": self.matrix(), "updates": self.updates, "inverted": self.inverted}
+        if self.method == "inverse":
+            state["inverse"] = self.inverse
+        else:
+            state["vectors"], state["values"] = self.vectors, self.values
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        keys = ["running", "inverse"] if self.method == "inverse" else ["running", "vectors", "values"]
+        for key in keys:
+            if key not in state:
+                raise ValueError(f"K-FAC state of factor {self.name} lacks {key!r} (saved with another method?)")
+            expected = (self.dim, self.dim) if key != "values" else (self.dim,)
+            if tuple(state[key].shape) != expected:
+                raise ValueError(
+                    f"K-FAC state of factor {self.name}: {key} has shape {tuple(state[key].shape)}, expected {expected}"
+                )
+        running = state["running"].to(self.running.dtype).contiguous()
+        if self.packed:
+            pack_triu(running, self.running)
+        else:
+            self.running.copy_(running)
+        for key in keys[1:]:
+            getattr(self, key).copy_(state[key])
+        self.updates = int(state["updates"])
+        self.inverted = bool(state["inverted"])
+
+
+def factored_damping(a: Factor, g: Factor, damping: float) -> tuple[float, float]:
+    """The shifts (for A, for G) of factored Tikhonov damping; pi = 1 when a trace is not positive."""
+    trace_a, trace_g = a.mean_eigenvalue(), g.mean_eigenvalue()
+    ratio = trace_a / trace_g if trace_g > 0 else 0.0
+    pi = math.sqrt(ratio) if trace_a > 0 and math.isfinite(ratio) and ratio > 0 else 1.0
+    root = math.sqrt(damping)
+    return pi * root, root / pi
+
+
+class KFACLayer:
+    """One Linear or Conv2d layer: factor computation, preconditioning, and writing back.
+
+    Buffers for the gradient matrix and the intermediate products are allocated once.
+    """
+
+    def __init__(self, spec: LayerSpec, method: str, dtype: torch.dtype, device: torch.device, packed: bool) -> None:
+        self.spec = spec
+        self.method = method
+        self.computer = FactorComputer(spec)
+        self.a = Factor(f"{spec.name}.A", spec.a_dim, method, dtype, device, packed)
+        self.g = Factor(f"{spec.name}.G", spec.g_dim, method, dtype, device, packed)
+        shape = (spec.g_dim, spec.a_dim)
+        self._matrix = torch.empty(shape, dtype=dtype, device=device) if self._needs_matrix_copy(dtype) else None
+        self._work = torch.empty(shape, dtype=dtype, device=device)
+        self.result = torch.empty(shape, dtype=dtype, device=device)
+        self._scale = torch.empty(shape, dtype=dtype, device=device) if method == "eigen" else None
+
+    def _needs_matrix_copy(self, dtype: torch.dtype) -> bool:
+        return self.spec.has_bias or self.spec.module.weight.dtype != dtype
+
+    @property
+    def ready(self) -> bool:
+        """Both factors have seen data and been decomposed: preconditioning means something."""
+        return self.a.updates > 0 and self.g.updates > 0 and self.a.inverted and self.g.inverted
+
+    def refresh_scale(self, damping: float) -> None:
+        """Eigen method: ``1 / (d_G d_A^T + damping)``, after new eigenvalues or damping."""
+        if self._scale is not None:
+            torch.outer(self.g.values, self.a.values, out=self._scale)
+            self._scale.add_(damping).reciprocal_()
+
+    def gradient(self) -> torch.Tensor:
+        """The (averaged) gradient as the ``[out, in(+1)]`` matrix: a view when there is no bias."""
+        weight = self.spec.module.weight.grad.view(self.spec.g_dim, -1)
+        if self._matrix is None:
+            return weight
+        features = weight.shape[1]
+        self._matrix[:, :features].copy_(weight)
+        if self.spec.has_bias:
+            self._matrix[:, features].copy_(self.spec.module.bias.grad)
+        return self._matrix
+
+    def precondition(self, v: torch.Tensor) -> torch.Tensor:
+        """``self.result <- the preconditioned gradient matrix`` (and return it)."""
+        work, result = self._work, self.result
+        if self.method == "inverse":
+            torch.mm(self.g.inverse, v, out=work)
+            torch.mm(work, self.a.inverse, out=result)
+        else:
+            torch.mm(self.g.vectors.T, v, out=work)
+            torch.mm(work, self.a.vectors, out=result)
+            result.mul_(self._scale)
+            torch.mm(self.g.vectors, result, out=work)
+            torch.mm(work, self.a.vectors.T, out=result)
+        return result
+
+    def write(self, scale: float) -> None:
+        """Put ``scale`` times the preconditioned matrix into the parameters' gradients."""
+        weight = self.spec.module.weight.grad.view(self.spec.g_dim, -1)
+        features = weight.shape[1]
+        targets = [(weight, self.result[:, :features])]
+        if self.spec.has_bias:
+            targets.append((self.spec.module.bias.grad, self.result[:, features]))
+        for grad, value in targets:
+            grad.copy_(value)
+            if scale != 1.0:
+                grad.mul_(scale)

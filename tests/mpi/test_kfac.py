@@ -1,0 +1,248 @@
+"""The "kfac" solver on real ranks: the contract, variant equivalence, placement, state, fallbacks."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import mpisolve
+from mpisolve.comm.communicator import Communicator
+from mpisolve.solvers.kfac.placement import EVERY_RANK
+
+VARIANTS = ("d-kfac", "mpd-kfac", "spd-kfac")
+EXACT = dict(factor_decay=0.0, kl_clip=None, factor_update_steps=1, inv_update_steps=1)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(2, 4, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 6, 3, padding=1, bias=False)
+        self.fc = nn.Linear(6 * 4 * 4, 16)
+        self.out = nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.conv2(torch.relu(self.conv1(x))))
+        return self.out(torch.tanh(self.fc(h.flatten(1))))
+
+
+def batches(steps, ranks, per_rank=3):
+    g = torch.Generator().manual_seed(11)
+    return [
+        (torch.randn(per_rank * ranks, 2, 4, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (per_rank * ranks,), generator=g))
+        for _ in range(steps)
+    ]
+
+
+def train(model, solver, data, shard):
+    for x, y in data:
+        solver.zero_grad()
+        nn.functional.cross_entropy(model(x[shard]), y[shard]).backward()
+        solver.step()
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def same_on_every_rank(comm, tensor):
+    gathered = comm.allgather_object(tensor.tolist())
+    return all(g == gathered[0] for g in gathered)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3, 4)
+@pytest.mark.parametrize("method", ["eigen", "inverse"])
+def test_variants_equal_one_process_on_the_global_batch(method):
+    comm = Communicator()
+    alone = comm.split(comm.rank)  # a one-rank communicator: the single-process reference
+    shard = slice(comm.rank * 3, (comm.rank + 1) * 3)
+    data = batches(4, comm.size)
+    options = dict(method=method, factor_decay=0.9, kl_clip=0.01, factor_update_steps=1, inv_update_steps=2, fusion_profile_steps=1)
+    torch.manual_seed(0)
+    reference = Net().double()
+    initial = copy.deepcopy(reference.state_dict())
+    solver = mpisolve.make_solver("kfac", reference, torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9), comm=alone, **options)
+    train(reference, solver, data, slice(None))
+    solver.close()
+    for variant in VARIANTS:
+        torch.manual_seed(comm.rank + 1)  # every rank different: construction must broadcast rank 0's
+        model = Net().double()
+        if comm.rank == 0:
+            model.load_state_dict(initial)
+        solver = mpisolve.make_solver(
+            "kfac", model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), comm=comm.comm, variant=variant, **options
+        )
+        train(model, solver, data, shard)
+        if variant == "spd-kfac":
+            assert "allreduce" in solver.comm_models  # the fusion plan was made and used
+        torch.testing.assert_close(flat(model), flat(reference), rtol=1e-9, atol=1e-11, msg=variant)
+        assert same_on_every_rank(comm, flat(model))
+        solver.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3, 4)
+def test_applied_direction_is_the_damped_kronecker_solve_of_the_global_factors():
+    comm = Communicator()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+    reference = copy.deepcopy(model)  # rank 0's parameters everywhere: torch seeds alike
+    damping = 0.02
+    solver = mpisolve.make_solver(
+        "kfac", model, torch.optim.SGD(model.parameters(), lr=1.0), comm=comm.comm, method="eigen", damping=damping, **EXACT
+    )
+    g = torch.Generator().manual_seed(5)
+    n = 2 * comm.size
+    x, y = torch.randn(n, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g)
+    # Dense reference on the global batch: inputs, per-example output gradients, averaged gradients.
+    inputs, outputs = {}, {}
+
+    def keep(module, args, out):
+        out.retain_grad()
+        inputs[module], outputs[module] = args[0], out
+
+    for i in (0, 2):
+        reference[i].register_forward_hook(keep)
+    nn.functional.cross_entropy(reference(x), y).backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    shard = slice(2 * comm.rank, 2 * comm.rank + 2)
+    solver.zero_grad()
+    nn.functional.cross_entropy(model(x[shard]), y[shard]).backward()
+    solver.step()
+    for k, i in enumerate((0, 2)):
+        abar = torch.cat([inputs[reference[i]], torch.ones(n, 1, dtype=torch.float64)], dim=1)
+        a = abar.T @ abar / n
+        per_example = outputs[reference[i]].grad * n
+        gf = per_example.T @ per_example / n
+        torch.testing.assert_close(solver.layers[k].a.matrix(), a)
+        torch.testing.assert_close(solver.layers[k].g.matrix(), gf)
+        v = torch.cat([reference[i].weight.grad, reference[i].bias.grad[:, None]], dim=1)
+        dense = torch.kron(a, gf) + damping * torch.eye(a.shape[0] * gf.shape[0], dtype=torch.float64)
+        expected = torch.linalg.solve(dense, v.T.reshape(-1)).view(v.shape[1], v.shape[0]).T
+        applied = torch.cat([before[2 * k] - model[i].weight.detach(), (before[2 * k + 1] - model[i].bias.detach())[:, None]], dim=1)
+        torch.testing.assert_close(applied, expected, rtol=1e-9, atol=1e-12)
+    solver.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3, 4)
+def test_placement_is_shared_balanced_and_replicates_only_what_is_cheap():
+    comm = Communicator()
+    model = Net()
+    solver = mpisolve.make_solver("kfac", model, torch.optim.SGD(model.parameters(), lr=0.1), comm=comm.comm)
+    assert same_on_every_rank(comm, torch.tensor(solver.owners))
+    assert set(solver.owners) <= set(range(comm.size)) | {EVERY_RANK}
+    dims = [f.dim for f in solver.factors]
+    placed = [d for d, o in zip(dims, solver.owners) if o != EVERY_RANK]
+    replicated = [d for d, o in zip(dims, solver.owners) if o == EVERY_RANK]
+    if placed and replicated:
+        assert max(replicated) <= min(placed)  # inverted everywhere only below the crossover size
+    workers = solver.inverting_ranks
+    assert len(workers) == min(comm.size, comm.cores)  # one node here: one inverting rank per core
+    assert {o for o in solver.owners if o != EVERY_RANK} <= set(workers)
+    loads, costs = solver.placement_loads(), solver.inversion_costs
+    shared = sum(c for c, o in zip(costs, solver.owners) if o == EVERY_RANK)
+    owned = sum(costs) - shared
+    assert max(loads) <= shared + max(max(costs), 4 / 3 * owned / len(workers)) + 1e-9  # greedy's bound
+    mpd = mpisolve.make_solver("kfac", model, torch.optim.SGD(model.parameters(), lr=0.1), comm=comm.comm, variant="mpd-kfac")
+    assert mpd.owners == [f % comm.size for f in range(len(dims))]  # MPD-KFAC: round-robin
+    mpd.close()
+    measured = mpisolve.make_solver(
+        "kfac", model, torch.optim.SGD(model.parameters(), lr=0.1), comm=comm.comm, placement_cost="measured", replicate="never"
+    )
+    assert EVERY_RANK not in measured.owners and all(c > 0 for c in measured.inversion_costs)
+    assert same_on_every_rank(comm, torch.tensor(measured.owners + measured.inversion_costs))
+    measured.close()
+    solver.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3, 4)
+def test_state_dict_round_trip_on_every_rank():
+    comm = Communicator()
+    shard = slice(comm.rank * 3, (comm.rank + 1) * 3)
+    data = batches(4, comm.size)
+    options = dict(factor_update_steps=1, inv_update_steps=2, fusion_profile_steps=1)
+    torch.manual_seed(0)
+    model = Net().double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    solver = mpisolve.make_solver("kfac", model, optimizer, comm=comm.comm, **options)
+    train(model, solver, data[:2], shard)
+    saved = copy.deepcopy((model.state_dict(), optimizer.state_dict(), solver.state_dict()))
+    assert same_on_every_rank(comm, saved[2]["factors"]["fc.A"]["inverse"])
+    train(model, solver, data[2:], shard)
+    solver.close()
+    resumed = Net().double()
+    resumed.load_state_dict(saved[0])
+    resumed_opt = torch.optim.SGD(resumed.parameters(), lr=0.1)
+    resumed_opt.load_state_dict(saved[1])
+    other = mpisolve.make_solver("kfac", resumed, resumed_opt, comm=comm.comm, **options)
+    other.load_state_dict(saved[2])
+    train(resumed, other, data[2:], shard)
+    torch.testing.assert_close(flat(resumed), flat(model), rtol=1e-12, atol=1e-14)
+    other.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3, 4)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_factor_that_cannot_be_inverted_falls_back_alike_everywhere(variant):
+    comm = Communicator()
+    torch.manual_seed(0)
+    model = Net()
+    solver = mpisolve.make_solver(
+        "kfac", model, torch.optim.SGD(model.parameters(), lr=0.1), comm=comm.comm, variant=variant,
+        method="inverse", factor_update_steps=1, inv_update_steps=1, factor_decay=0.5,
+    )
+    data = [(x.float(), y) for x, y in batches(2, comm.size)]
+    shard = slice(comm.rank * 3, (comm.rank + 1) * 3)
+    train(model, solver, data[:1], shard)
+    kept = solver.layers[2].a.inverse.clone()
+    solver.layers[2].a.running.view(-1)[0] = float("nan")  # a stored factor gone bad (on every rank: they are equal)
+    if comm.rank == 0:
+        with pytest.warns(RuntimeWarning, match=r"could not be decomposed.*fc\.A"):
+            train(model, solver, data[1:], shard)
+    else:
+        train(model, solver, data[1:], shard)
+    assert torch.equal(solver.layers[2].a.inverse, kept)
+    assert torch.isfinite(flat(model)).all() and same_on_every_rank(comm, flat(model))
+    solver.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3, 4)
+@pytest.mark.parametrize("method", ["inverse", "eigen"])
+@pytest.mark.parametrize("fuse", [False, True])
+def test_inverter_places_inverts_and_shares_results(method, fuse):
+    from mpisolve.solvers.kfac.inversion import Inverter
+    from mpisolve.solvers.kfac.layers import Factor
+
+    comm = Communicator()
+    dims = [5, 9, 5, 3, 9, 1, 7]
+    factors = []
+    for i, n in enumerate(dims):
+        factor = Factor(f"f{i}", n, method, torch.float64, torch.device("cpu"), packed=i % 2 == 0)
+        x = torch.randn(n, n + 2, generator=torch.Generator().manual_seed(i), dtype=torch.float64)
+        state = factor.state_dict()
+        state.update(running=x @ x.T, updates=1)  # running averages stored full or as triangles
+        factor.load_state_dict(state)
+        factors.append(factor)
+    owners = [i % comm.size if i % 3 else EVERY_RANK for i in range(len(dims))]
+    shifts = [0.1 * (i + 1) for i in range(len(dims))]
+    packed = [i % 2 == 1 for i in range(len(dims))]  # inverses broadcast as triangles or in full
+    inverter = Inverter(comm.split(0), factors, owners, method=method, packed=packed, fuse_broadcasts=fuse)
+    statuses = inverter.run(shifts)
+    assert statuses == [0] * len(dims)
+    for f, factor in enumerate(factors):
+        dense = factor.matrix()
+        if method == "inverse":
+            expected = torch.linalg.inv(dense + shifts[f] * torch.eye(dense.shape[0], dtype=torch.float64))
+            torch.testing.assert_close(factor.inverse, expected)
+            assert same_on_every_rank(comm, factor.inverse)
+        else:
+            torch.testing.assert_close(factor.vectors @ torch.diag(factor.values) @ factor.vectors.T, dense)
+            assert same_on_every_rank(comm, factor.vectors)
+        assert factor.inverted
+    inverter.close()
