@@ -8,6 +8,7 @@ importing a subpackage always binds its module to the parent's attribute of that
 import sys
 import types
 
+from . import abs_sgd  # noqa: F401  (registers "abs-sgd")
 from . import adasum  # noqa: F401  (registers "adasum")
 from . import allreduce  # noqa: F401  (registers "allreduce")
 from . import elastic  # noqa: F401  (registers the EASGD family and EA-wild)
