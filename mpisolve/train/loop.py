@@ -209,8 +209,8 @@ class Trainer:
             due = self.schedule.due(before, now)
             self._milestone(now, due)
             before = now
-            if due.stop:
-                break
+            if due.stop or (self.config.stop_at_target and self.time_to_target_s is not None):
+                break  # the accuracy behind the decision is the same on every rank (allreduced)
         return self._summary()
 
     def _tally(self, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> None:
