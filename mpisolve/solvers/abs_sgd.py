@@ -138,7 +138,7 @@ class ABSSGD(Solver):
         self._sums = [torch.zeros(numel + 1, dtype=wire, device=device) for _ in range(2)]
         self._rounds = [self.comm.persistent_allreduce(s) for s in self._sums]
         self._carry = torch.zeros(numel + 1, dtype=wire, device=device) if self.options.trigger == "samples" else None
-        self._control = self.comm.split(0)  # close()'s agreement, apart from the rounds' collectives
+        self._control = self.comm.split(0, name="abs-sgd close")  # close()'s agreement, apart from the rounds
         self._acc = 0  # index of the accumulating buffer; the other one is in flight
         self._in_flight = False  # a posted round not yet applied (or carried)
         self._known_done = False  # ... whose allreduce is known to have completed
