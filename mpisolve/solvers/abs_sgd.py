@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -41,15 +42,18 @@ from ..comm.communicator import CommTimeout, Communicator
 from ..comm.progress import ProgressThread, require_async_progress
 from ..options import require
 from .base import Solver, StepInfo, register
+from .lb_bsp import measure_speeds
 
 Trigger = Literal["collective", "window", "samples"]
 LRScaling = Literal["none", "linear", "sqrt"]
 ProgressMode = Literal["poll", "thread", "mpich"]
+MicroBatch = Literal["speed", "fixed"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class ABSSGDOptions:
-    """When a round ends, how the learning rate follows the global batch, who moves MPI along.
+    """When a round ends, how the learning rate follows the global batch, who moves MPI along,
+    how large each rank's micro-batches are.
 
     ``trigger``: ``"collective"`` (default): a round ends at the first micro-batch after
     the previous round's allreduce completed, the paper's rule, with nothing to tune.
@@ -74,6 +78,14 @@ class ABSSGDOptions:
     MLP of 1.1 M parameters with a 4x straggler: 2 updates in 2 epochs under ``"poll"``,
     10 under ``"thread"``). ``"mpich"``: MPICH's own progress thread (launch with
     ``MPICH_ASYNC_PROGRESS=1``, refused otherwise; it busy-polls a core).
+
+    ``micro_batch`` (what a training loop gets from :meth:`ABSSGD.local_batch_size`):
+    ``"speed"`` (default): each rank's micro-batch is the configured size scaled by its
+    speed relative to the fastest rank (measured with the loop's probe, ``measure_batches``
+    timed micro-batches, as ``lb-bsp`` measures), so every micro-batch takes about as long
+    as the fastest rank's: the slowest rank, which paces the rounds, ends a round after a
+    short micro-batch instead of a long one (the paper computes "without specifying batch
+    size in advance"). ``"fixed"``: every rank uses the configured size.
     """
 
     trigger: Trigger = "collective"
@@ -82,6 +94,8 @@ class ABSSGDOptions:
     lr_scaling: LRScaling = "none"
     reference_batch: int | None = None
     progress: ProgressMode = "thread"
+    micro_batch: MicroBatch = "speed"
+    measure_batches: int = 3
 
     def __post_init__(self) -> None:
         require(
@@ -106,6 +120,7 @@ class ABSSGDOptions:
             self.reference_batch is None or self.reference_batch >= 1,
             f"reference_batch must be >= 1, got {self.reference_batch}",
         )
+        require(self.measure_batches >= 1, f"measure_batches must be >= 1, got {self.measure_batches}")
 
 
 @register
@@ -149,12 +164,24 @@ class ABSSGD(Solver):
         self.rounds = 0
         self.updates = 0
         self.reference_batch: float | None = self.options.reference_batch
+        #: Every rank's micro-batch size, once ``local_batch_size`` decided it by speed.
+        self.batch_sizes: list[int] | None = None
         self._watch_lock = threading.Lock()
         self._watched: Any = None  # the PersistentAllreduce the progress thread tests
         self._done = threading.Event()
         self._thread = (
             ProgressThread(self._watch, name="mpisolve-abs-sgd-progress") if self.options.progress == "thread" else None
         )
+
+    def local_batch_size(self, configured: int, probe: Callable[[int], float] | None = None) -> int:
+        """This rank's micro-batch: ``configured``, or by speed (collective, decided once; see the options)."""
+        if self.options.micro_batch == "fixed":
+            return configured
+        if self.batch_sizes is None:
+            who = "abs-sgd with micro_batch='speed' (or use micro_batch='fixed')"
+            speeds = measure_speeds(self.comm, configured, probe, self.options.measure_batches, who=who)
+            self.batch_sizes = [max(1, round(configured * speed / max(speeds))) for speed in speeds]
+        return self.batch_sizes[self.comm.rank]
 
     # ---------------------------------------------------------------- gradients
     def _point_grads_at_views(self) -> None:
@@ -324,6 +351,7 @@ class ABSSGD(Solver):
             "rounds": self.rounds,
             "updates": self.updates,
             "reference_batch": self.reference_batch,
+            "batch_sizes": self.batch_sizes,
             "accumulating": self._sums[self._acc][:-1].clone(),
             "round_samples": self._round_samples,
             "round_micro_batches": self._round_micro_batches,
@@ -349,3 +377,4 @@ class ABSSGD(Solver):
         self.updates = int(state["updates"])
         reference = state["reference_batch"]
         self.reference_batch = None if reference is None else float(reference)
+        self.batch_sizes = None if state["batch_sizes"] is None else list(state["batch_sizes"])

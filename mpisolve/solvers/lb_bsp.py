@@ -51,6 +51,17 @@ def proportional_batches(speeds: tuple[float, ...], total: int) -> list[int]:
     return batches
 
 
+def measure_speeds(
+    comm: Communicator, configured: int, probe: Callable[[int], float] | None, batches: int, *, who: str
+) -> tuple[float, ...]:
+    """Collective: every rank's speed in samples/s, from ``probe`` (a warm-up, then the median of ``batches``)."""
+    if probe is None:
+        raise OptionError(f"{who} measures each rank's speed with the training loop's probe, and none was given")
+    probe(configured)
+    seconds = statistics.median(probe(configured) for _ in range(batches))
+    return tuple(comm.allgather_object(configured / max(seconds, 1e-9)))
+
+
 @dataclass(frozen=True, kw_only=True)
 class LBBSPOptions:
     """``speeds``: ``"measure"`` (default: time ``measure_batches`` micro-batches with the
@@ -139,11 +150,8 @@ class LBBSP(Solver):
         """Collective: this rank's share of ``ranks * configured`` samples, by speed (decided once)."""
         if self.batch_sizes is None:
             if self.options.speeds == "measure":
-                if probe is None:
-                    raise OptionError("lb-bsp with speeds='measure' needs the loop's probe; or give speeds='1,1,...'")
-                probe(configured)  # warm-up
-                seconds = statistics.median(probe(configured) for _ in range(self.options.measure_batches))
-                self.speeds = tuple(self.comm.allgather_object(configured / max(seconds, 1e-9)))
+                who = "lb-bsp with speeds='measure' (or give speeds='1,1,...')"
+                self.speeds = measure_speeds(self.comm, configured, probe, self.options.measure_batches, who=who)
             else:
                 self.speeds = parse_speeds(self.options.speeds)
             self.batch_sizes = proportional_batches(self.speeds, configured * self.comm.size)

@@ -107,6 +107,22 @@ def test_fast_ranks_contribute_more_samples_under_emulated_heterogeneity(comm):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_micro_batches_follow_the_measured_speed(comm):
+    model = net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    by_speed = mpisolve.make_solver("abs-sgd", model, optimizer, comm, measure_batches=1)
+    fixed = mpisolve.make_solver("abs-sgd", model, optimizer, comm, micro_batch="fixed")
+
+    def probe(n):  # rank r takes r + 1 ms per sample
+        return n * (comm.rank + 1) * 1e-3
+
+    assert comm.allgather_object(by_speed.local_batch_size(24, probe)) == [round(24 / (r + 1)) for r in range(comm.size)]
+    assert fixed.local_batch_size(24, probe) == 24
+    by_speed.close()
+    fixed.close()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_close_completes_pending_rounds_and_leaves_equal_models(comm):
     model = net()
     solver = mpisolve.make_solver("abs-sgd", model, torch.optim.SGD(model.parameters(), lr=LR), comm)
