@@ -44,6 +44,7 @@ def load(out: Path) -> list[dict]:
                         "solver": solver,
                         "target_accuracy": s["target_accuracy"],
                         "time_to_target_s": s["time_to_target_s"],
+                        "epochs_to_target": s.get("epochs_to_target"),
                         "final_accuracy": s["final_accuracy"],
                         "updates": s["steps"],
                         "epochs": s["epochs"],
@@ -91,35 +92,39 @@ def verdicts(rows: list[dict]) -> dict:
 def write_csv(rows: list[dict], path: Path) -> None:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["model", "preset", "solver", "target_accuracy", "time_to_target_s", "final_accuracy", "updates",
+        w.writerow(["model", "preset", "solver", "target_accuracy", "time_to_target_s", "epochs_to_target", "final_accuracy", "updates",
                     "epochs", "samples_per_s", "busy_r0", "busy_r1", "busy_r2", "busy_r3", "samples_by_rank", "batch_sizes"])
         for r in rows:
-            t = r["time_to_target_s"]
+            t, e = r["time_to_target_s"], r["epochs_to_target"]
             w.writerow([r["model"], r["preset"], r["solver"], r["target_accuracy"], "" if t is None else f"{t:.2f}",
+                        "" if e is None else f"{e:.2f}",
                         f"{r['final_accuracy']:.4f}", r["updates"], f"{r['epochs']:.2f}", f"{r['samples_per_s']:.0f}",
                         *(f"{b:.3f}" for b in r["busy"]), " ".join(map(str, r["samples_by_rank"])),
                         " ".join(map(str, r["batch_sizes"]))])
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """Top: time to target per preset and solver (missing bar: not reached). Bottom: lowest rank's busy fraction."""
+    """Top: time to target per preset and solver (x: not reached). Bottom: the least busy rank's busy fraction."""
     fig, axes = plt.subplots(2, len(MODELS), figsize=(12, 7.5), squeeze=False)
     width = 0.16
     for col, (model, title) in enumerate(MODELS.items()):
         for row, (key, label) in enumerate((("time_to_target_s", "time to target (s)"), ("busy", "least busy rank's busy fraction"))):
             ax = axes[row][col]
             for k, solver in enumerate(SOLVERS):
-                xs, ys = [], []
+                xs, ys, missed = [], [], []
                 for i, preset in enumerate(PRESETS):
                     match = [r for r in rows if (r["model"], r["preset"], r["solver"]) == (model, preset, solver)]
                     if match and match[0][key] is not None:
                         xs.append(i + (k - 2) * width)
                         ys.append(min(match[0][key]) if key == "busy" else match[0][key])
-                ax.bar(xs, ys, width, label=solver)
+                    elif match:
+                        missed.append(i + (k - 2) * width)
+                ax.bar(xs, ys, width, label=solver, color=f"C{k}")
+                ax.plot(missed, [0] * len(missed), "x", color=f"C{k}", markersize=8)  # target not reached
             ax.set_xticks(range(len(PRESETS)), PRESETS)
             ax.set_ylabel(label)
             target = next((r["target_accuracy"] for r in rows if r["model"] == model), None)
-            ax.set_title(f"{title} (target {target})" if row == 0 else title)
+            ax.set_title(f"{title}, time to {target} test accuracy (x: not reached)" if row == 0 else title)
             if row == 1:
                 ax.axhline(0.95, color="grey", linestyle=":", linewidth=1)
                 ax.set_ylim(0, 1.05)
