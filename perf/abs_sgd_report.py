@@ -105,9 +105,10 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 def plot(rows: list[dict], path: Path) -> None:
     """Top: time to target per preset and solver (x: not reached). Bottom: the least busy rank's busy fraction."""
-    fig, axes = plt.subplots(2, len(MODELS), figsize=(12, 7.5), squeeze=False)
+    models = {m: t for m, t in MODELS.items() if any(r["model"] == m for r in rows)}
+    fig, axes = plt.subplots(2, len(models), figsize=(6.5 * len(models), 7.5), squeeze=False)
     width = 0.16
-    for col, (model, title) in enumerate(MODELS.items()):
+    for col, (model, title) in enumerate(models.items()):
         for row, (key, label) in enumerate((("time_to_target_s", "time to target (s)"), ("busy", "least busy rank's busy fraction"))):
             ax = axes[row][col]
             for k, solver in enumerate(SOLVERS):
@@ -124,13 +125,13 @@ def plot(rows: list[dict], path: Path) -> None:
             ax.set_xticks(range(len(PRESETS)), PRESETS)
             ax.set_ylabel(label)
             target = next((r["target_accuracy"] for r in rows if r["model"] == model), None)
-            ax.set_title(f"{title}, time to {target} test accuracy (x: not reached)" if row == 0 else title)
+            ax.set_title(f"{title}: time to {target} accuracy (x: not reached)" if row == 0 else title, fontsize=10)
             if row == 1:
                 ax.axhline(0.95, color="grey", linestyle=":", linewidth=1)
                 ax.set_ylim(0, 1.05)
             ax.grid(True, axis="y", alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle("ABS-SGD and baselines, 4 ranks on 2 cores, emulated heterogeneous clusters")
+    fig.suptitle("ABS-SGD and baselines, 4 ranks on 2 cores, emulated heterogeneous clusters", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
