@@ -30,11 +30,11 @@ Two modes, chosen by the solver:
 update lost, whatever the mode.
 
 Progress: a passive-target operation must not wait for its target to enter MPI. With
-``progress="thread"`` (default) the inter-node path runs a thread of ours that pokes
-MPI's progress engine every ``PROGRESS_INTERVAL_S`` (mpi4py releases the GIL inside MPI
-calls); ``"mpich"`` relies on MPICH's own progress thread, which the job must be launched
-with (``MPICH_ASYNC_PROGRESS=1``); ``"none"`` relies on the library (e.g. RDMA hardware).
-The shared path needs none: its loads and stores are the memory itself.
+``progress="thread"`` (default) the inter-node path runs a :class:`.progress.ProgressThread`
+that pokes MPI's progress engine; ``"mpich"`` relies on MPICH's own progress thread,
+which the job must be launched with (``MPICH_ASYNC_PROGRESS=1``); ``"none"`` relies on
+the library (e.g. RDMA hardware). The shared path needs none: its loads and stores are
+the memory itself.
 
 Every wait on an operation's completion goes through :meth:`Communicator.wait` (the
 watchdog). The calls MPI only offers as blocking (``Win_lock`` on the shared path,
@@ -44,8 +44,6 @@ are made where the operations they complete have already been waited for.
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -55,14 +53,13 @@ from mpi4py import MPI
 
 from ..options import OptionError
 from .communicator import MPI_TYPES, Communicator, mpi_buffer
+from .progress import ProgressThread, require_async_progress
 
 Layout = Literal["sharded", "server"]
 Progress = Literal["thread", "mpich", "none"]
 LAYOUTS: tuple[str, ...] = ("sharded", "server")
 PROGRESS_MODES: tuple[str, ...] = ("thread", "mpich", "none")
 
-#: How often the progress thread pokes MPI's progress engine.
-PROGRESS_INTERVAL_S = 5e-4
 #: Default size of one RMA operation: large float accumulates are not hardware atomics.
 CHUNK_BYTES = 1 << 20
 _CACHE_LINE = 64
@@ -99,19 +96,8 @@ def check_progress(progress: str) -> None:
     """Raise :class:`OptionError` unless this MPI can make progress the way ``progress`` says."""
     if progress not in PROGRESS_MODES:
         raise OptionError(f"progress must be one of {', '.join(PROGRESS_MODES)}, got {progress!r}")
-    if progress != "none" and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-        raise OptionError(
-            f"progress={progress!r} needs MPI initialised with MPI_THREAD_MULTIPLE "
-            "(mpi4py's default; check mpi4py.rc.thread_level)"
-        )
-    if progress == "mpich":
-        if not MPI.Get_library_version().startswith("MPICH"):
-            raise OptionError("progress='mpich' needs MPICH; use progress='thread' with this MPI")
-        if os.environ.get("MPICH_ASYNC_PROGRESS") != "1":
-            raise OptionError(
-                "progress='mpich' needs the job launched with MPICH_ASYNC_PROGRESS=1 "
-                "(e.g. mpiexec -genv MPICH_ASYNC_PROGRESS 1 ...); or use progress='thread'"
-            )
+    if progress != "none":
+        require_async_progress(progress)
 
 
 class _ProgressThread:
@@ -119,17 +105,13 @@ class _ProgressThread:
 
     def __init__(self, comm: MPI.Comm) -> None:
         self._comm = comm.Dup()  # a private communicator: the probe can never match a real message
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="mpisolve-rma-progress", daemon=True)
-        self._thread.start()
+        self._thread = ProgressThread(self._probe, name="mpisolve-rma-progress")
 
-    def _run(self) -> None:
-        while not self._stop.wait(PROGRESS_INTERVAL_S):
-            self._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+    def _probe(self) -> None:
+        self._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._thread.stop()
         self._comm.Free()
 
 

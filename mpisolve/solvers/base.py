@@ -17,7 +17,7 @@ the solver is built; the CLI's ``--set key=value`` is parsed from the same decla
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -103,6 +103,15 @@ class Solver(ABC):
         return n
 
     # ----------------------------------------------------------- interface
+    def local_batch_size(self, configured: int, probe: Callable[[int], float] | None = None) -> int:
+        """This rank's micro-batch size; a training loop asks once, on every rank, before drawing data.
+
+        ``configured``: the batch size the run was given. ``probe(n)``: the seconds one
+        training micro-batch of ``n`` samples takes on this rank (forward, backward and any
+        emulated slowdown), for solvers that size batches by speed. By default: ``configured``.
+        """
+        return configured
+
     def zero_grad(self) -> None:
         """Clear this rank's gradients before the next backward."""
         self.optimizer.zero_grad(set_to_none=False)

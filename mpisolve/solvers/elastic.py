@@ -119,15 +119,19 @@ class AsyncMEASGDOptions(AsyncEASGDOptions):
 
 
 # ------------------------------------------------------------------ pieces
-def flatten_parameters(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """Make ``params`` views into one flat tensor (one copy, now) and return it."""
+def flatten_parameters(params: list[torch.nn.Parameter], *, who: str = "the EASGD family", extra: int = 0) -> torch.Tensor:
+    """Make ``params`` views into one flat tensor (one copy, now) and return it.
+
+    ``extra`` trailing elements follow the parameters (e.g. a sample count that rides
+    along in the same message); ``who`` names the solver in errors.
+    """
     dtypes = {p.dtype for p in params}
     if len(dtypes) != 1 or not dtypes <= {torch.float32, torch.float64}:
         found = ", ".join(sorted(map(str, dtypes)))
-        raise OptionError(f"the EASGD family needs parameters of one dtype, float32 or float64; got {found}")
+        raise OptionError(f"{who} needs parameters of one dtype, float32 or float64; got {found}")
     if any(p.device.type != "cpu" for p in params):
-        raise OptionError("the EASGD family keeps its vectors in host memory: move the model to the CPU")
-    flat = FusedBuffer([p.shape for p in params], params[0].dtype)
+        raise OptionError(f"{who} keeps its vectors in host memory: move the model to the CPU")
+    flat = FusedBuffer([p.shape for p in params], params[0].dtype, extra=extra)
     flat.pack([p.detach() for p in params])
     for p, view in zip(params, flat.views):
         p.data = view

@@ -55,6 +55,7 @@ class TrainConfig:
         (), f"slowdown factor per rank (1,1,2,4) or a preset: {', '.join(PRESETS)}", str, "SPEC"
     )
     target_accuracy: float | None = _flag(None, "report the training time to reach this test accuracy", float, "A")
+    stop_at_target: bool = _flag(False, "stop at the evaluation that reaches --target-accuracy", bool)
     eval_every: float = _flag(0.5, "evaluate the test accuracy every this many epochs (and at the end)", float, "E")
     log_every: int = _flag(10, "write a metrics record every this many updates", int, "N")
     log: str | None = _flag(None, "JSON Lines metrics file (rank 0); the summary goes to LOG.summary.json", str, "PATH")
@@ -91,6 +92,7 @@ class TrainConfig:
             f"--checkpoint-every must be >= 1, got {self.checkpoint_every}",
         )
         check(self.checkpoint_every is None or self.checkpoint_dir is not None, "--checkpoint-every needs --checkpoint-dir")
+        check(not self.stop_at_target or self.target_accuracy is not None, "--stop-at-target needs --target-accuracy")
         check(not self.resume or self.checkpoint_dir is not None, "--resume needs --checkpoint-dir")
 
     def workload(self) -> dict[str, Any]:

@@ -145,12 +145,18 @@ class ShardStream:
         self.indices = shard_indices(len(split), rank, size, seed)
         if len(self.indices) == 0:
             raise InputError(f"the training set ({len(split)} examples) is too small for {size} ranks")
-        self.batch_size = batch_size
         self.passes = 0
         self.offset = 0
         self._order = self._pass_order(0)
-        self._x = torch.empty((batch_size, *split.x.shape[1:]), dtype=split.x.dtype)
-        self._y = torch.empty(batch_size, dtype=split.y.dtype)
+        self.resize(batch_size)
+
+    def resize(self, batch_size: int) -> None:
+        """Draw batches of ``batch_size`` from here on (the position in the stream is kept)."""
+        if batch_size < 1:
+            raise InputError(f"the batch size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+        self._x = torch.empty((batch_size, *self.split.x.shape[1:]), dtype=self.split.x.dtype)
+        self._y = torch.empty(batch_size, dtype=self.split.y.dtype)
         #: Training-set indices of the latest batch.
         self.last_indices = torch.empty(batch_size, dtype=torch.long)
 

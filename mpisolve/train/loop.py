@@ -131,26 +131,57 @@ class Trainer:
         self.clock = TimeAccount(comm)  # restarted by prepare(), from the checkpoint's times on resume
         self.log: RunLog | None = None
         self.display = Display(config.solver) if rank == 0 and show else None
-        # Hot-path buffers and the running interval (since the previous record).
-        self._pred = torch.empty(config.batch_size, dtype=torch.long)
-        self._hit = torch.empty(config.batch_size, dtype=torch.bool)
+        # Hot-path buffers (sized by prepare()) and the running interval (since the previous record).
+        self._pred = torch.empty(0, dtype=torch.long)
+        self._hit = torch.empty(0, dtype=torch.bool)
+        self._samples = 0  # this rank's training samples in this process
         self._loss_sum = 0.0
         self._correct = 0
         self._count = 0
         self._mark = (0.0, 0.0, 0)
 
     def prepare(self) -> None:
-        """Resume from the checkpoint if asked, open the log, start the clocks (agreed on every rank)."""
+        """Resume from the checkpoint if asked, size the micro-batches, open the log, start the clocks.
+
+        Agreed on every rank. The solver chooses this rank's micro-batch size (after a
+        resumed solver has its state back, so that it can keep the size it chose).
+        """
         config, rank = self.config, self.comm.rank
         wall_s = blocked_s = 0.0
         if config.resume:
             wall_s, blocked_s = self.ctrl.agree(self._load_checkpoint)
+        batch_size = self.solver.local_batch_size(config.batch_size, self._probe)
+        self.shard.resize(batch_size)
+        self._pred = torch.empty(batch_size, dtype=torch.long)
+        self._hit = torch.empty(batch_size, dtype=torch.bool)
         resume_step = self.counter.now.steps if config.resume else None
         self.log = self.ctrl.agree(
             lambda: RunLog(config.log, resume_step=resume_step) if rank == 0 and config.log is not None else None
         )
         self.clock = TimeAccount(self.comm, wall_s=wall_s, blocked_s=blocked_s)
         self._mark = (self.clock.wall_s(), self.clock.blocked_s(), self.counter.now.samples)
+
+    def _probe(self, n: int) -> float:
+        """Seconds one training micro-batch of ``n`` samples takes on this rank, slowdown included.
+
+        For solvers that size batches by speed. It leaves no trace: the gradients come
+        from ``torch.autograd.grad`` (no ``.grad`` changes, no solver hook fires),
+        batch-norm statistics are restored and its samples are not counted.
+        """
+        train = self.data.train
+        index = torch.arange(n) % len(train)
+        x, y = train.x[index], train.y[index]
+        buffers = [b.clone() for b in self.model.buffers()]
+        start, blocked = perf_counter(), self.comm.blocked_s
+        loss = F.cross_entropy(self.model(x), y)
+        torch.autograd.grad(loss, self.solver.params, allow_unused=True)
+        self.slowdown.stretch(perf_counter() - start - (self.comm.blocked_s - blocked))
+        seconds = perf_counter() - start
+        with torch.no_grad():
+            for buffer, saved in zip(self.model.buffers(), buffers):
+                buffer.copy_(saved)
+        self.solver.take_samples(None)
+        return seconds
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
@@ -178,12 +209,13 @@ class Trainer:
             due = self.schedule.due(before, now)
             self._milestone(now, due)
             before = now
-            if due.stop:
-                break
+            if due.stop or (self.config.stop_at_target and self.time_to_target_s is not None):
+                break  # the accuracy behind the decision is the same on every rank (allreduced)
         return self._summary()
 
     def _tally(self, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> None:
         n = y.shape[0]
+        self._samples += n
         self._loss_sum += loss.item() * n
         torch.argmax(out.detach(), 1, out=self._pred)
         torch.eq(self._pred, y, out=self._hit)
@@ -264,7 +296,7 @@ class Trainer:
 
     def _summary(self) -> dict[str, Any]:
         wall = self.clock.wall_s()
-        everyone = self.ctrl.allgather_object((wall, self.clock.blocked_s()))
+        everyone = self.ctrl.allgather_object((wall, self.clock.blocked_s(), self.shard.batch_size, self._samples))
         busy, comm, idle = split_time([e[0] for e in everyone], [e[1] for e in everyone])
         now = self.counter.now
         summary = {
@@ -286,6 +318,8 @@ class Trainer:
             "busy": busy,
             "comm": comm,
             "idle": idle,
+            "batch_sizes": [e[2] for e in everyone],
+            "samples_by_rank": [e[3] for e in everyone],
         }
         if self.comm.rank == 0 and self.config.log is not None:
             write_json(summary_path(self.config.log), summary)

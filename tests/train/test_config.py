@@ -48,6 +48,7 @@ def test_flags_override_the_config_file(tmp_path):
         (["--target-accuracy", "1.5"], "--target-accuracy must be in (0, 1]"),
         (["--resume"], "--resume needs --checkpoint-dir"),
         (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint-dir"),
+        (["--stop-at-target"], "--stop-at-target needs --target-accuracy"),
         (["--hetero", "1,0.5"], "factors must be finite and >= 1"),
         (["--hetero", "fast"], "neither a preset"),
         (["--hetero", "1,2,3"], "3 factors for 2 ranks"),

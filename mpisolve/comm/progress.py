@@ -1,0 +1,66 @@
+"""Who drives MPI's progress engine while a rank computes, and the thread of ours that can.
+
+Most MPI libraries move a nonblocking operation along only while some thread of the
+process is inside an MPI call. A rank busy with forward and backward passes then leaves
+its collectives and passive-target operations standing. Two remedies:
+
+- a :class:`ProgressThread` of ours that calls into MPI every ``PROGRESS_INTERVAL_S``
+  (mpi4py releases the GIL inside MPI calls, so it runs beside torch's kernels); it needs
+  ``MPI_THREAD_MULTIPLE`` (mpi4py's default);
+- MPICH's own progress thread, which the job must be launched with
+  (``MPICH_ASYNC_PROGRESS=1``); it busy-polls a core.
+
+:func:`require_async_progress` checks, up front, that the remedy asked for is available.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+from mpi4py import MPI
+
+from ..options import OptionError
+
+#: How often a progress thread calls into MPI.
+PROGRESS_INTERVAL_S = 5e-4
+
+
+def require_async_progress(mode: str) -> None:
+    """Raise :class:`OptionError` unless MPI can be progressed by ``"thread"`` (ours) or ``"mpich"``."""
+    if mode not in ("thread", "mpich"):
+        raise ValueError(f"no asynchronous progress mode {mode!r}")
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        raise OptionError(
+            f"progress={mode!r} needs MPI initialised with MPI_THREAD_MULTIPLE "
+            "(mpi4py's default; check mpi4py.rc.thread_level)"
+        )
+    if mode == "mpich":
+        if not MPI.Get_library_version().startswith("MPICH"):
+            raise OptionError("progress='mpich' needs MPICH; use progress='thread' with this MPI")
+        if os.environ.get("MPICH_ASYNC_PROGRESS") != "1":
+            raise OptionError(
+                "progress='mpich' needs the job launched with MPICH_ASYNC_PROGRESS=1 "
+                "(e.g. mpiexec -genv MPICH_ASYNC_PROGRESS 1 ...); or use progress='thread'"
+            )
+
+
+class ProgressThread:
+    """Calls ``poke`` (something that enters MPI) every ``interval_s`` until :meth:`stop`."""
+
+    def __init__(self, poke: Callable[[], None], *, name: str, interval_s: float = PROGRESS_INTERVAL_S) -> None:
+        self._poke = poke
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self._poke()
+
+    def stop(self) -> None:
+        """Stop poking and wait for the thread to end (idempotent)."""
+        self._stop.set()
+        self._thread.join()

@@ -1,0 +1,380 @@
+"""ABS-SGD: delayed synchronous SGD with an adaptive batch size (Zhou, Chen, Wu, 2023; reconstructed).
+
+Per worker, round after round::
+
+    post a nonblocking allreduce of (G, n)          # summed gradients and sample count of the last round
+    G, n = 0, 0
+    repeat: one micro-batch at the current w; G += its summed gradient; n += its size
+    until that allreduce has completed              # at least one micro-batch per round
+    w <- w - lr * (sum over ranks of the last round's G) / (sum of its n)
+
+A collective completes only once every rank has joined it, so the slowest worker paces
+the rounds while the faster ones fill the wait with more micro-batches: nobody idles,
+the global batch adapts every round, and the update is the sample-weighted mean of
+gradients one round old. Every rank applies the same rounds in the same order with the
+same global sample count: the solver is lockstep.
+
+In the user's loop this is one ``step()`` per micro-batch: it adds the micro-batch to the
+round's sums, tests the previous round's allreduce (which is what moves it along between
+micro-batches), and when that has completed applies its mean through the user's
+optimizer, posts this round's sums and starts a new round. Two fused buffers alternate
+(one accumulating, one in flight), each with its own persistent allreduce, so a round
+costs no allocation and no copy.
+
+The paper's full text was not available: the rule above is reconstructed (see
+``ALGORITHMS.md``), and its open choices are the options below.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from mpi4py import MPI
+
+from ..comm.buckets import FusedBuffer, wire_dtype
+from ..comm.communicator import CommTimeout, Communicator
+from ..comm.progress import ProgressThread, require_async_progress
+from ..options import require
+from .base import Solver, StepInfo, register
+from .lb_bsp import measure_speeds
+
+Trigger = Literal["collective", "window", "samples"]
+LRScaling = Literal["none", "linear", "sqrt"]
+ProgressMode = Literal["poll", "thread", "mpich"]
+MicroBatch = Literal["speed", "fixed"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ABSSGDOptions:
+    """When a round ends, how the learning rate follows the global batch, who moves MPI along,
+    how large each rank's micro-batches are.
+
+    ``trigger``: ``"collective"`` (default): a round ends at the first micro-batch after
+    the previous round's allreduce completed, the paper's rule, with nothing to tune.
+    ``"window"``: also not before the round has lasted ``window_s`` seconds on this rank
+    (fewer, larger updates: for communication-bound models). ``"samples"``: a completed
+    round whose global count, with any rounds carried before it, is below
+    ``min_samples`` is carried into the next instead of applied (a global batch of at
+    least ``min_samples``, as Hivemind's target batch size).
+
+    ``lr_scaling``: ``"none"`` (default): the update is the sample-weighted mean at the
+    optimizer's learning rate, as the rule is written, which keeps the comparison with
+    synchronous SGD at one learning rate. ``"linear"`` / ``"sqrt"``: each update's
+    learning rate is multiplied by ``N / reference_batch`` (or its square root), N being
+    the update's global sample count; ``reference_batch`` defaults to the first update's
+    count (every rank's first micro-batch: the global batch synchronous SGD would use).
+
+    ``progress``: ``"thread"`` (default): a thread of ours tests the allreduce every 0.5 ms
+    while the rank computes (needs ``MPI_THREAD_MULTIPLE``, mpi4py's default). ``"poll"``:
+    the allreduce moves only when ``step`` tests it, between micro-batches: no thread, but
+    a large allreduce runs in several stages (MPICH's ring for big messages), each waiting
+    for the slowest rank's next test, so a round lasts several of its micro-batches (an
+    MLP of 1.1 M parameters with a 4x straggler: 2 updates in 2 epochs under ``"poll"``,
+    10 under ``"thread"``). ``"mpich"``: MPICH's own progress thread (launch with
+    ``MPICH_ASYNC_PROGRESS=1``, refused otherwise; it busy-polls a core).
+
+    ``micro_batch`` (what a training loop gets from :meth:`ABSSGD.local_batch_size`):
+    ``"speed"`` (default): each rank's micro-batch is the configured size scaled by its
+    speed relative to the fastest rank (measured with the loop's probe, ``measure_batches``
+    timed micro-batches, as ``lb-bsp`` measures), so every micro-batch takes about as long
+    as the fastest rank's: the slowest rank, which paces the rounds, ends a round after a
+    short micro-batch instead of a long one (the paper computes "without specifying batch
+    size in advance"). ``"fixed"``: every rank uses the configured size.
+    """
+
+    trigger: Trigger = "collective"
+    window_s: float | None = None
+    min_samples: int | None = None
+    lr_scaling: LRScaling = "none"
+    reference_batch: int | None = None
+    progress: ProgressMode = "thread"
+    micro_batch: MicroBatch = "speed"
+    measure_batches: int = 3
+
+    def __post_init__(self) -> None:
+        require(
+            (self.trigger == "window") == (self.window_s is not None),
+            f"window_s goes with trigger='window' (and it needs one); got trigger={self.trigger!r}, window_s={self.window_s}",
+        )
+        require(
+            self.window_s is None or (math.isfinite(self.window_s) and self.window_s > 0),
+            f"window_s must be > 0 seconds, got {self.window_s}",
+        )
+        require(
+            (self.trigger == "samples") == (self.min_samples is not None),
+            f"min_samples goes with trigger='samples' (and it needs one); got trigger={self.trigger!r}, "
+            f"min_samples={self.min_samples}",
+        )
+        require(self.min_samples is None or self.min_samples >= 1, f"min_samples must be >= 1, got {self.min_samples}")
+        require(
+            self.reference_batch is None or self.lr_scaling != "none",
+            "reference_batch is used by lr_scaling='linear' or 'sqrt' only",
+        )
+        require(
+            self.reference_batch is None or self.reference_batch >= 1,
+            f"reference_batch must be >= 1, got {self.reference_batch}",
+        )
+        require(self.measure_batches >= 1, f"measure_batches must be >= 1, got {self.measure_batches}")
+
+
+@register
+class ABSSGD(Solver):
+    """Delayed synchronous SGD with an adaptive batch size: no worker waits for another."""
+
+    name = "abs-sgd"
+    Options = ABSSGDOptions
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        comm: MPI.Comm | Communicator | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(model, optimizer, comm, **options)
+        if self.options.progress != "poll":
+            require_async_progress(self.options.progress)
+        kinds = {(p.dtype, p.device) for p in self.params}
+        if len(kinds) != 1:
+            raise TypeError(f"abs-sgd needs trainable parameters of one dtype on one device, got {sorted(map(str, kinds))}")
+        dtype, device = kinds.pop()
+        # p.grad are views into one flat buffer: a micro-batch joins the round in one add.
+        self.grads = FusedBuffer([p.shape for p in self.params], dtype, device)
+        self._point_grads_at_views()
+        wire = wire_dtype(dtype)
+        numel = self.grads.numel
+        #: Two rounds' sums (gradients, then the sample count), one accumulating, one in flight.
+        self._sums = [torch.zeros(numel + 1, dtype=wire, device=device) for _ in range(2)]
+        self._rounds = [self.comm.persistent_allreduce(s) for s in self._sums]
+        self._carry = torch.zeros(numel + 1, dtype=wire, device=device) if self.options.trigger == "samples" else None
+        self._control = self.comm.split(0, name="abs-sgd close")  # close()'s agreement, apart from the rounds
+        self._acc = 0  # index of the accumulating buffer; the other one is in flight
+        self._in_flight = False  # a posted round not yet applied (or carried)
+        self._known_done = False  # ... whose allreduce is known to have completed
+        self._posted_at = 0.0
+        self._round_samples = 0
+        self._round_micro_batches = 0
+        #: Rounds this rank has posted, updates it has applied.
+        self.rounds = 0
+        self.updates = 0
+        self.reference_batch: float | None = self.options.reference_batch
+        #: Every rank's micro-batch size, once ``local_batch_size`` decided it by speed.
+        self.batch_sizes: list[int] | None = None
+        self._watch_lock = threading.Lock()
+        self._watched: Any = None  # the PersistentAllreduce the progress thread tests
+        self._done = threading.Event()
+        self._thread = (
+            ProgressThread(self._watch, name="mpisolve-abs-sgd-progress") if self.options.progress == "thread" else None
+        )
+
+    def local_batch_size(self, configured: int, probe: Callable[[int], float] | None = None) -> int:
+        """This rank's micro-batch: ``configured``, or by speed (collective, decided once; see the options)."""
+        if self.options.micro_batch == "fixed":
+            return configured
+        if self.batch_sizes is None:
+            who = "abs-sgd with micro_batch='speed' (or use micro_batch='fixed')"
+            speeds = measure_speeds(self.comm, configured, probe, self.options.measure_batches, who=who)
+            self.batch_sizes = [max(1, round(configured * speed / max(speeds))) for speed in speeds]
+        return self.batch_sizes[self.comm.rank]
+
+    # ---------------------------------------------------------------- gradients
+    def _point_grads_at_views(self) -> None:
+        for p, view in zip(self.params, self.grads.views):
+            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                if p.grad is not None:
+                    view.copy_(p.grad)
+                p.grad = view
+
+    def zero_grad(self) -> None:
+        """Zero this micro-batch's gradients (one fill of the flat buffer)."""
+        self.grads.flat.zero_()
+        self._point_grads_at_views()
+
+    # -------------------------------------------------------------------- step
+    def step(self, batch_size: int | None = None) -> StepInfo:
+        """Add this micro-batch to the round; apply last round's mean if its allreduce has completed."""
+        if self.closed:
+            raise RuntimeError("solver 'abs-sgd' is closed")
+        n = self.take_samples(batch_size)
+        if n == 0:  # no micro-batch: nothing to add, and a round needs one
+            return StepInfo(applied=False, global_samples=0, local_samples=0)
+        self._point_grads_at_views()  # gradients set to None by the user come back into the buffer
+        self._sums[self._acc][:-1].add_(self.grads.flat, alpha=n)  # the mean gradient, summed over the batch
+        self._round_samples += n
+        self._round_micro_batches += 1
+        if self._in_flight and not self._round_over():
+            return StepInfo(applied=False, global_samples=0, local_samples=n)
+        applied, samples = self._finish_round() if self._in_flight else (False, 0)
+        self._post()
+        return StepInfo(applied=applied, global_samples=samples, local_samples=n)
+
+    def _round_over(self) -> bool:
+        """Whether the round in flight has completed and this rank's round may end."""
+        if not self._completed():
+            if time.perf_counter() - self._posted_at > self.comm.timeout_s:
+                raise CommTimeout(
+                    f"mpisolve: abs-sgd round {self.rounds - 1} did not complete within {self.comm.timeout_s:g} s "
+                    f"on rank {self.comm.rank} of {self.comm.size} (watchdog; set MPISOLVE_TIMEOUT to change it)"
+                )
+            return False
+        if self.options.trigger == "window":
+            return time.perf_counter() - self._posted_at >= self.options.window_s
+        return True
+
+    def _completed(self) -> bool:
+        if self._known_done:
+            return True
+        if self._thread is not None:
+            done = self._done.is_set()
+        else:
+            done = self._rounds[1 - self._acc].test()
+        self._known_done = done
+        return done
+
+    def _watch(self) -> None:
+        """The progress thread's poke: test the round in flight; say when it completed."""
+        with self._watch_lock:
+            round_ = self._watched
+            if round_ is not None and round_.test():
+                self._watched = None
+                self._done.set()
+
+    def _finish_round(self) -> tuple[bool, int]:
+        """Apply (or carry) the completed round in flight: (applied, its global sample count)."""
+        index = 1 - self._acc
+        self._rounds[index].wait("abs-sgd round")  # completed already: brings staged results back
+        self._in_flight = False
+        reduced = self._sums[index]
+        if self._carry is not None:
+            reduced = self._carry.add_(reduced)
+        total = int(round(reduced[-1].item()))
+        if self._carry is not None and total < self.options.min_samples:
+            return False, 0
+        if total == 0:  # an empty round (only from close): nothing to apply
+            return False, 0
+        torch.mul(reduced[:-1], 1.0 / total, out=self.grads.flat)
+        self._optimizer_step(total)
+        if self._carry is not None:
+            self._carry.zero_()
+        self.updates += 1
+        return True, total
+
+    def _optimizer_step(self, global_samples: int) -> None:
+        scaling = self.options.lr_scaling
+        if scaling == "none":
+            self.optimizer.step()
+            return
+        if self.reference_batch is None:
+            self.reference_batch = float(global_samples)
+        ratio = global_samples / self.reference_batch
+        factor = ratio if scaling == "linear" else math.sqrt(ratio)
+        groups = self.optimizer.param_groups
+        base = [group["lr"] for group in groups]
+        for group, lr in zip(groups, base):
+            group["lr"] = lr * factor
+        try:
+            self.optimizer.step()
+        finally:
+            for group, lr in zip(groups, base):
+                group["lr"] = lr
+
+    def _post(self) -> None:
+        """Start this round's allreduce and a new round in the other buffer."""
+        index = self._acc
+        self._sums[index][-1].fill_(self._round_samples)
+        self._rounds[index].start()
+        if self._thread is not None:
+            with self._watch_lock:
+                self._done.clear()
+                self._watched = self._rounds[index]
+        self._acc = 1 - index
+        self._sums[self._acc].zero_()
+        self._in_flight, self._known_done = True, False
+        self._posted_at = time.perf_counter()
+        self._round_samples = self._round_micro_batches = 0
+        self.rounds += 1
+
+    def _complete_in_flight(self, what: str) -> None:
+        """Wait (watchdogged) until the round in flight has completed; it stays to be applied."""
+        if not self._in_flight or self._known_done:
+            return
+        if self._thread is not None:
+            with self._watch_lock:  # the thread no longer touches the request
+                self._watched = None
+        self._rounds[1 - self._acc].wait(what)
+        self._known_done = True
+
+    # --------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Collective: complete every round in flight, keep the ranks' models equal, free MPI resources.
+
+        Ranks may stop one round apart (a rank posts round k + 1 once round k completed,
+        and may stop before the others saw it). Every rank learns the newest round
+        posted; a rank one behind applies its completed round as the others did and joins
+        the newest round with an empty contribution. The newest round, which no rank has
+        applied, is dropped: the micro-batches computed in it are not applied.
+        """
+        if self.closed:
+            return
+        if self._thread is not None:
+            self._thread.stop()
+        newest = torch.tensor([float(self.rounds)], dtype=torch.float64)
+        newest = int(self._control.allreduce_(newest, "max", what="abs-sgd close").item())
+        self._complete_in_flight("abs-sgd round at close")
+        if self.rounds < newest:
+            if self._in_flight:
+                self._finish_round()
+            self._sums[self._acc].zero_()
+            self._round_samples = 0
+            self._post()
+            self._complete_in_flight("abs-sgd closing round")
+        for round_ in self._rounds:
+            round_.free()
+        super().close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Collective (every rank at the same applied update, as the trainer checkpoints).
+
+        The round in flight is completed first and saved reduced, not yet applied, with
+        this round's own sums so far: a solver that loads the state is where this one
+        is, and the next ``step`` of either applies that round.
+        """
+        self._complete_in_flight("abs-sgd round at checkpoint")
+        return {
+            **super().state_dict(),
+            "rounds": self.rounds,
+            "updates": self.updates,
+            "reference_batch": self.reference_batch,
+            "batch_sizes": self.batch_sizes,
+            "accumulating": self._sums[self._acc][:-1].clone(),
+            "round_samples": self._round_samples,
+            "round_micro_batches": self._round_micro_batches,
+            "completed": self._sums[1 - self._acc].clone() if self._in_flight else None,
+            "carry": self._carry.clone() if self._carry is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Collective: a round in flight here is completed and replaced by the state's."""
+        super().load_state_dict(state)
+        self._complete_in_flight("abs-sgd round before loading a state")
+        self._acc = 0
+        self._sums[0][:-1].copy_(state["accumulating"])
+        self._round_samples = int(state["round_samples"])
+        self._round_micro_batches = int(state["round_micro_batches"])
+        completed = state["completed"]
+        self._in_flight = self._known_done = completed is not None
+        if completed is not None:
+            self._sums[1].copy_(completed)
+        if self._carry is not None:
+            self._carry.copy_(state["carry"])
+        self.rounds = int(state["rounds"])
+        self.updates = int(state["updates"])
+        reference = state["reference_batch"]
+        self.reference_batch = None if reference is None else float(reference)
+        self.batch_sizes = None if state["batch_sizes"] is None else list(state["batch_sizes"])

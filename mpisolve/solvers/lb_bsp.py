@@ -1,0 +1,187 @@
+"""LB-BSP style synchronous SGD: static micro-batch sizes proportional to each rank's speed.
+
+Synchronous SGD on a heterogeneous cluster waits every step for its slowest worker.
+Load-balanced BSP (Chen et al., SoCC'20) sizes each worker's batch by its speed so that
+all finish a step together: here once, before training, from speeds given per rank or
+measured with the training loop's probe. The global batch stays that of synchronous SGD
+(ranks x the configured batch); the update is the sample-weighted mean of the ranks'
+gradients, reduced while backward runs as the ``allreduce`` solver does.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from mpi4py import MPI
+
+from ..comm.buckets import Bucket, GradientBuckets, SumReducer
+from ..comm.communicator import Communicator
+from ..options import OptionError, require
+from .base import Solver, StepInfo, register
+
+
+def parse_speeds(text: str) -> tuple[float, ...]:
+    """``"1,1,1,0.25"`` -> relative speeds (finite, > 0)."""
+    speeds = []
+    for item in text.split(","):
+        try:
+            speed = float(item)
+        except ValueError:
+            raise OptionError(f"speeds must be 'measure' or comma-separated numbers, got {text!r}") from None
+        require(math.isfinite(speed) and speed > 0, f"every speed must be finite and > 0, got {item.strip()!r}")
+        speeds.append(speed)
+    return tuple(speeds)
+
+
+def proportional_batches(speeds: tuple[float, ...], total: int) -> list[int]:
+    """``total`` samples split in proportion to ``speeds`` (largest remainders; at least 1 each)."""
+    if total < len(speeds):
+        raise OptionError(f"a global batch of {total} cannot give each of {len(speeds)} ranks a sample")
+    spare = total - len(speeds)  # every rank gets one sample first
+    shares = [spare * s / sum(speeds) for s in speeds]
+    batches = [1 + math.floor(share) for share in shares]
+    by_remainder = sorted(range(len(speeds)), key=lambda r: (shares[r] - math.floor(shares[r]), -r), reverse=True)
+    for r in by_remainder[: total - sum(batches)]:
+        batches[r] += 1
+    return batches
+
+
+def measure_speeds(
+    comm: Communicator, configured: int, probe: Callable[[int], float] | None, batches: int, *, who: str
+) -> tuple[float, ...]:
+    """Collective: every rank's speed in samples/s, from ``probe`` (a warm-up, then the median of ``batches``)."""
+    if probe is None:
+        raise OptionError(f"{who} measures each rank's speed with the training loop's probe, and none was given")
+    probe(configured)
+    seconds = statistics.median(probe(configured) for _ in range(batches))
+    return tuple(comm.allgather_object(configured / max(seconds, 1e-9)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LBBSPOptions:
+    """``speeds``: ``"measure"`` (default: time ``measure_batches`` micro-batches with the
+    loop's probe, after one warm-up, the median taken) or relative speeds, one per rank
+    (``"1,1,1,0.25"``). ``bucket_mb``: gradient bucket size, as for ``allreduce``."""
+
+    speeds: str = "measure"
+    measure_batches: int = 3
+    bucket_mb: float = 25.0
+
+    def __post_init__(self) -> None:
+        if self.speeds != "measure":
+            parse_speeds(self.speeds)
+        require(self.measure_batches >= 1, f"measure_batches must be >= 1, got {self.measure_batches}")
+        require(self.bucket_mb > 0, f"bucket_mb must be > 0, got {self.bucket_mb}")
+
+
+class SampleWeightedSum:
+    """A bucket reducer giving the sample-weighted mean: sum_r n_r g_r / sum_r n_r.
+
+    Each rank's gradients are the mean over its own micro-batch; the bucket is scaled by
+    this rank's sample count before its allreduce starts, and by the global count (which
+    rides with the first bucket) when it completes.
+    """
+
+    def __init__(self, comm: Communicator) -> None:
+        self._sum = SumReducer(comm)
+        self._local = 1.0
+        self._global = 1.0
+
+    def prepare(self, bucket: Bucket) -> None:
+        self._sum.prepare(bucket)
+
+    def start(self, bucket: Bucket) -> None:
+        if bucket.index == 0:  # started first; its extra element holds this rank's count
+            self._local = bucket.wire[-1].item()
+        bucket.wire[: bucket.buffer.numel].mul_(self._local)
+        self._sum.start(bucket)
+
+    def progress(self) -> None:
+        self._sum.progress()
+
+    def finish(self, bucket: Bucket) -> None:
+        self._sum.finish(bucket)
+        if bucket.index == 0:  # finished first
+            self._global = bucket.wire[-1].item()
+        bucket.wire[: bucket.buffer.numel].mul_(1.0 / self._global)
+
+    def close(self) -> None:
+        self._sum.close()
+
+
+@register
+class LBBSP(Solver):
+    """Synchronous SGD with static speed-proportional micro-batches and sample-weighted averaging."""
+
+    name = "lb-bsp"
+    Options = LBBSPOptions
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        comm: MPI.Comm | Communicator | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(model, optimizer, comm, **options)
+        if self.options.speeds != "measure":
+            given = parse_speeds(self.options.speeds)
+            require(
+                len(given) == self.comm.size,
+                f"speeds gives {len(given)} speeds for {self.comm.size} ranks (give one per rank, or 'measure')",
+            )
+        self.grads = GradientBuckets(
+            self.params,
+            self.comm,
+            bucket_bytes=int(self.options.bucket_mb * 1e6),
+            reducer=SampleWeightedSum(self.comm),
+            samples=self.samples_seen,
+        )
+        #: Every rank's speed (samples/s, or as given) and micro-batch size, once decided.
+        self.speeds: tuple[float, ...] | None = None
+        self.batch_sizes: list[int] | None = None
+
+    def local_batch_size(self, configured: int, probe: Callable[[int], float] | None = None) -> int:
+        """Collective: this rank's share of ``ranks * configured`` samples, by speed (decided once)."""
+        if self.batch_sizes is None:
+            if self.options.speeds == "measure":
+                who = "lb-bsp with speeds='measure' (or give speeds='1,1,...')"
+                self.speeds = measure_speeds(self.comm, configured, probe, self.options.measure_batches, who=who)
+            else:
+                self.speeds = parse_speeds(self.options.speeds)
+            self.batch_sizes = proportional_batches(self.speeds, configured * self.comm.size)
+        return self.batch_sizes[self.comm.rank]
+
+    def zero_grad(self) -> None:
+        self.grads.zero_()
+
+    def step(self, batch_size: int | None = None) -> StepInfo:
+        """Complete the weighted reduction and step. The sample counts are the forward passes'."""
+        if batch_size is not None:
+            raise ValueError(
+                "lb-bsp weights each rank's gradients by the samples its forward passes saw, "
+                "while backward runs: step(batch_size=...) cannot change them afterwards"
+            )
+        global_samples = self.grads.finish()
+        local = self.take_samples(None)
+        self.optimizer.step()
+        return StepInfo(applied=True, global_samples=global_samples, local_samples=local)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "speeds": self.speeds, "batch_sizes": self.batch_sizes}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The resumed run keeps the batch sizes it measured (ask ``local_batch_size`` after loading)."""
+        super().load_state_dict(state)
+        self.speeds = None if state["speeds"] is None else tuple(state["speeds"])
+        self.batch_sizes = None if state["batch_sizes"] is None else list(state["batch_sizes"])
+
+    def close(self) -> None:
+        if not self.closed:
+            self.grads.close()
+        super().close()

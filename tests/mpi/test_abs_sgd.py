@@ -1,0 +1,216 @@
+"""ABS-SGD: delayed, sample-weighted rounds of micro-batches, against a single-process reference."""
+
+import copy
+import tempfile
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import mpisolve
+from mpisolve.train.config import TrainConfig
+from mpisolve.train.loop import train
+
+LR, MOMENTUM = 0.1, 0.9
+
+
+@pytest.fixture
+def comm():
+    return mpisolve.init()
+
+
+def net():
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+
+
+def micro_batch(rank, i):
+    """Rank ``rank``'s ``i``-th micro-batch: 2 + rank samples (ranks put in different counts)."""
+    g = torch.Generator().manual_seed(1000 * rank + i)
+    n = 2 + rank
+    return torch.randn(n, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g)
+
+
+def train_step(model, solver, x, y):
+    solver.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    return solver.step()
+
+
+def parameters(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("progress", ["thread", "poll"])
+def test_update_is_the_sample_weighted_mean_of_the_previous_round(comm, progress):
+    model = net()
+    solver = mpisolve.make_solver(
+        "abs-sgd", model, torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM), comm, progress=progress
+    )
+    start = [p.detach().clone() for p in model.parameters()]
+    updates, mine, applied = 4, [], []
+    i = 0
+    while len(applied) < updates:
+        x, y = micro_batch(comm.rank, i)
+        joins = solver.rounds  # the round this micro-batch joins
+        info = train_step(model, solver, x, y)
+        mine.append((joins, i))
+        if info.applied:
+            applied.append(info.global_samples)
+        if comm.rank == 0:
+            time.sleep(0.004)  # rank 0 slow: the others fit more micro-batches into a round
+        i += 1
+    assert solver.updates == updates and solver.rounds == updates + 1
+    everyone = comm.allgather_object(mine)
+    final = parameters(model)
+    solver.close()
+
+    # One process: update k applies round k - 1, whose micro-batches were computed at the
+    # parameters after k - 2 updates (rounds 0 and 1 both at the start).
+    reference = net()
+    with torch.no_grad():
+        for p, q in zip(reference.parameters(), start):
+            p.copy_(q)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=LR, momentum=MOMENTUM)
+    scratch = net()
+    history = [[p.detach().clone() for p in reference.parameters()]]
+    for k in range(1, updates + 1):
+        members = [(rank, j) for rank, batches in enumerate(everyone) for joins, j in batches if joins == k - 1]
+        with torch.no_grad():
+            for p, q in zip(scratch.parameters(), history[max(k - 2, 0)]):
+                p.copy_(q)
+        scratch.zero_grad()
+        total = 0
+        for rank, j in members:
+            x, y = micro_batch(rank, j)
+            nn.functional.cross_entropy(scratch(x), y, reduction="sum").backward()
+            total += y.shape[0]
+        assert applied[k - 1] == total  # every rank was told the round's global sample count
+        for p, q in zip(reference.parameters(), scratch.parameters()):
+            p.grad = q.grad / total
+        optimizer.step()
+        history.append([p.detach().clone() for p in reference.parameters()])
+    torch.testing.assert_close(final, parameters(reference), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_fast_ranks_contribute_more_samples_under_emulated_heterogeneity(comm):
+    slow = comm.size - 1
+    hetero = tuple(4.0 if r == slow else 1.0 for r in range(comm.size))
+    config = TrainConfig(model="cnn", dataset="digits", batch_size=16, lr=0.05, seed=1, steps=8, hetero=hetero, solver="abs-sgd")
+    summary = train(config, comm, show=False)
+    samples = summary["samples_by_rank"]
+    assert summary["steps"] == 8
+    assert all(samples[r] > samples[slow] for r in range(comm.size) if r != slow), samples
+
+
+@pytest.mark.mpi(min_size=2)
+def test_micro_batches_follow_the_measured_speed(comm):
+    model = net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    by_speed = mpisolve.make_solver("abs-sgd", model, optimizer, comm, measure_batches=1)
+    fixed = mpisolve.make_solver("abs-sgd", model, optimizer, comm, micro_batch="fixed")
+
+    def probe(n):  # rank r takes r + 1 ms per sample
+        return n * (comm.rank + 1) * 1e-3
+
+    assert comm.allgather_object(by_speed.local_batch_size(24, probe)) == [round(24 / (r + 1)) for r in range(comm.size)]
+    assert fixed.local_batch_size(24, probe) == 24
+    by_speed.close()
+    fixed.close()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_close_completes_pending_rounds_and_leaves_equal_models(comm):
+    model = net()
+    solver = mpisolve.make_solver("abs-sgd", model, torch.optim.SGD(model.parameters(), lr=LR), comm)
+    train_step(model, solver, *micro_batch(comm.rank, 0))  # round 0 posted everywhere, pending
+    if comm.rank == 0:  # one round ahead: applies round 0, posts round 1 while the others close
+        i = 1
+        while not train_step(model, solver, *micro_batch(0, i)).applied:
+            i += 1
+    solver.close()
+    assert solver.closed and solver.updates == 1  # round 0 applied everywhere, round 1 dropped
+    gathered = comm.allgather_object(parameters(model).tolist())
+    assert all(g == gathered[0] for g in gathered)
+    with pytest.raises(RuntimeError, match="closed"):
+        solver.step()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_resumed_solver_applies_the_same_update(comm):
+    def build(seed):
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(5, 3)).double()
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+        return model, optimizer, mpisolve.make_solver("abs-sgd", model, optimizer, comm, lr_scaling="sqrt")
+
+    model, optimizer, solver = build(0)
+    i, applied = 0, 0
+    while applied < 2:
+        applied += train_step(model, solver, *micro_batch(comm.rank, i)).applied
+        i += 1
+    # A deep copy, as a checkpoint on disk is: the optimizer's state would alias its buffers.
+    state = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "solver": solver.state_dict()})
+    twin_model, twin_optimizer, twin = build(1)
+    twin_model.load_state_dict(state["model"])
+    twin_optimizer.load_state_dict(state["optimizer"])
+    twin.load_state_dict(state["solver"])
+    assert (twin.rounds, twin.updates, twin.reference_batch) == (solver.rounds, solver.updates, solver.reference_batch)
+    x, y = micro_batch(comm.rank, i)
+    first, second = train_step(model, solver, x, y), train_step(twin_model, twin, x, y)
+    assert first == second and first.applied  # the round saved in flight is applied at once
+    assert torch.equal(parameters(model), parameters(twin_model))
+    solver.close()
+    twin.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+def test_trainer_resumes_an_abs_sgd_run(comm):
+    directory = comm.bcast_object(tempfile.mkdtemp(prefix="mpisolve-abs-") if comm.rank == 0 else None)
+    settings = dict(model="cnn", dataset="digits", batch_size=16, seed=1, solver="abs-sgd", checkpoint_dir=directory)
+    train(TrainConfig(steps=4, **settings), comm, show=False)
+    summary = train(TrainConfig(steps=7, resume=True, **settings), comm, show=False)
+    assert summary["steps"] == 7
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"trigger": "window"}, "window_s goes with trigger='window'"),
+        ({"min_samples": 64}, "min_samples goes with trigger='samples'"),
+        ({"reference_batch": 64}, "reference_batch is used by lr_scaling"),
+        ({"progress": "mpich"}, "MPICH_ASYNC_PROGRESS=1"),
+    ],
+)
+def test_bad_options_are_refused_on_every_rank(comm, options, message):
+    model = net()
+    with pytest.raises(mpisolve.OptionError, match=message):
+        mpisolve.make_solver("abs-sgd", model, torch.optim.SGD(model.parameters(), lr=LR), comm, **options)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("trigger, options", [("samples", {"min_samples": 40}), ("window", {"window_s": 0.01})])
+def test_other_triggers_keep_ranks_in_lockstep(comm, trigger, options):
+    model = net()
+    solver = mpisolve.make_solver(
+        "abs-sgd", model, torch.optim.SGD(model.parameters(), lr=LR), comm, trigger=trigger, lr_scaling="linear", **options
+    )
+    i, sizes = 0, []
+    while len(sizes) < 3:
+        info = train_step(model, solver, *micro_batch(comm.rank, i))
+        if info.applied:
+            sizes.append(info.global_samples)
+        i += 1
+    if trigger == "samples":
+        assert min(sizes) >= 40
+    assert len(set(map(tuple, comm.allgather_object(sizes)))) == 1
+    gathered = comm.allgather_object(parameters(model).tolist())
+    assert all(g == gathered[0] for g in gathered)
+    solver.close()
