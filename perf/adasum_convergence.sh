@@ -12,7 +12,9 @@
 #   gradient  the same with adasum mode=gradient
 #   scaled    allreduce at RANKS x the single-worker lr (linear scaling: the retuned average)
 #   report    results.csv/results.json and the plots of all four runs (no MPI, no lock)
-# Results go to perf/results/adasum_convergence/ (override with OUT=...).
+# Results go to perf/results/adasum_convergence/ (override with OUT=...). A replication
+# with another seed at the same learning rate: SEED=1 LR=<tune/lr.txt> OUT=.../seed1
+# perf/adasum_convergence.sh same-lr gradient scaled report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,7 +36,8 @@ WORKLOAD=(--model cnn --dataset synthetic --data-size 4000 --batch-size "$BATCH"
 locked() { flock "$LOCK" timeout 900 "$@"; }
 compare() { locked "$MPIEXEC" -n "$RANKS" "$PY" -m mpi4py -m mpisolve compare "${WORKLOAD[@]}" --epochs "$EPOCHS" "$@"; }
 single_lr() {
-    [[ -f $OUT/tune/lr.txt ]] || { echo "run the 'tune' piece first" >&2; exit 2; }
+    if [[ -n ${LR:-} ]]; then echo "$LR"; return; fi
+    [[ -f $OUT/tune/lr.txt ]] || { echo "run the 'tune' piece first (or give LR=...)" >&2; exit 2; }
     cat "$OUT/tune/lr.txt"
 }
 
