@@ -108,6 +108,20 @@ segment_stats = by_device(segment_stats_cpu, "mpisolve.kernels.adasum_cuda:segme
 segment_combine = by_device(segment_combine_cpu, "mpisolve.kernels.adasum_cuda:segment_combine")
 
 
+def warm_up_cpu(dtype: torch.dtype) -> None:
+    """Compile (or load from Numba's cache) both CPU kernels for buffers of ``dtype`` now.
+
+    The first call of a kernel for a dtype costs about half a second per process (much
+    more with ranks sharing cores); a reduction built ahead of training pays it then,
+    not inside its first step.
+    """
+    a = torch.zeros(1, dtype=dtype)
+    bounds = torch.tensor([0, 1])
+    stats = torch.zeros(1, 3, dtype=torch.float64)
+    segment_stats_cpu(a, a, bounds, stats)
+    segment_combine_cpu(a, a, bounds, stats, a)
+
+
 # ----------------------------------------------------------- torch equivalents
 # Per-segment loops: faster than the vectorised torch forms (segment_reduce,
 # repeat_interleave), which materialise float64 or per-element coefficient copies.

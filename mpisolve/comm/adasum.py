@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..kernels.adasum import segment_combine, segment_stats
+from ..kernels.adasum import segment_combine, segment_stats, warm_up_cpu
 from .buckets import Bucket
 from .communicator import Communicator, PersistentAllreduce, mpi_buffer
 
@@ -79,8 +79,12 @@ class AdasumTopology:
 
 @dataclass
 class _Stage:
-    """One step of a reduction: persistent requests to start, then work once they complete."""
+    """One step of a reduction: persistent requests to start, then work once they complete.
 
+    ``name`` says what the stage waits for, for the watchdog's message.
+    """
+
+    name: str
     requests: list[MPI.Prequest | PersistentAllreduce]
     then: Callable[[], None] | None = None
 
@@ -132,16 +136,24 @@ class AdasumReduction:
         self._stats_tensors = segments - 1
         self.stages = []
         if topo.folded_out:
-            self.stages.append(_Stage([comm.Send_init(mpi_buffer(flat), topo.fold_partner, self.tag)]))
-            self.stages.append(_Stage([comm.Recv_init(mpi_buffer(flat), topo.fold_partner, self.tag)]))
+            partner = topo.fold_partner
+            send = comm.Send_init(mpi_buffer(flat), partner, self.tag)
+            recv = comm.Recv_init(mpi_buffer(flat), partner, self.tag)
+            self.stages += [
+                _Stage(f"fold: data to rank {partner}", [send]),
+                _Stage(f"fold: result from rank {partner}", [recv]),
+            ]
             return
+        if device.type == "cpu" and (topo.fold_partner is not None or topo.levels):
+            warm_up_cpu(flat.dtype)
         scratch_len = n if topo.fold_partner is not None else (n - n // 2 if topo.levels else 0)
         self.scratch = torch.empty(scratch_len, dtype=flat.dtype, device=device)
         if topo.fold_partner is not None:
             stats = torch.zeros(segments, 3, dtype=torch.float64, device=device)
             bounds = _bounds(edges, 0, n, device)
             recv = comm.Recv_init(mpi_buffer(self.scratch[:n]), topo.fold_partner, self.tag)
-            self.stages.append(_Stage([recv], self._combiner(0, n, True, bounds, stats, local=True)))
+            combine = self._combiner(0, n, True, bounds, stats, local=True)
+            self.stages.append(_Stage(f"fold: data from rank {topo.fold_partner}", [recv], combine))
         lo, hi = 0, n
         gathers: list[_Stage] = []
         for level, partner, lower, sub in topo.levels:
@@ -154,19 +166,25 @@ class AdasumReduction:
                 comm.Send_init(mpi_buffer(flat[send[0] : send[1]]), partner, self.tag),
                 comm.Recv_init(mpi_buffer(self.scratch[:keep_len]), partner, self.tag),
             ]
-            self.stages.append(_Stage(exchange, self._statistics(keep, lower, bounds, stats)))
+            statistics = self._statistics(keep, lower, bounds, stats)
+            self.stages.append(_Stage(f"level {level} exchange with rank {partner}", exchange, statistics))
             self.stages.append(
-                _Stage([sub.persistent_allreduce(stats)], self._combiner(*keep, lower, bounds, stats))
+                _Stage(
+                    f"level {level} allreduce of statistics over {sub.size} ranks",
+                    [sub.persistent_allreduce(stats)],
+                    self._combiner(*keep, lower, bounds, stats),
+                )
             )
             gather = [
                 comm.Send_init(mpi_buffer(flat[keep[0] : keep[1]]), partner, self.tag),
                 comm.Recv_init(mpi_buffer(flat[send[0] : send[1]]), partner, self.tag),
             ]
-            gathers.append(_Stage(gather))
+            gathers.append(_Stage(f"level {level} gather with rank {partner}", gather))
             lo, hi = keep
         self.stages.extend(reversed(gathers))
         if topo.fold_partner is not None:
-            self.stages.append(_Stage([comm.Send_init(mpi_buffer(flat), topo.fold_partner, self.tag)]))
+            send = comm.Send_init(mpi_buffer(flat), topo.fold_partner, self.tag)
+            self.stages.append(_Stage(f"fold: result to rank {topo.fold_partner}", [send]))
 
     # The pair (a, b) is always (lower side, upper side), so every rank of a block
     # accumulates the same [dot, |lower|^2, |upper|^2] and the sum is well defined.
@@ -203,6 +221,11 @@ class AdasumReduction:
     @property
     def done(self) -> bool:
         return self.finished == len(self.stages)
+
+    @property
+    def stage_in_flight(self) -> str | None:
+        """The name of the stage started and not yet complete, if any."""
+        return self.stages[self.finished].name if self.started > self.finished else None
 
     def restart(self) -> None:
         if self.started != self.finished:
@@ -270,13 +293,21 @@ class Adasum:
 
     def finish(self, reduction: AdasumReduction, what: str = "adasum") -> None:
         """Complete ``reduction`` (and whatever started before it) through the watchdogged
-        wait, working on any in-flight reduction whose data has arrived meanwhile."""
+        wait, working on any in-flight reduction whose data has arrived meanwhile. A
+        timeout names the stage the reduction is stuck at (or the earlier reduction's
+        stage that holds it back)."""
 
         def done() -> bool:
             self.progress()
             return reduction.done
 
-        self.comm.wait_for(done, what)
+        def where() -> str:
+            if reduction.stage_in_flight is not None:
+                return f"{what} ({reduction.stage_in_flight})"
+            ahead = next((r for r in self._inflight if r.stage_in_flight is not None), None)
+            return what if ahead is None else f"{what} (behind reduction {ahead.tag}: {ahead.stage_in_flight})"
+
+        self.comm.wait_for(done, where)
 
 
 class AdasumReducer:

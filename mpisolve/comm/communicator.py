@@ -145,11 +145,12 @@ class Communicator:
         reqs = [requests] if isinstance(requests, MPI.Request) else list(requests)
         self.wait_for(lambda: _all_done(reqs), what)
 
-    def wait_for(self, done: Callable[[], bool], what: str) -> None:
+    def wait_for(self, done: Callable[[], bool], what: str | Callable[[], str]) -> None:
         """Poll ``done`` (which drives MPI, e.g. by testing requests) until it returns True.
 
         The same polite polling and watchdog as :meth:`wait`, for waits that do work
         between polls (a multi-stage reduction advancing whichever stage is ready).
+        ``what`` may be a callable, asked at a timeout (to say where the wait is stuck).
         """
         if done():
             return
@@ -163,7 +164,7 @@ class Communicator:
                 now = time.perf_counter()
                 if now > deadline:
                     raise CommTimeout(
-                        f"mpisolve: {what} did not complete within {self.timeout_s:g} s on rank "
+                        f"mpisolve: {what() if callable(what) else what} did not complete within {self.timeout_s:g} s on rank "
                         f"{self.rank} of {self.size} (watchdog; set MPISOLVE_TIMEOUT to change it)"
                     )
                 if self.wait_policy == "yield":

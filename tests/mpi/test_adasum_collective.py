@@ -6,7 +6,8 @@ import torch
 from adasum_reference import tree
 
 import mpisolve
-from mpisolve.comm.communicator import Communicator
+from mpisolve.comm.adasum import Adasum
+from mpisolve.comm.communicator import CommTimeout, Communicator
 
 # Sizes 0, 1 and below every rank count the suite runs, odd sizes that put VHDD's cuts
 # inside tensors, and one large enough for every rank to hold a piece of it.
@@ -109,3 +110,27 @@ def test_bad_input_is_named():
         mpisolve.allreduce([torch.zeros(1)], op="adasam")
     with pytest.raises(TypeError, match=r"tensors\[0\] has dtype torch.int32"):
         mpisolve.allreduce([torch.zeros(1, dtype=torch.int32)], op="adasum")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+def test_watchdog_names_the_stage_a_reduction_is_stuck_at():
+    comm = Communicator(timeout_s=0.5)
+    adasum = Adasum(comm)
+    flat = torch.ones(10, dtype=torch.float64)
+    reduction = adasum.reduction(flat, [6, 4])
+    late = comm.size - 1  # starts only after the others timed out
+    # At 3 ranks, rank 1 folds into rank 0, which then pairs with rank 2 (the late one).
+    stuck = {2: ["level 1 exchange with rank 1"], 3: ["level 1 exchange with rank 2", "fold: result from rank 0"]}
+    if comm.rank != late:
+        adasum.start(reduction)
+        message = rf"adasum of the test buffer \({stuck[comm.size][comm.rank]}\) did not complete within 0.5 s"
+        with pytest.raises(CommTimeout, match=message):
+            adasum.finish(reduction, "adasum of the test buffer")
+    comm.comm.Barrier()
+    comm.timeout_s = 60
+    if comm.rank == late:
+        adasum.start(reduction)
+    adasum.finish(reduction)  # the late rank joined: the same reduction completes
+    assert torch.equal(flat, torch.ones(10, dtype=torch.float64))
+    reduction.free()
