@@ -90,6 +90,7 @@ def run_failing_job(fault: str, *args: str) -> tuple[int, str, float]:
         reader.join(timeout=10)
     left = survivors(marker)
     assert not left, f"ranks still running after the job ended: {left}"
+    print(f"MPISOLVE_FAULT={fault} {' '.join(args[:2])}: exit {status}, ended {ended:.1f} s after the failure")
     return status, "".join(lines), ended
 
 
