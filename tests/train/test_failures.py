@@ -54,6 +54,15 @@ def survivors(marker: str) -> list[int]:
     return found
 
 
+def describe(pid: int) -> str:
+    """State and command line of a process, for the failure message."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        return state + " " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "gone"
+
+
 def train_command(*args: str) -> list[str]:
     return [str(BIN / "mpiexec"), "-n", str(RANKS), sys.executable, "-m", "mpi4py", "-m", "mpisolve", "train", *args]
 
@@ -85,14 +94,17 @@ def run_failing_job(fault: str, *args: str) -> tuple[int, str, float]:
             pass
         assert failed.is_set(), "the fault never fired:\n" + "".join(lines)
         status = proc.wait(timeout=END_WITHIN_S)
+        # mpiexec has returned; its ranks may take a moment more to be torn down.
+        while survivors(marker) and time.monotonic() - failed_at < END_WITHIN_S:
+            time.sleep(0.1)
         ended = time.monotonic() - failed_at
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         reader.join(timeout=10)
-    left = survivors(marker)
-    assert not left, f"ranks still running after the job ended: {left}"
+    left = {pid: describe(pid) for pid in survivors(marker)}
+    assert not left, f"processes of the job still running {END_WITHIN_S} s after the failure: {left}"
     print(f"MPISOLVE_FAULT={fault} {' '.join(args[:2])}: exit {status}, ended {ended:.1f} s after the failure")
     return status, "".join(lines), ended
 
