@@ -19,7 +19,7 @@ def test_short_soak_frees_every_window():
     assert open_windows() == 1  # the count sees a live window
     vector.close()
     assert open_windows() == 0
-    result = run(argparse.Namespace(solvers="async", steps=30, warmup_steps=10, batch_size=16, model="cnn"), comm)
+    result = run(argparse.Namespace(solvers="async", steps=12, warmup_steps=4, batch_size=16, model="cnn"), comm)
     expected = [n for n in mpisolve.solvers() if not solver_class(n).lockstep]
     assert sorted(result["solvers"]) == sorted(expected) and len(expected) >= 6
     for name, figures in result["solvers"].items():
