@@ -120,8 +120,8 @@ def test_failing_rank_ends_the_job(solver, kind):
     status, stderr, ended = run_failing_job(f"{FAILING_RANK}:5:{kind}", *long_run(solver))
     assert status != 0, stderr
     assert ended <= END_WITHIN_S
-    if kind == "raise":
-        assert "InjectedFault: MPISOLVE_FAULT: rank 1 fails at training step 5" in stderr
+    # The traceback itself may be cut short when mpiexec tears the job down; the line before it is not.
+    assert f"MPISOLVE_FAULT: rank 1 fails ({kind}) at training step 5" in stderr
 
 
 @pytest.mark.slow
