@@ -21,6 +21,7 @@ BENCHES: dict[str, str] = {
     "windows": "mpisolve.bench.windows",
     "adasum": "mpisolve.bench.adasum",
     "kfac": "mpisolve.bench.kfac",
+    "soak": "mpisolve.bench.soak",
 }
 
 

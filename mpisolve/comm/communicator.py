@@ -6,7 +6,9 @@ buffer specs for torch tensors (CPU, or CUDA through :mod:`.device`: directly to
 CUDA-aware library, else staged through pinned host memory), nonblocking collectives,
 and one ``wait`` that every blocking point goes through, so that waiting is polite on
 oversubscribed nodes and a collective that never completes turns into an error (the
-watchdog) instead of a hang.
+watchdog) instead of a hang. The pickled metadata collectives (``allgather_object``,
+``bcast_object``, ``reduce_scalar``), which mpi4py offers only as blocking calls, are
+preceded by a watchdogged barrier: once every rank has arrived, they cannot hang.
 """
 
 from __future__ import annotations
@@ -163,10 +165,7 @@ class Communicator:
             while not done():
                 now = time.perf_counter()
                 if now > deadline:
-                    raise CommTimeout(
-                        f"mpisolve: {what() if callable(what) else what} did not complete within {self.timeout_s:g} s on rank "
-                        f"{self.rank} of {self.size} (watchdog; set MPISOLVE_TIMEOUT to change it)"
-                    )
+                    raise self.timed_out(what() if callable(what) else what)
                 if self.wait_policy == "yield":
                     if now < sleep_after:
                         os.sched_yield()
@@ -179,6 +178,13 @@ class Communicator:
             while comm is not None:
                 comm.blocked_s += elapsed
                 comm = comm._parent
+
+    def timed_out(self, what: str) -> CommTimeout:
+        """The watchdog's error for ``what``, which has waited ``timeout_s`` on this rank."""
+        return CommTimeout(
+            f"mpisolve: {what} did not complete within {self.timeout_s:g} s on rank {self.rank} of {self.size} "
+            "(watchdog; the job aborts; set --comm-timeout or MPISOLVE_TIMEOUT to change it)"
+        )
 
     # ---------------------------------------------------------- device memory
     def needs_staging(self, tensor: torch.Tensor) -> bool:
@@ -215,14 +221,17 @@ class Communicator:
 
     def reduce_scalar(self, value: float, op: str = "sum") -> float:
         """Reduce one Python number across ranks (for control values and measurements)."""
+        self.barrier("reduce_scalar")
         return self.comm.allreduce(value, op=MPI_OPS[op])
 
     def allgather_object(self, obj: Any) -> list[Any]:
         """Small metadata only (pickled): signatures, names. Never tensors."""
+        self.barrier("allgather_object")
         return self.comm.allgather(obj)
 
     def bcast_object(self, obj: Any, root: int = 0) -> Any:
         """Small metadata only (pickled). Never tensors."""
+        self.barrier("bcast_object")
         return self.comm.bcast(obj, root=root)
 
     def persistent_allreduce(self, tensor: torch.Tensor, op: str = "sum") -> PersistentAllreduce:

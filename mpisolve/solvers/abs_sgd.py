@@ -259,6 +259,11 @@ class ABSSGD(Solver):
         if total == 0:  # an empty round (only from close): nothing to apply
             return False, 0
         torch.mul(reduced[:-1], 1.0 / total, out=self.grads.flat)
+        # The round's mean is the same everywhere: every rank decides alike, unasked.
+        if not self.nonfinite.ok([self.grads.flat], "round's mean gradients"):
+            if self._carry is not None:
+                self._carry.zero_()
+            return False, 0
         self._optimizer_step(total)
         if self._carry is not None:
             self._carry.zero_()

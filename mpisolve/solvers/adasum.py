@@ -135,10 +135,16 @@ class AdasumSolver(Solver):
         if self.grads is not None:
             global_samples = self.grads.finish(local_samples=batch_size)
             local = self.take_samples(batch_size)
+            if not self.nonfinite.ok([b.buffer.flat for b in self.grads.buckets], "combined gradients"):
+                return StepInfo(applied=False, global_samples=0, local_samples=local)
             self.optimizer.step()
         else:
             assert self.deltas is not None
             local = self.take_samples(batch_size)
+            # The local step would poison this rank's optimizer state: ranks agree before it.
+            grads = [p.grad for p in self.params if p.grad is not None]
+            if not self.nonfinite.ok(grads, "local gradients", agree=True):
+                return StepInfo(applied=False, global_samples=0, local_samples=local)
             self.deltas.begin()
             self.optimizer.step()
             global_samples = self.deltas.reduce(local)

@@ -12,6 +12,7 @@ driven from the user's own loop::
 
 Options are keyword-only, declared as a frozen dataclass per solver and validated when
 the solver is built; the CLI's ``--set key=value`` is parsed from the same declaration.
+Every solver also takes :class:`CommonOptions` (``nonfinite``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from mpi4py import MPI
 from ..comm.communicator import Communicator, as_communicator
 from ..comm.state import broadcast_module_and_optimizer, check_same_model
 from ..options import OptionError, build_options, options_to_dict
+from .nonfinite import NonFiniteGuard, NonFinitePolicy
 
 
 @dataclass(frozen=True)
@@ -45,15 +47,31 @@ class StepInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
-class NoOptions:
-    """A solver without options."""
+class CommonOptions:
+    """Options every solver takes, besides its own.
+
+    ``nonfinite``: a step whose gradients or update hold a NaN or Inf "raise"s an error
+    (default), is "skip"ped on every rank alike (counted), or is not checked ("ignore");
+    see :mod:`mpisolve.solvers.nonfinite`.
+    """
+
+    nonfinite: NonFinitePolicy = "raise"
+
+
+def with_common_options(own: type) -> type:
+    """``own`` (a solver's options dataclass) extended by :class:`CommonOptions`' fields."""
+    if issubclass(own, CommonOptions):
+        return own
+    namespace = {"__doc__": own.__doc__, "__module__": own.__module__, "__qualname__": own.__qualname__}
+    return dataclass(frozen=True, kw_only=True)(type(own.__name__, (CommonOptions, own), namespace))
 
 
 class Solver(ABC):
     """The interface every mpisolve solver implements."""
 
     name: ClassVar[str]
-    Options: ClassVar[type] = NoOptions
+    #: The solver's options dataclass; a subclass's own is extended by :class:`CommonOptions`.
+    Options: ClassVar[type] = CommonOptions
     #: True when every rank's ``step`` returns the same sequence of applied updates with
     #: the same ``global_samples`` (counted over all ranks): synchronous rounds, or
     #: ABS-SGD's delayed rounds, however many micro-batches each rank computes per round.
@@ -61,6 +79,11 @@ class Solver(ABC):
     #: no extra communication. False for asynchronous solvers, whose ``global_samples``
     #: count only this rank's contribution: the loop agrees on progress by summing them.
     lockstep: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "Options" in cls.__dict__:
+            cls.Options = with_common_options(cls.Options)
 
     def __init__(
         self,
@@ -80,6 +103,8 @@ class Solver(ABC):
         self.params = [p for p in model.parameters() if p.requires_grad]
         check_same_model(model, self.comm)
         broadcast_module_and_optimizer(model, optimizer, self.comm)
+        #: Checks updates for NaN/Inf before they reach the model (``nonfinite`` option).
+        self.nonfinite = NonFiniteGuard(self.options.nonfinite, self.comm, self.name)
         self._samples = 0
         self._sample_hook = model.register_forward_pre_hook(self._count_samples)
         self.closed = False
@@ -141,11 +166,12 @@ class Solver(ABC):
 
     def state_dict(self) -> dict[str, Any]:
         """The solver's own state (not the model's or optimizer's)."""
-        return {"solver": self.name, "options": options_to_dict(self.options)}
+        return {"solver": self.name, "options": options_to_dict(self.options), "nonfinite_skipped": self.nonfinite.skipped}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("solver") != self.name:
             raise ValueError(f"this state is from solver {state.get('solver')!r}, not {self.name!r}")
+        self.nonfinite.skipped = int(state.get("nonfinite_skipped", 0))
 
     def __enter__(self) -> Solver:
         return self

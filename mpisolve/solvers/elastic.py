@@ -193,14 +193,16 @@ class _LocalSteps(Solver):
         if self.closed:
             raise RuntimeError(f"solver {self.name!r} is closed")
         local = self.take_samples(batch_size)
-        if self.momentum is not None:
+        # Each rank checks its own gradients and skips alone: nothing non-finite is exchanged.
+        applied = self.nonfinite.ok([p.grad for p in self.params if p.grad is not None], "local gradients")
+        if applied and self.momentum is not None:
             self.momentum.step(self.optimizer)
-        else:
+        elif applied:
             self.optimizer.step()
-        self.steps += 1
+        self.steps += 1  # a skipped step still counts towards tau: exchanges stay on schedule
         if self.steps % self.options.tau == 0:
             self.exchange()
-        return StepInfo(applied=True, global_samples=local, local_samples=local)
+        return StepInfo(applied=applied, global_samples=local if applied else 0, local_samples=local)
 
     @abstractmethod
     def exchange(self) -> None:

@@ -169,6 +169,9 @@ class LBBSP(Solver):
             )
         global_samples = self.grads.finish()
         local = self.take_samples(None)
+        # The reduced gradients are the same everywhere: every rank decides alike, unasked.
+        if not self.nonfinite.ok([b.buffer.flat for b in self.grads.buckets], "weighted gradients"):
+            return StepInfo(applied=False, global_samples=0, local_samples=local)
         self.optimizer.step()
         return StepInfo(applied=True, global_samples=global_samples, local_samples=local)
 

@@ -57,8 +57,10 @@ class LocalSGD(Solver):
         if self.closed:
             raise RuntimeError("solver 'local-sgd' is closed")
         local = self.take_samples(batch_size)
-        self.optimizer.step()
-        self.steps += 1
+        # Each rank checks its own gradients and skips its local step alone: nothing non-finite is averaged.
+        if self.nonfinite.ok([p.grad for p in self.params if p.grad is not None], "local gradients"):
+            self.optimizer.step()
+        self.steps += 1  # a skipped step still counts towards tau: averages stay on schedule
         self._samples += local
         if self.steps % self.options.tau:
             return StepInfo(applied=False, global_samples=0, local_samples=local)

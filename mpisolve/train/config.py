@@ -62,6 +62,9 @@ class TrainConfig:
     checkpoint_dir: str | None = _flag(None, "write checkpoints here (at the end, and every --checkpoint-every)", str, "DIR")
     checkpoint_every: int | None = _flag(None, "also checkpoint every this many updates", int, "N")
     resume: bool = _flag(False, "continue from the checkpoint in --checkpoint-dir", bool)
+    comm_timeout: float | None = _flag(
+        None, "watchdog: seconds an MPI operation may wait before the job aborts (default $MPISOLVE_TIMEOUT or 300)", float, "S"
+    )
     #: Solver options (from ``--set key=value`` and the TOML ``[options]`` table), validated.
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -94,6 +97,10 @@ class TrainConfig:
         check(self.checkpoint_every is None or self.checkpoint_dir is not None, "--checkpoint-every needs --checkpoint-dir")
         check(not self.stop_at_target or self.target_accuracy is not None, "--stop-at-target needs --target-accuracy")
         check(not self.resume or self.checkpoint_dir is not None, "--resume needs --checkpoint-dir")
+        check(
+            self.comm_timeout is None or (math.isfinite(self.comm_timeout) and self.comm_timeout > 0),
+            f"--comm-timeout must be > 0, got {self.comm_timeout}",
+        )
 
     def workload(self) -> dict[str, Any]:
         """The settings that define the training problem (for logs and summaries)."""

@@ -33,6 +33,7 @@ from ..comm.state import model_signature
 from ..options import CollectiveInputError, options_to_dict
 from ..solvers import make_solver
 from . import config as train_settings
+from . import faults
 from .accounting import TimeAccount, split_time
 from .checkpoint import CheckpointDir
 from .config import TrainConfig
@@ -68,7 +69,10 @@ def train(config: TrainConfig, comm: Communicator, *, show: bool = True) -> dict
     Rank 0 writes the JSON Lines log and the summary when ``config.log`` is set and, with
     ``show``, shows progress on stderr. Bad input (a checkpoint that does not fit, a log
     that cannot be written) raises :class:`CollectiveInputError` on every rank.
+    ``config.comm_timeout``, if set, becomes ``comm``'s watchdog timeout.
     """
+    if config.comm_timeout is not None:
+        comm.timeout_s = config.comm_timeout
     trainer = Trainer(config, comm, show=show)
     try:
         trainer.prepare()
@@ -99,6 +103,7 @@ class Trainer:
             self.model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
         )
         self.solver = make_solver(config.solver, self.model, self.optimizer, comm, **config.options)
+        faults.install(self.model, rank)  # MPISOLVE_FAULT, for reliability tests; nothing when unset
         torch.manual_seed(derive_seed(config.seed, rank))  # each rank's own stream from here on
         random.seed(derive_seed(config.seed, rank))
         np.random.seed(derive_seed(config.seed, rank) % 2**32)
@@ -259,7 +264,8 @@ class Trainer:
     def _record(self, now: Progress, evaluated: bool, *, important: bool) -> None:
         wall, blocked = self.clock.wall_s(), self.clock.blocked_s()
         last_wall, last_blocked, last_samples = self._mark
-        mine = (wall - last_wall, blocked - last_blocked, self._loss_sum, self._correct, self._count)
+        skipped = self.solver.nonfinite.skipped
+        mine = (wall - last_wall, blocked - last_blocked, self._loss_sum, self._correct, self._count, skipped)
         everyone = self.ctrl.allgather_object(mine)
         busy, comm, idle = split_time([e[0] for e in everyone], [e[1] for e in everyone])
         count = sum(e[4] for e in everyone)
@@ -276,6 +282,7 @@ class Trainer:
             "busy": busy,
             "comm": comm,
             "idle": idle,
+            "skipped_steps": [e[5] for e in everyone],
         }
         self._loss_sum, self._correct, self._count = 0.0, 0, 0
         self._mark = (wall, blocked, now.samples)
@@ -296,7 +303,8 @@ class Trainer:
 
     def _summary(self) -> dict[str, Any]:
         wall = self.clock.wall_s()
-        everyone = self.ctrl.allgather_object((wall, self.clock.blocked_s(), self.shard.batch_size, self._samples))
+        skipped = self.solver.nonfinite.skipped
+        everyone = self.ctrl.allgather_object((wall, self.clock.blocked_s(), self.shard.batch_size, self._samples, skipped))
         busy, comm, idle = split_time([e[0] for e in everyone], [e[1] for e in everyone])
         now = self.counter.now
         summary = {
@@ -320,6 +328,7 @@ class Trainer:
             "idle": idle,
             "batch_sizes": [e[2] for e in everyone],
             "samples_by_rank": [e[3] for e in everyone],
+            "skipped_steps": [e[4] for e in everyone],
         }
         if self.comm.rank == 0 and self.config.log is not None:
             write_json(summary_path(self.config.log), summary)

@@ -22,6 +22,7 @@ every rank the same sequence of :class:`Progress` values:
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,10 +120,12 @@ class AgreedCounter:
 
     def __init__(self, comm: Communicator) -> None:
         self.now = Progress()
+        self.comm = comm
         self._mine = [0, 0]  # this rank's applied updates and their samples
         self._buffer = torch.zeros(2, dtype=torch.float64)
         self._round = comm.persistent_allreduce(self._buffer)
         self._in_flight = False
+        self._posted_at = 0.0
 
     def start(self) -> None:
         self._post()
@@ -131,13 +134,20 @@ class AgreedCounter:
         self._buffer[0], self._buffer[1] = self._mine
         self._round.start()
         self._in_flight = True
+        self._posted_at = time.monotonic()
 
     def advance(self, info: StepInfo) -> Progress | None:
-        """Count ``info``; the summed progress if a round just completed, else None."""
+        """Count ``info``; the summed progress if a round just completed, else None.
+
+        A round that stays in flight longer than the communicator's watchdog timeout
+        (a rank stopped taking part) raises ``CommTimeout``, as a blocking wait would.
+        """
         if info.applied:
             self._mine[0] += 1
             self._mine[1] += info.global_samples
         if not self._round.test():
+            if time.monotonic() - self._posted_at > self.comm.timeout_s:
+                raise self.comm.timed_out("progress allreduce (a rank stopped training)")
             return None
         self.now = Progress(int(self._buffer[0]), int(self._buffer[1]))
         self._post()

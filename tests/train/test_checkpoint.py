@@ -1,6 +1,9 @@
 """Checkpoint files and directories: atomic writes, and refusal of what cannot be resumed."""
 
 import json
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -69,3 +72,40 @@ def test_other_world_size_model_or_missing_checkpoint_is_refused(tmp_path):
     (tmp_path / MANIFEST).write_text(json.dumps({"something": "else"}))
     with pytest.raises(CheckpointError, match="not an mpisolve checkpoint manifest"):
         CheckpointDir(tmp_path, rank=0, size=2).read_rank(IDENTITY)
+
+
+WRITER = """
+import sys, time
+from pathlib import Path
+import torch
+from mpisolve.train.checkpoint import MAGIC, atomic_write, write_file
+
+path = Path(sys.argv[1])
+write_file(path, {"step": 1}, {"generation": 1, "w": torch.ones(1000)})
+
+def slow_chunks():
+    yield MAGIC
+    yield b'{"step": 2, "payload_bytes": 4000000}\\n'
+    yield bytes(1000000)
+    print("mid-write", flush=True)
+    time.sleep(60)
+    yield bytes(3000000)
+
+atomic_write(path, slow_chunks())
+"""
+
+
+def test_writer_killed_mid_write_leaves_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "a.ckpt"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == "mid-write\n"
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(timeout=30)
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    assert writer.returncode == -signal.SIGKILL
+    assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir())  # the unfinished write, never renamed
+    header, state = read_file(path)
+    assert header["step"] == 1 and state["generation"] == 1 and torch.equal(state["w"], torch.ones(1000))

@@ -11,7 +11,7 @@ import pytest
 BIN = Path(sys.executable).parent
 RECORD = {
     "step", "epoch", "wall_s", "loss", "train_accuracy", "test_accuracy", "test_loss",
-    "global_samples", "samples_per_s", "busy", "comm", "idle",
+    "global_samples", "samples_per_s", "busy", "comm", "idle", "skipped_steps",
 }
 SUMMARY = {
     "solver", "options", "ranks", "mpi_library_version", "versions", "git_commit",
@@ -31,6 +31,9 @@ def mpisolve(*args, ranks=2, cwd=None):
         (["--lr", "-1"], "mpisolve train: error: --lr must be > 0, got -1.0"),
         (["--lr", "abc"], "mpisolve train: error: argument --lr: invalid float value: 'abc'"),
         (["--hetero", "1,2,4"], "mpisolve train: error: --hetero gives 3 factors for 2 ranks (give one per rank, or a preset)"),
+        (["--model", "vgg"], "mpisolve train: error: unknown model 'vgg' (known: mlp, cnn, resnet18)"),
+        (["--batch-size", "0"], "mpisolve train: error: --batch-size must be >= 1, got 0"),
+        (["--set", "tau=2"], "mpisolve train: error: solver 'allreduce' does not take option 'tau' (it takes: bucket_mb, nonfinite)"),
     ],
 )
 def test_bad_values_exit_2_with_one_line_on_every_rank(args, line):

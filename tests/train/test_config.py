@@ -57,6 +57,19 @@ def test_flags_override_the_config_file(tmp_path):
         (["--set", "bucket_mb=big"], "option 'bucket_mb' of solver 'allreduce' must be float"),
         (["--set", "bucket_mb=0"], "bucket_mb must be > 0"),
         (["--set", "nope=1"], "does not take option 'nope'"),
+        (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+        (["--batch-size", "-4"], "--batch-size must be >= 1, got -4"),
+        (["--data-size", "0"], "--data-size must be >="),
+        (["--epochs", "0"], "--epochs must be > 0, got 0.0"),
+        (["--epochs", "-1"], "--epochs must be > 0, got -1.0"),
+        (["--log-every", "0"], "--log-every must be >= 1, got 0"),
+        (["--checkpoint-dir", "x", "--checkpoint-every", "0"], "--checkpoint-every must be >= 1, got 0"),
+        (["--comm-timeout", "0"], "--comm-timeout must be > 0, got 0.0"),
+        (["--comm-timeout", "-5"], "--comm-timeout must be > 0, got -5.0"),
+        (["--hetero", "2"], "1 factors for 2 ranks"),
+        (["--set", "nonfinite=maybe"], "option 'nonfinite' of solver 'allreduce' must be one of 'raise', 'skip', 'ignore'"),
+        (["--solver", "async-sgd", "--set", "tau=0"], "tau must be >= 1, got 0"),
+        (["--solver", "easgd", "--set", "bucket_mb=4"], "solver 'easgd' does not take option 'bucket_mb'"),
     ],
 )
 def test_bad_values_name_the_problem(argv, message):
@@ -75,6 +88,14 @@ def test_bad_config_files(tmp_path):
         settings.train_config(parse(["--config", toml(tmp_path, "batch_size = 1.5")]), 2)
     with pytest.raises(OptionError, match="bucket_mb must be > 0"):
         settings.train_config(parse(["--config", toml(tmp_path, "[options]\nbucket_mb = -1")]), 2)
+    with pytest.raises(InputError, match="--batch-size must be >= 1, got 0"):
+        settings.train_config(parse(["--config", toml(tmp_path, "batch_size = 0")]), 2)
+    with pytest.raises(InputError, match="--hetero gives 3 factors for 2 ranks"):
+        settings.train_config(parse(["--config", toml(tmp_path, "hetero = [1, 2, 3]")]), 2)
+    with pytest.raises(InputError, match="unknown solver 'sgd'"):
+        settings.train_config(parse(["--config", toml(tmp_path, 'solver = "sgd"')]), 2)
+    with pytest.raises(InputError, match="no solver among allreduce takes option 'tau'"):
+        settings.train_config(parse(["--config", toml(tmp_path, "[options]\ntau = 2")]), 2)
 
 
 def test_presets_repeat_over_the_ranks():

@@ -341,19 +341,22 @@ class KFACSolver(Solver):
             self._update_inverses(_schedule(o.damping, step, "damping"))
         global_samples = self.grads.finish(scale=1.0 / self.comm.size, local_samples=batch_size)
         local = self.take_samples(batch_size)
-        start = time.perf_counter()
-        lr = None if o.lr is None else _schedule(o.lr, step, "lr")
-        if lr is not None:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-        self._precondition()
-        self.timings["precondition"] += time.perf_counter() - start
-        self.optimizer.step()
+        # The averaged gradients are the same everywhere: every rank decides alike, unasked.
+        applied = self.nonfinite.ok([b.buffer.flat for b in self.grads.buckets], "averaged gradients")
+        if applied:
+            start = time.perf_counter()
+            lr = None if o.lr is None else _schedule(o.lr, step, "lr")
+            if lr is not None:
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+            self._precondition()
+            self.timings["precondition"] += time.perf_counter() - start
+            self.optimizer.step()
         self.steps += 1
         if self._capturing:
             self.exchange.rearm()
         self._capturing = self.steps % o.factor_update_steps == 0
-        return StepInfo(applied=True, global_samples=global_samples, local_samples=local)
+        return StepInfo(applied=applied, global_samples=global_samples if applied else 0, local_samples=local)
 
     def _update_factors(self) -> None:
         skipped = []

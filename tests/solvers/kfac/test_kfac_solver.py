@@ -164,7 +164,8 @@ def test_state_dict_round_trip_resumes_exactly():
 def test_non_finite_batch_factors_are_not_folded_in():
     torch.manual_seed(4)
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
-    solver = mpisolve.make_solver("kfac", model, torch.optim.SGD(model.parameters(), lr=0.1), **exact_options())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    solver = mpisolve.make_solver("kfac", model, optimizer, **exact_options(), nonfinite="skip")
     x, y = torch.randn(5, 3), torch.randint(0, 2, (5,))
     solver.zero_grad()
     nn.functional.cross_entropy(model(x), y).backward()
@@ -174,8 +175,9 @@ def test_non_finite_batch_factors_are_not_folded_in():
     solver.zero_grad()
     nn.functional.cross_entropy(model(x), y).backward()
     with pytest.warns(RuntimeWarning, match=r"non-finite batch factors.*0\.A"):
-        solver.step()
+        info = solver.step()
     assert torch.equal(solver.layers[0].a.matrix(), kept) and solver.layers[0].a.updates == 1
+    assert not info.applied and solver.nonfinite.skipped == 1  # the gradients were not finite either
     solver.close()
 
 

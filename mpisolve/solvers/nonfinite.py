@@ -1,0 +1,86 @@
+"""Non-finite values (NaN, Inf) never reach the model silently: check, then skip or stop.
+
+Every solver takes the option ``nonfinite`` (see :class:`~mpisolve.solvers.base.CommonOptions`):
+
+- ``"raise"`` (default): a step whose gradients or update hold a NaN or an Inf raises
+  :class:`NonFiniteError` (the job stops, naming what was not finite and the step);
+- ``"skip"``: the step is skipped (no update; counted in :attr:`NonFiniteGuard.skipped`,
+  which the trainer logs as ``skipped_steps``);
+- ``"ignore"``: no check at all (nothing computed).
+
+A solver calls :meth:`NonFiniteGuard.ok` on what it is about to apply. Where that is the
+result of a reduction (allreduce, Adasum), every rank holds the same values, so every rank
+decides alike with no communication (a NaN on one rank makes the sum NaN everywhere).
+Where ranks hold different values but must decide alike (a local step before a
+collective), ``agree=True`` adds one 1-element allreduce. Asynchronous solvers check
+their own update and skip it alone: nothing non-finite then reaches the shared vector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+
+from ..comm.communicator import Communicator
+
+NonFinitePolicy = Literal["raise", "skip", "ignore"]
+POLICIES: tuple[str, ...] = ("raise", "skip", "ignore")
+
+
+class NonFiniteError(FloatingPointError):
+    """A NaN or Inf was about to reach the model under ``nonfinite="raise"``."""
+
+
+def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether every element of ``tensors`` is finite: one summing pass over each, one sync.
+
+    A sum is finite exactly when its terms are, unless finite terms overflow (|sum| >
+    3e38 in float32), which a usable gradient never does.
+    """
+    if not tensors:
+        return True
+    sums = [t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32) for t in tensors]
+    return bool(torch.isfinite(torch.stack(sums) if len(sums) > 1 else sums[0]).all())
+
+
+class NonFiniteGuard:
+    """One solver's non-finite policy: checks, the count of skipped steps, the error."""
+
+    def __init__(self, policy: NonFinitePolicy, comm: Communicator, solver: str) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"nonfinite must be one of {', '.join(POLICIES)}, got {policy!r}")
+        self.policy = policy
+        self.comm = comm
+        self.solver = solver
+        #: Steps skipped because of non-finite values, on this rank.
+        self.skipped = 0
+        self.checks = 0
+        self._flag = torch.zeros(1)
+
+    def ok(self, tensors: Sequence[torch.Tensor], what: str, *, agree: bool = False) -> bool:
+        """True: apply the step. False: skip it (``"skip"``, counted). Raises under ``"raise"``.
+
+        ``agree``: ranks hold different ``tensors`` but must decide alike (one small
+        allreduce; every rank must call it). Without it the decision is this rank's own,
+        which is the same on every rank when ``tensors`` are the result of a reduction.
+        """
+        if self.policy == "ignore":
+            return True
+        self.checks += 1
+        finite = all_finite(tensors)
+        if agree and self.comm.size > 1:
+            self._flag.fill_(0.0 if finite else 1.0)
+            self.comm.allreduce_(self._flag, op="max", what="non-finite check")
+            finite = self._flag.item() == 0.0
+        if finite:
+            return True
+        if self.policy == "raise":
+            where = "on some rank" if agree else f"on rank {self.comm.rank}"
+            raise NonFiniteError(
+                f"solver {self.solver!r}: non-finite value (NaN or Inf) in the {what} {where} at step "
+                f"{self.checks} (nonfinite='raise'; set nonfinite='skip' to skip such steps)"
+            )
+        self.skipped += 1
+        return False
