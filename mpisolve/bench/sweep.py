@@ -1,0 +1,183 @@
+"""``bench sweep``: OSU-style allreduce latency and bus bandwidth over message sizes.
+
+For each message size (float32 bytes, ``--min-bytes`` to ``--max-bytes`` by ``--factor``)
+and each operation:
+
+- ``mpi``: one blocking ``MPI_Allreduce`` (sum) from a send to a receive buffer, as
+  osu_allreduce does: the MPI library's own figure.
+- ``sum``, ``average``: ``mpisolve.allreduce([t], op=...)``, the functional collective
+  (fuse, nonblocking allreduce, watchdogged wait, unfuse).
+- ``bucketed``: the solvers' gradient path, ``GradientBuckets.finish(scale=1/n)`` on one
+  bucket (a persistent allreduce, then the average).
+- ``adasum``: ``mpisolve.allreduce([t], op="adasum")``, included by default as soon as
+  mpisolve's functional collective offers that op.
+
+Each operation's result is checked once per size before it is timed (every rank holds
+``(rank + 1) * pattern``: a sum, an average, or, for Adasum of parallel vectors, the
+average). The latency is the median over repeats of the slowest rank's time for one
+call; the bandwidths are nccl-tests': ``algbw = bytes / time`` and
+``busbw = algbw * 2(n-1)/n`` (the bytes each rank's links carry in a ring allreduce).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from mpi4py import MPI
+
+from ..comm.buckets import GradientBuckets
+from ..comm.collectives import REDUCE_OPS, allreduce
+from ..comm.communicator import Communicator, mpi_buffer
+from ..options import InputError
+from . import median_seconds
+
+#: Operations every mpisolve has; "adasum" joins when the functional collective offers it.
+BASE_OPS = ("mpi", "sum", "average", "bucketed")
+#: Messages up to this size are timed ``--small-repeats`` times (OSU also repeats small ones more).
+SMALL_BYTES = 64 * 1024
+CSV_FIELDS = ("ranks", "op", "bytes", "latency_us", "algbw_GBps", "busbw_GBps", "repeats")
+ELEMENT_BYTES = 4  # float32
+BYTE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def available_ops() -> tuple[str, ...]:
+    return BASE_OPS + (("adasum",) if "adasum" in REDUCE_OPS else ())
+
+
+def parse_bytes(text: str) -> int:
+    """``4``, ``64K``, ``64M``, ``1G`` (binary multiples) -> bytes."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text, flags=re.IGNORECASE)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (e.g. 4, 64K, 64M)")
+    return int(match.group(1)) * BYTE_UNITS[match.group(2).upper()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ops", default=",".join(available_ops()),
+                        help=f"comma-separated operations (default: {','.join(available_ops())}; "
+                        "'adasum' needs mpisolve.allreduce(op='adasum'))")
+    parser.add_argument("--min-bytes", type=parse_bytes, default=4, help="smallest message (default 4)")
+    parser.add_argument("--max-bytes", type=parse_bytes, default=64 * 1024**2, help="largest message (default 64M)")
+    parser.add_argument("--factor", type=int, default=4, help="size step: each message is this many times the last")
+    parser.add_argument("--small-repeats", type=int, default=100,
+                        help=f"timed repeats for messages up to {SMALL_BYTES // 1024} KiB (--repeats above)")
+    parser.add_argument("--csv", help="rank 0 also writes the rows to this CSV file")
+
+
+def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    if min_bytes < ELEMENT_BYTES or min_bytes % ELEMENT_BYTES:
+        raise InputError(f"--min-bytes must be a positive multiple of {ELEMENT_BYTES} (float32), got {min_bytes}")
+    if max_bytes < min_bytes:
+        raise InputError(f"--max-bytes ({max_bytes}) is below --min-bytes ({min_bytes})")
+    if factor < 2:
+        raise InputError(f"--factor must be >= 2, got {factor}")
+    sizes = [min_bytes]
+    while sizes[-1] * factor <= max_bytes:
+        sizes.append(sizes[-1] * factor)
+    return sizes
+
+
+def parse_ops(text: str) -> list[str]:
+    ops = [op.strip() for op in text.split(",") if op.strip()]
+    if not ops:
+        raise InputError("--ops is empty")
+    for op in ops:
+        if op not in BASE_OPS + ("adasum",):
+            raise InputError(f"unknown op {op!r} in --ops (choose from {', '.join(available_ops())})")
+        if op not in available_ops():
+            raise InputError("--ops adasum needs mpisolve.allreduce(op='adasum'), which this mpisolve does not have yet")
+    return ops
+
+
+@dataclass
+class Case:
+    """One operation on one message: ``run`` it, then ``result()`` is the reduced tensor."""
+
+    run: Callable[[], None]
+    result: Callable[[], torch.Tensor]
+    expected: str  # "sum" or "average" of the ranks' inputs
+    close: Callable[[], None] = lambda: None
+
+
+def make_case(op: str, data: torch.Tensor, comm: Communicator) -> Case:
+    if op == "mpi":
+        recv = torch.empty_like(data)
+        send_spec, recv_spec = mpi_buffer(data), mpi_buffer(recv)
+        return Case(lambda: comm.comm.Allreduce(send_spec, recv_spec, MPI.SUM), lambda: recv, "sum")
+    if op in ("sum", "average", "adasum"):
+        out: list[torch.Tensor] = []
+
+        def functional() -> None:
+            out[:] = allreduce([data], op=op, comm=comm)
+
+        # Adasum of parallel vectors c_r * v is their average.
+        return Case(functional, lambda: out[0], "sum" if op == "sum" else "average")
+    if op == "bucketed":
+        param = torch.nn.Parameter(torch.zeros_like(data))
+        grads = GradientBuckets([param], comm, bucket_bytes=data.numel() * data.element_size())
+        param.grad.copy_(data)
+
+        def bucketed() -> None:
+            grads.rearm()
+            grads.finish(scale=1.0 / comm.size)
+
+        # After the first call every rank holds the average, which further averages keep.
+        return Case(bucketed, lambda: param.grad, "average", grads.close)
+    raise InputError(f"unknown op {op!r}")
+
+
+def check(case: Case, op: str, pattern: torch.Tensor, comm: Communicator) -> None:
+    """Run ``case`` once and compare with the exact reduction of the ranks' inputs."""
+    case.run()
+    total = comm.size * (comm.size + 1) / 2
+    want = pattern * (total if case.expected == "sum" else total / comm.size)
+    if not torch.allclose(case.result(), want, rtol=1e-5, atol=0):
+        raise RuntimeError(f"bench sweep: {op} of {pattern.numel() * ELEMENT_BYTES} bytes gave a wrong result on rank {comm.rank}")
+
+
+def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
+    ops = parse_ops(args.ops)
+    sizes = message_sizes(args.min_bytes, args.max_bytes, args.factor)
+    if args.small_repeats < 1:
+        raise InputError("--small-repeats must be >= 1")
+    rows = []
+    for nbytes in sizes:
+        numel = nbytes // ELEMENT_BYTES
+        pattern = (torch.arange(numel) % 5 + 1).float()
+        data = pattern * (comm.rank + 1)
+        repeats = args.small_repeats if nbytes <= SMALL_BYTES else args.repeats
+        for op in ops:
+            case = make_case(op, data, comm)
+            try:
+                check(case, op, pattern, comm)
+                seconds = median_seconds(case.run, comm, repeats, args.warmup)
+            finally:
+                case.close()
+            algbw = nbytes / seconds / 1e9
+            rows.append({
+                "ranks": comm.size,
+                "op": op,
+                "bytes": nbytes,
+                "latency_us": seconds * 1e6,
+                "algbw_GBps": algbw,
+                "busbw_GBps": algbw * 2 * (comm.size - 1) / comm.size,
+                "repeats": repeats,
+            })
+    if args.csv and comm.rank == 0:
+        write_csv(args.csv, rows)
+    return {"bench": "sweep", "ranks": comm.size, "mpi_library": comm.library_version(), "ops": ops, "rows": rows}
+
+
+def write_csv(path: str, rows: list[dict[str, Any]]) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
