@@ -8,13 +8,17 @@ then plots every CSV present in the output directory::
     python perf/comm_sweep.py --plot-only
     python perf/comm_sweep.py --ranks 2 -- --factor 2 --ops mpi,bucketed   # after --: bench sweep options
 
-Writes ``<out>/comm_sweep_n<N>.csv`` and ``<out>/comm_sweep.png`` (default out: perf/results).
+Writes ``<out>/comm_sweep_n<N>.csv`` (the rows), ``<out>/comm_sweep_n<N>.json`` (the MPI
+library and the machine's load average around the run) and ``<out>/comm_sweep.png``
+(default out: perf/results). Run it alone on the machine: other work on the same cores
+shows up in every figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import re
 import shutil
@@ -39,7 +43,12 @@ def run_sweep(ranks: int, out: Path, bench_args: list[str], timeout_s: float) ->
                "bench", "sweep", "--csv", str(csv_path), *bench_args]
     print("+", " ".join(command), flush=True)
     env = {**os.environ, "MPIEXEC_TIMEOUT": str(int(timeout_s))}
-    subprocess.run(command, check=True, timeout=timeout_s + 30, env=env, stdout=subprocess.DEVNULL)
+    done = subprocess.run(command, check=True, timeout=timeout_s + 30, env=env, stdout=subprocess.PIPE, text=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    del result["rows"]  # they are in the CSV
+    csv_path.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"  {result['mpi_library']}; load average {result['load_average'][0]:.1f} before, "
+          f"{result['load_average'][1]:.1f} after (this run's {ranks} ranks included)", flush=True)
     return csv_path
 
 

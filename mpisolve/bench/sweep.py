@@ -147,6 +147,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     sizes = message_sizes(args.min_bytes, args.max_bytes, args.factor)
     if args.small_repeats < 1:
         raise InputError("--small-repeats must be >= 1")
+    load_before = os.getloadavg()[0]
     rows = []
     for nbytes in sizes:
         numel = nbytes // ELEMENT_BYTES
@@ -172,7 +173,16 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
             })
     if args.csv and comm.rank == 0:
         write_csv(args.csv, rows)
-    return {"bench": "sweep", "ranks": comm.size, "mpi_library": comm.library_version(), "ops": ops, "rows": rows}
+    # The machine's 1-minute load (this run's own ranks included) before and after: a
+    # load well above the rank count means other work shared the cores and the figures.
+    return {
+        "bench": "sweep",
+        "ranks": comm.size,
+        "mpi_library": comm.library_version(),
+        "load_average": [load_before, os.getloadavg()[0]],
+        "ops": ops,
+        "rows": rows,
+    }
 
 
 def write_csv(path: str, rows: list[dict[str, Any]]) -> None:
