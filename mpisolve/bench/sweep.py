@@ -12,9 +12,8 @@ and each operation:
 - ``adasum``: ``mpisolve.allreduce([t], op="adasum")``, included by default as soon as
   mpisolve's functional collective offers that op.
 
-Each operation's result is checked once per size before it is timed (every rank holds
-``(rank + 1) * pattern``: a sum, an average, or, for Adasum of parallel vectors, the
-average). The latency is the median over repeats of the slowest rank's time for one
+Each operation's result is checked once per size before it is timed, against the exact
+reduction of known inputs (for Adasum, orthogonal ones, whose Adasum is their sum). The latency is the median over repeats of the slowest rank's time for one
 call; the bandwidths are nccl-tests': ``algbw = bytes / time`` and
 ``busbw = algbw * 2(n-1)/n`` (the bytes each rank's links carry in a ring allreduce).
 """
@@ -98,48 +97,55 @@ def parse_ops(text: str) -> list[str]:
 
 @dataclass
 class Case:
-    """One operation on one message: ``run`` it, then ``result()`` is the reduced tensor."""
+    """One operation on one message: ``run`` it, then ``result()`` should equal ``want``."""
 
     run: Callable[[], None]
     result: Callable[[], torch.Tensor]
-    expected: str  # "sum" or "average" of the ranks' inputs
+    want: torch.Tensor
     close: Callable[[], None] = lambda: None
 
 
-def make_case(op: str, data: torch.Tensor, comm: Communicator) -> Case:
+def make_case(op: str, numel: int, comm: Communicator) -> Case:
+    """Rank r's input is ``(r + 1) * pattern``; ``want`` is the exact reduction of all inputs."""
+    pattern = (torch.arange(numel) % 5 + 1).float()
+    data = pattern * (comm.rank + 1)
+    total = comm.size * (comm.size + 1) / 2
     if op == "mpi":
         recv = torch.empty_like(data)
         send_spec, recv_spec = mpi_buffer(data), mpi_buffer(recv)
-        return Case(lambda: comm.comm.Allreduce(send_spec, recv_spec, MPI.SUM), lambda: recv, "sum")
+        return Case(lambda: comm.comm.Allreduce(send_spec, recv_spec, MPI.SUM), lambda: recv, pattern * total)
     if op in ("sum", "average", "adasum"):
+        want = pattern * (total if op == "sum" else total / comm.size)
+        if op == "adasum":
+            # Orthogonal inputs (rank r keeps the elements i with i % size == r): Adasum
+            # of orthogonal vectors is their sum, whatever order it combines them in.
+            mine = torch.arange(numel) % comm.size
+            data *= mine == comm.rank
+            want = pattern * (mine + 1)
         out: list[torch.Tensor] = []
 
         def functional() -> None:
             out[:] = allreduce([data], op=op, comm=comm)
 
-        # Adasum of parallel vectors c_r * v is their average.
-        return Case(functional, lambda: out[0], "sum" if op == "sum" else "average")
-    if op == "bucketed":
-        param = torch.nn.Parameter(torch.zeros_like(data))
-        grads = GradientBuckets([param], comm, bucket_bytes=data.numel() * data.element_size())
-        param.grad.copy_(data)
+        return Case(functional, lambda: out[0], want)
+    param = torch.nn.Parameter(torch.zeros_like(data))  # op == "bucketed"
+    grads = GradientBuckets([param], comm, bucket_bytes=data.numel() * data.element_size())
+    param.grad.copy_(data)
 
-        def bucketed() -> None:
-            grads.rearm()
-            grads.finish(scale=1.0 / comm.size)
+    def bucketed() -> None:
+        grads.rearm()
+        grads.finish(scale=1.0 / comm.size)
 
-        # After the first call every rank holds the average, which further averages keep.
-        return Case(bucketed, lambda: param.grad, "average", grads.close)
-    raise InputError(f"unknown op {op!r}")
+    # After the first call every rank holds the average, which further averages keep.
+    return Case(bucketed, lambda: param.grad, pattern * total / comm.size, grads.close)
 
 
-def check(case: Case, op: str, pattern: torch.Tensor, comm: Communicator) -> None:
+def check(case: Case, op: str, comm: Communicator) -> None:
     """Run ``case`` once and compare with the exact reduction of the ranks' inputs."""
     case.run()
-    total = comm.size * (comm.size + 1) / 2
-    want = pattern * (total if case.expected == "sum" else total / comm.size)
-    if not torch.allclose(case.result(), want, rtol=1e-5, atol=0):
-        raise RuntimeError(f"bench sweep: {op} of {pattern.numel() * ELEMENT_BYTES} bytes gave a wrong result on rank {comm.rank}")
+    if not torch.allclose(case.result(), case.want, rtol=1e-5, atol=0):
+        nbytes = case.want.numel() * ELEMENT_BYTES
+        raise RuntimeError(f"bench sweep: {op} of {nbytes} bytes gave a wrong result on rank {comm.rank}")
 
 
 def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
@@ -150,14 +156,11 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
     rows = []
     for nbytes in sizes:
-        numel = nbytes // ELEMENT_BYTES
-        pattern = (torch.arange(numel) % 5 + 1).float()
-        data = pattern * (comm.rank + 1)
         repeats = args.small_repeats if nbytes <= SMALL_BYTES else args.repeats
         for op in ops:
-            case = make_case(op, data, comm)
+            case = make_case(op, nbytes // ELEMENT_BYTES, comm)
             try:
-                check(case, op, pattern, comm)
+                check(case, op, comm)
                 seconds = median_seconds(case.run, comm, repeats, args.warmup)
             finally:
                 case.close()

@@ -19,6 +19,7 @@ def sweep_args(*argv: str) -> argparse.Namespace:
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3, 4)
 def test_sweep_rows_and_csv(tmp_path_factory):
     comm = Communicator()
     path = comm.bcast_object(str(tmp_path_factory.mktemp("sweep") / "s.csv") if comm.rank == 0 else None)
@@ -40,10 +41,10 @@ def test_sweep_rows_and_csv(tmp_path_factory):
 @pytest.mark.mpi(min_size=2)
 def test_a_wrong_result_is_caught():
     comm = Communicator()
-    pattern = torch.ones(3)
-    case = sweep.Case(run=lambda: None, result=lambda: pattern.clone(), expected="sum")
-    with pytest.raises(RuntimeError, match="wrong result"):
-        sweep.check(case, "broken", pattern, comm)
+    right = sweep.make_case("sum", 3, comm)
+    broken = sweep.Case(run=lambda: None, result=lambda: torch.zeros(3), want=right.want)
+    with pytest.raises(RuntimeError, match="broken of 12 bytes gave a wrong result"):
+        sweep.check(broken, "broken", comm)
 
 
 @pytest.mark.mpi(min_size=2)
