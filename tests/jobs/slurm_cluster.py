@@ -64,10 +64,11 @@ SelectTypeParameters=CR_CPU
 # Without a PMI plugin, srun -n 4 starts four 1-rank programs.
 MpiDefault=pmi2
 ReturnToService=2
-# 4 ranks on a 2-core machine: trust CPUs=4 below, and refuse impossible jobs at once.
+# 4-rank jobs on a 2-core machine, three at once: trust CPUs=12 below, and refuse
+# impossible jobs at once.
 SlurmdParameters=config_overrides
 EnforcePartLimits=ALL
-NodeName={host} NodeAddr=127.0.0.1 CPUs=4 State=UNKNOWN
+NodeName={host} NodeAddr=127.0.0.1 CPUs=12 State=UNKNOWN
 PartitionName=test Nodes={host} Default=YES MaxTime=5 State=UP
 """
 
@@ -109,6 +110,26 @@ class JobResult:
     output: str  # what sbatch printed, then the job's stdout and stderr
 
 
+class BatchJob:
+    """A job submitted with ``sbatch --wait``, which runs in the background until the job ends."""
+
+    def __init__(self, cmd: list[str], output: Path, env: dict[str, str], timeout_s: float) -> None:
+        self.output = output
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+
+    def result(self) -> JobResult:
+        """Wait for the job (until ``timeout_s`` after submission); its exit status and everything printed."""
+        try:
+            printed, _ = self.proc.communicate(timeout=max(0.1, self.deadline - time.monotonic()))
+            status = self.proc.returncode
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            printed, status = self.proc.communicate()[0] + f"sbatch --wait: no end within {self.timeout_s:g} s\n", -1
+        return JobResult(status, printed + (self.output.read_text() if self.output.exists() else ""))
+
+
 class SlurmCluster:
     """munged + slurmctld + slurmd for one node named after this host, all under ``root``."""
 
@@ -117,6 +138,7 @@ class SlurmCluster:
         self.host = socket.gethostname().split(".")[0]
         self.conf = root / "slurm.conf"
         self.daemons: dict[str, subprocess.Popen] = {}
+        self._submitted = 0
 
     # ---------------------------------------------------------------- start
     def start(self) -> None:
@@ -186,43 +208,35 @@ class SlurmCluster:
         done = _run(cmd, timeout=20, env=self.env())
         return done.stdout.strip() if done.returncode == 0 else ""
 
-    def sbatch(self, script: Path, *args: str, env: dict[str, str], timeout_s: float = 120) -> JobResult:
-        """Submit ``script args`` from the repository root and wait for the job (``sbatch --wait``).
-
-        The result holds the job's exit status (-1 if it did not end within ``timeout_s``)
-        and everything sbatch and the job printed.
-        """
-        output = self.root / f"job-{len(list(self.root.glob('job-*.out')))}.out"
+    def submit(self, script: Path, *args: str, env: dict[str, str], timeout_s: float = 150) -> BatchJob:
+        """``sbatch --wait script args`` from the repository root, in the background."""
+        self._submitted += 1
+        output = self.root / f"job-{self._submitted}.out"
         cmd = ["sbatch", "--wait", "--time=4", f"--output={output}", str(script), *args]
-        try:
-            done = _run(cmd, timeout=timeout_s, env=self.env(**env), cwd=REPO)
-            status, printed = done.returncode, done.stdout + done.stderr
-        except subprocess.TimeoutExpired:
-            status, printed = -1, f"sbatch --wait: no end within {timeout_s:g} s\n"
-        return JobResult(status, printed + (output.read_text() if output.exists() else ""))
+        return BatchJob(cmd, output, self.env(**env), timeout_s)
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted((self.root / "log").glob("*")))
 
     # ----------------------------------------------------------------- stop
     def stop(self) -> None:
-        """Cancel the jobs, kill by PID whatever of them is left, then stop the daemons by PID."""
+        """Cancel the jobs, stop the daemons by PID, then kill by PID whatever of the jobs is left."""
         try:
             self._cancel_jobs()
         finally:
-            daemons = {proc.pid for proc in self.daemons.values()}
-            for pid in self._leftover_pids():
-                if pid not in daemons:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-            for proc in reversed(self.daemons.values()):  # slurmd, slurmctld, munged
+            for proc in self.daemons.values():
                 proc.terminate()
+            deadline = time.monotonic() + 5
+            for proc in self.daemons.values():
                 try:
-                    proc.wait(timeout=10)
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(timeout=10)
             self.daemons.clear()
+            for pid in self._leftover_pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
     def _cancel_jobs(self) -> None:
         ctld = self.daemons.get("slurmctld")
@@ -235,7 +249,7 @@ class SlurmCluster:
             pass  # stop() kills what scancel did not end
 
     def _leftover_pids(self) -> list[int]:
-        """Processes of this cluster (their environment names its slurm.conf): daemons, job steps, ranks."""
+        """Processes of this cluster (their environment names its slurm.conf): job steps, ranks."""
         marker = f"SLURM_CONF={self.conf}".encode()
         pids = []
         for entry in Path("/proc").iterdir():
