@@ -40,9 +40,13 @@ export MPIEXEC_FLAGS=${MPIEXEC_FLAGS--bind-to core:${OMP_NUM_THREADS:-1}}
 #   export FI_PROVIDER=cxi                            # (Cray) MPICH over libfabric, Slingshot
 #   export FI_PROVIDER=verbs                          # MPICH over libfabric, InfiniBand
 
-# SITE: CUDA-aware MPI (GPU jobs), so MPI reads and writes GPU memory directly. Only with
-# an MPI built with CUDA support; set the one for yours:
+# SITE: CUDA-aware MPI (GPU jobs), so MPI reads and writes GPU memory directly instead of
+# mpisolve staging it through pinned host buffers. Only with an MPI built with CUDA
+# support (README, "GPUs"); set the one for yours:
+#   module load craype-accel-nvidia80; export MPICH_GPU_SUPPORT_ENABLED=1   # HPE Cray MPICH (A100)
 #   export MPIR_CVAR_ENABLE_GPU=1                     # MPICH 4+ built with CUDA
-#   export MPICH_GPU_SUPPORT_ENABLED=1                # HPE Cray MPICH
 #   export OMPI_MCA_pml=ucx UCX_TLS=rc,sm,cuda_copy,cuda_ipc   # Open MPI + UCX
 #   export MV2_USE_CUDA=1                             # MVAPICH2-GDR
+# mpisolve detects the result (MPIX_Query_cuda_support and the variables above);
+# MPISOLVE_CUDA_AWARE=1 or 0 overrides it, and 0 (staging) is always safe.
+# export MPISOLVE_CUDA_AWARE=0

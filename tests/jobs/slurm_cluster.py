@@ -3,7 +3,8 @@
 :func:`ensure_slurm` installs Debian's slurmctld, slurmd, slurm-client and munge when
 they are missing (apt-get, --no-install-recommends). :class:`SlurmCluster` starts
 munged, slurmctld and slurmd in the foreground as children of this process, without
-systemd, with every file (config, key, socket, state, spool, logs) under one directory
+systemd, with every file (config, key, socket, state, spool, logs, the stand-in GPU
+devices) under one directory
 and on free TCP ports, so that it touches nothing of the machine's own Slurm or munge.
 ``stop`` cancels the jobs and stops everything by PID; should this process die first,
 the kernel sends the daemons SIGTERM.
@@ -64,11 +65,14 @@ SelectTypeParameters=CR_CPU
 # Without a PMI plugin, srun -n 4 starts four 1-rank programs.
 MpiDefault=pmi2
 ReturnToService=2
-# 4-rank jobs on a 2-core machine, three at once: trust CPUs=12 below, and refuse
+# 4-rank jobs on a 2-core machine, four at once: trust CPUs=16 below, and refuse
 # impossible jobs at once.
 SlurmdParameters=config_overrides
 EnforcePartLimits=ALL
-NodeName={host} NodeAddr=127.0.0.1 CPUs=12 State=UNKNOWN
+# Four GPUs for the GPU template, which are plain files (gres.conf): Slurm schedules
+# --gpus-per-node against them; torch finds no GPU, so those ranks train on the CPU.
+GresTypes=gpu
+NodeName={host} NodeAddr=127.0.0.1 CPUs=16 Gres=gpu:4 State=UNKNOWN
 PartitionName=test Nodes={host} Default=YES MaxTime=5 State=UP
 """
 
@@ -145,6 +149,9 @@ class SlurmCluster:
         for sub in ("state", "spool", "log"):
             (self.root / sub).mkdir(parents=True)
         self._start_munge()
+        for i in range(4):
+            (self.root / f"gpu{i}").touch()
+        (self.root / "gres.conf").write_text(f"AutoDetect=off\nNodeName={self.host} Name=gpu File={self.root}/gpu[0-3]\n")
         self.conf.write_text(
             SLURM_CONF.format(host=self.host, root=self.root, ctld_port=_free_port(), slurmd_port=_free_port(),
                               first_job_id=random.randrange(10**5, 6 * 10**7))
@@ -208,11 +215,12 @@ class SlurmCluster:
         done = _run(cmd, timeout=20, env=self.env())
         return done.stdout.strip() if done.returncode == 0 else ""
 
-    def submit(self, script: Path, *args: str, env: dict[str, str], timeout_s: float = 150) -> BatchJob:
-        """``sbatch --wait script args`` from the repository root, in the background."""
+    def submit(self, script: Path, *args: str, env: dict[str, str], sbatch: tuple[str, ...] = (),
+               timeout_s: float = 150) -> BatchJob:
+        """``sbatch --wait [sbatch options] script args`` from the repository root, in the background."""
         self._submitted += 1
         output = self.root / f"job-{self._submitted}.out"
-        cmd = ["sbatch", "--wait", "--time=4", f"--output={output}", str(script), *args]
+        cmd = ["sbatch", "--wait", "--time=4", f"--output={output}", *sbatch, str(script), *args]
         return BatchJob(cmd, output, self.env(**env), timeout_s)
 
     def logs(self) -> str:
