@@ -10,7 +10,7 @@ then plots every CSV present in the output directory::
 
 Writes ``<out>/comm_sweep_n<N>.csv`` (the rows), ``<out>/comm_sweep_n<N>.json`` (the MPI
 library and the machine's load average around the run) and ``<out>/comm_sweep.png``
-(default out: perf/results). Run it alone on the machine: other work on the same cores
+(default out: perf/results/comm_sweep). Run it alone on the machine: other work on the same cores
 shows up in every figure.
 """
 
@@ -19,32 +19,21 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from launch import RESULTS, run_mpisolve
+
+OUT = RESULTS / "comm_sweep"
 CSV_NAME = re.compile(r"comm_sweep_n(\d+)\.csv")
 STYLE = {"mpi": "k-o", "sum": "C0-s", "average": "C1-^", "bucketed": "C2-D", "adasum": "C3-v"}
 
 
-def mpiexec() -> str:
-    """The venv's mpiexec when this Python has one beside it, else the one on PATH."""
-    beside = Path(sys.executable).with_name("mpiexec")
-    return os.environ.get("MPIEXEC") or (str(beside) if beside.exists() else shutil.which("mpiexec") or "mpiexec")
-
-
 def run_sweep(ranks: int, out: Path, bench_args: list[str], timeout_s: float) -> Path:
     csv_path = out / f"comm_sweep_n{ranks}.csv"
-    command = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "mpisolve",
-               "bench", "sweep", "--csv", str(csv_path), *bench_args]
-    print("+", " ".join(command), flush=True)
-    env = {**os.environ, "MPIEXEC_TIMEOUT": str(int(timeout_s))}
-    done = subprocess.run(command, check=True, timeout=timeout_s + 30, env=env, stdout=subprocess.PIPE, text=True)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    stdout = run_mpisolve(ranks, ["bench", "sweep", "--csv", str(csv_path), *bench_args], timeout_s=timeout_s)
+    result = json.loads(stdout.strip().splitlines()[-1])
     del result["rows"]  # they are in the CSV
     csv_path.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"  {result['mpi_library']}; load average {result['load_average'][0]:.1f} before, "
@@ -95,7 +84,7 @@ def main() -> int:
     argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8], help="rank counts to run (default 2 4 8)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help=f"CSV and PNG directory (default {RESULTS})")
+    parser.add_argument("--out", type=Path, default=OUT, help=f"CSV and PNG directory (default {OUT})")
     parser.add_argument("--plot-only", action="store_true", help="plot the CSVs present, run nothing")
     parser.add_argument("--timeout", type=float, default=900, help="seconds allowed per rank count")
     args = parser.parse_args(argv)
