@@ -9,9 +9,9 @@ then plots every CSV present in the output directory::
     python perf/comm_sweep.py --ranks 2 -- --factor 2 --ops mpi,bucketed   # after --: bench sweep options
 
 Writes ``<out>/comm_sweep_n<N>.csv`` (the rows), ``<out>/comm_sweep_n<N>.json`` (the MPI
-library and the machine's load average around the run) and ``<out>/comm_sweep.png``
-(default out: perf/results/comm_sweep). Run it alone on the machine: other work on the same cores
-shows up in every figure.
+library and the machine's load average around the run), ``<out>/comm_sweep.png`` and
+``<out>/table.md`` (the README's table); default out: perf/results/comm_sweep. Run it
+alone on the machine: other work on the same cores shows up in every figure.
 """
 
 from __future__ import annotations
@@ -78,6 +78,19 @@ def plot(by_ranks: dict[int, list[dict[str, str]]], png: Path) -> None:
     plt.close(fig)
 
 
+def table(by_ranks: dict[int, list[dict[str, str]]]) -> str:
+    """The README's table: latency at 4 B and 64 KiB, busbw at 4 MiB and 64 MiB, per rank count and op."""
+    lines = ["| ranks | op | latency 4 B (us) | latency 64 KiB (us) | busbw 4 MiB (GB/s) | busbw 64 MiB (GB/s) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for ranks, rows in by_ranks.items():
+        for op in dict.fromkeys(r["op"] for r in rows):
+            at = {int(r["bytes"]): r for r in rows if r["op"] == op}
+            cells = [f"{float(at[b]['latency_us']):.0f}" if b in at else "" for b in (4, 64 * 1024)]
+            cells += [f"{float(at[b]['busbw_GBps']):.2f}" if b in at else "" for b in (4 * 2**20, 64 * 2**20)]
+            lines.append(f"| {ranks} | {op} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     argv = sys.argv[1:]
     bench_args = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -98,7 +111,9 @@ def main() -> int:
         return 1
     png = args.out / "comm_sweep.png"
     plot(by_ranks, png)
-    print(f"wrote {png} ({', '.join(map(str, by_ranks))} ranks)")
+    (args.out / "table.md").write_text(table(by_ranks))
+    print(table(by_ranks))
+    print(f"wrote {png} and table.md ({', '.join(map(str, by_ranks))} ranks)")
     return 0
 
 

@@ -2,13 +2,15 @@
 
 For each model and rank count, one ``mpisolve compare`` run trains every solver in turn
 for ``--steps`` updates at a fixed per-rank batch, one torch thread per rank
-(OMP_NUM_THREADS=1, so a rank is one core's worth of compute). From each solver's
+(OMP_NUM_THREADS=1, so a rank is one core's worth of compute), plain SGD (momentum 0:
+the ``m`` solvers bring their own). From each solver's
 metrics log the first record (warm-up) is dropped; the rest give the steady-state
 global samples/s and the busy/comm/idle split (mpisolve.train.accounting), averaged
 over ranks. Writes, under ``--out`` (default perf/results/scaling)::
 
     <model>-n<P>/            the compare run's logs and summaries
     scaling.csv              one row per model, solver, ranks
+    table.md                 the README's table
     scaling_<model>.png      throughput with the ideal line, efficiency, stacked breakdown
 
 Efficiency is weak scaling's, throughput(P) / (P x throughput(1)); ``cores_efficiency``
@@ -43,7 +45,7 @@ def run_piece(model: str, ranks: int, args: argparse.Namespace) -> None:
     run_mpisolve(
         ranks,
         ["compare", "--solvers", args.solvers, "--model", model, "--dataset", "digits", "--batch-size", str(args.batch),
-         "--steps", str(args.steps), "--log-every", str(args.log_every), "--eval-every", "1000", "--out", str(out)],
+         "--momentum", "0", "--steps", str(args.steps), "--log-every", str(args.log_every), "--eval-every", "1000", "--out", str(out)],
         timeout_s=args.timeout, env={"OMP_NUM_THREADS": "1"},
     )
     (out / "load.json").write_text(json.dumps({"before": load_before, "after": os.getloadavg()[0]}) + "\n")
@@ -142,6 +144,20 @@ def plot(rows: list[dict[str, object]], out: Path, cores: int) -> list[Path]:
     return written
 
 
+def table(rows: list[dict[str, object]]) -> str:
+    """The README's table: samples/s per rank count, efficiency at 2 and 8, busy/comm/idle at 8."""
+    ranks = sorted({r["ranks"] for r in rows})
+    head = "| model | solver | " + " | ".join(f"samples/s, {p}" for p in ranks) + " | eff. 2 | eff. 8 | busy / comm / idle at 8 |"
+    lines = [head, "| " + " | ".join(["---"] * (head.count("|") - 1)) + " |"]
+    for model, solver in dict.fromkeys((r["model"], r["solver"]) for r in rows):
+        at = {r["ranks"]: r for r in rows if r["model"] == model and r["solver"] == solver}
+        cells = [f"{at[p]['samples_per_s']:.0f}" if p in at else "" for p in ranks]
+        cells += [f"{at[p]['efficiency']:.2f}" if p in at and at[p]["efficiency"] != "" else "" for p in (2, 8)]
+        cells.append(f"{at[8]['busy']:.2f} / {at[8]['comm']:.2f} / {at[8]['idle']:.2f}" if 8 in at else "")
+        lines.append(f"| {model} | {solver} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="mlp,cnn", help="models, comma-separated (default %(default)s)")
@@ -168,6 +184,8 @@ def main() -> int:
         writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
+    (args.out / "table.md").write_text(table(rows))
+    print(table(rows))
     for png in plot(rows, args.out, cores):
         print(f"wrote {png}")
     print(f"wrote {args.out / 'scaling.csv'} ({len(rows)} rows)")

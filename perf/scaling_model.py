@@ -3,15 +3,15 @@ projected to 16-1,024 GPUs.
 
 1. Calibration: alpha and beta fitted to the ``bucketed`` rows of the communication
    sweep (perf/results/comm_sweep/*.csv: the solvers' own allreduce path), Adasum's gamma
-   to its ``adasum`` rows.
+   to its ``adasum`` rows, once per rank count.
 2. Validation: for each model and solver of the scaling study (perf/results/scaling/
    scaling.csv), the model is given the measured 1-rank iteration time (compute) and the
    machine's core count (P ranks on C cores compute P/C times slower), and predicts the
    2-8 rank iteration; the relative error against the measured one goes to
-   validation.csv and validation.png.
+   validation.csv, validation.md (the README's table) and validation.png.
 3. Projection: ``python -m mpisolve model`` for ResNet-18 and ResNet-50 on 100 Gb/s
-   InfiniBand with H100-class compute, 16 to 1,024 GPUs: projection_<model>.csv and
-   projection.png.
+   InfiniBand with H100-class compute, 16 to 1,024 GPUs: projection_<model>.csv, the
+   command's printed table (projection_<model>.txt) and projection.png.
 
 Everything goes to perf/results/scaling_model/ (``--out``)::
 
@@ -32,6 +32,7 @@ from launch import RESULTS
 
 from mpisolve.perfmodel.calibrate import fit_adasum_gamma, fit_network, read_sweep, relative_errors
 from mpisolve.perfmodel.iteration import MODELS, Case, Compute, iteration, model_options
+from mpisolve.perfmodel.network import Network
 from mpisolve.perfmodel.workloads import workload
 
 OUT = RESULTS / "scaling_model"
@@ -39,18 +40,25 @@ PROJECTED = ("allreduce", "adasum", "easgd", "async-sgd", "ea-wild", "kfac")
 PROJECTION_RANKS = "16,32,64,128,256,512,1024"
 
 
-def calibrate(sweep_dir: Path) -> tuple:
+def calibrate(sweep_dir: Path) -> dict[int, tuple[Network, float, float]]:
+    """Per rank count: the fitted network, Adasum's gamma, the fit's median |relative error|.
+
+    One fit per rank count: on an oversubscribed machine alpha and beta change with the
+    number of ranks sharing the cores, which one alpha-beta law over all counts cannot follow.
+    """
     rows = read_sweep(sorted(sweep_dir.glob("comm_sweep_n*.csv")))
-    net = fit_network(rows, op="bucketed", algorithm="halving-doubling", name="this machine (bucketed sweep)")
-    gamma_adasum = fit_adasum_gamma(rows, net)
-    errors = [abs(e) for e in relative_errors(rows, net, op="bucketed")]
-    print(f"calibration: alpha {net.alpha * 1e6:.1f} us, beta {net.beta * 1e9:.3f} ns/B, gamma_adasum "
-          f"{gamma_adasum * 1e9:.3f} ns/B; |error| over the bucketed rows: median {statistics.median(errors):.0%}, "
-          f"max {max(errors):.0%}")
-    return net, gamma_adasum, statistics.median(errors)
+    fits = {}
+    for p in sorted({int(r["ranks"]) for r in rows}):
+        mine = [r for r in rows if int(r["ranks"]) == p]
+        net = fit_network(mine, op="bucketed", algorithm="halving-doubling", name=f"this machine, {p} ranks")
+        errors = [abs(e) for e in relative_errors(mine, net, op="bucketed")]
+        fits[p] = (net, fit_adasum_gamma(mine, net), statistics.median(errors))
+        print(f"calibration at {p} ranks: alpha {net.alpha * 1e6:.1f} us, beta {net.beta * 1e9:.3f} ns/B, gamma_adasum "
+              f"{fits[p][1] * 1e9:.3f} ns/B; |error| over the bucketed rows: median {fits[p][2]:.0%}, max {max(errors):.0%}")
+    return fits
 
 
-def validate(net, gamma_adasum: float, scaling_csv: Path, cores: int) -> list[dict[str, object]]:  # noqa: ANN001
+def validate(fits: dict[int, tuple[Network, float, float]], scaling_csv: Path, cores: int) -> list[dict[str, object]]:
     with scaling_csv.open(newline="") as f:
         measured = list(csv.DictReader(f))
     single = {(r["model"], r["solver"]): float(r["iteration_s"]) for r in measured if int(r["ranks"]) == 1}
@@ -58,8 +66,9 @@ def validate(net, gamma_adasum: float, scaling_csv: Path, cores: int) -> list[di
     out = []
     for r in measured:
         p, key = int(r["ranks"]), (r["model"], r["solver"])
-        if p == 1 or key not in single or r["solver"] not in MODELS:
+        if p not in fits or key not in single or r["solver"] not in MODELS:
             continue
+        net, gamma_adasum, _ = fits[p]
         load = loads.setdefault(r["model"], workload(r["model"]))
         compute = Compute(step_s=single[key], batch=int(r["batch"]), cores=cores)
         it = iteration(r["solver"], Case(load, net, compute, p, 4, gamma_adasum), model_options(r["solver"], {}))
@@ -77,7 +86,9 @@ def project(out: Path) -> dict[str, Path]:
         command = [sys.executable, "-m", "mpisolve", "model", "--solver", ",".join(PROJECTED), "--model", model,
                    "--ranks", PROJECTION_RANKS, "--csv", str(path)]
         print("+", " ".join(command[1:]), flush=True)
-        subprocess.run(command, check=True)
+        printed = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
+        print(printed, end="")
+        (out / f"projection_{model}.txt").write_text("$ python -m mpisolve " + " ".join(command[3:-2]) + "\n" + printed)
         written[model] = path
     return written
 
@@ -116,7 +127,7 @@ def plot(validation: list[dict[str, object]], projections: dict[str, Path], out:
             mine = [r for r in rows if r["solver"] == solver]
             ax.plot([int(r["ranks"]) for r in mine], [float(r["efficiency"]) for r in mine], "-o", ms=4, color=f"C{i}", label=solver)
         ax.set(xscale="log", ylim=(0, 1.05), xlabel="GPUs", ylabel="weak-scaling efficiency",
-               title=f"{model}, {rows[0]['model']}: 100 Gb/s IB, H100-class")
+               title=f"{model}: 100 Gb/s InfiniBand, H100-class GPUs")
         ax.set_xscale("log", base=2)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
@@ -133,26 +144,34 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cores = len(os.sched_getaffinity(0))
-    net, gamma_adasum, fit_error = calibrate(args.sweep)
-    validation = validate(net, gamma_adasum, args.scaling, cores)
+    fits = calibrate(args.sweep)
+    validation = validate(fits, args.scaling, cores)
     with (args.out / "validation.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(validation[0]))
         writer.writeheader()
         writer.writerows(validation)
     with (args.out / "calibration.csv").open("w", newline="") as f:
-        csv.writer(f).writerows([("alpha_s", "beta_s_per_byte", "gamma_adasum_s_per_byte", "median_abs_error", "cores"),
-                                 (net.alpha, net.beta, gamma_adasum, fit_error, cores)])
-    print(f"{'model':<5} {'solver':<13} " + " ".join(f"{p:>8}" for p in (2, 4, 8)) + "   (model - measured) / measured")
-    for model in dict.fromkeys(r["model"] for r in validation):
-        for solver in dict.fromkeys(r["solver"] for r in validation):
-            errors = {r["ranks"]: r["error"] for r in validation if r["model"] == model and r["solver"] == solver}
-            if errors:
-                print(f"{model:<5} {solver:<13} " + " ".join(f"{errors[p]:>+8.0%}" if p in errors else f"{'':>8}" for p in (2, 4, 8)))
+        csv.writer(f).writerows([("ranks", "alpha_s", "beta_s_per_byte", "gamma_adasum_s_per_byte", "median_abs_error", "cores")]
+                                + [(p, net.alpha, net.beta, gamma, error, cores) for p, (net, gamma, error) in fits.items()])
     abs_errors = [abs(float(r["error"])) for r in validation]
-    print(f"|error| over {len(abs_errors)} runs: median {statistics.median(abs_errors):.0%}, max {max(abs_errors):.0%}")
+    lines = ["| model | solver | measured 2 / 4 / 8 ranks (ms) | model (ms) | error 2 | error 4 | error 8 |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for model, solver in dict.fromkeys((r["model"], r["solver"]) for r in validation):
+        at = {r["ranks"]: r for r in validation if r["model"] == model and r["solver"] == solver}
+        measured = " / ".join(f"{at[p]['measured_ms']:.1f}" if p in at else "-" for p in (2, 4, 8))
+        predicted = " / ".join(f"{at[p]['predicted_ms']:.1f}" if p in at else "-" for p in (2, 4, 8))
+        errors = " | ".join(f"{at[p]['error']:+.0%}" if p in at else "" for p in (2, 4, 8))
+        lines.append(f"| {model} | {solver} | {measured} | {predicted} | {errors} |")
+    lines.append(f"\n|error| over {len(abs_errors)} runs: median {statistics.median(abs_errors):.0%}, max {max(abs_errors):.0%}.\n")
+    lines += ["| ranks | alpha (us) | beta (ns/B) | Adasum gamma (ns/B) | fit's median abs. error over the sweep |",
+              "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {p} | {net.alpha * 1e6:.1f} | {net.beta * 1e9:.3f} | {gamma * 1e9:.3f} | {error:.0%} |"
+              for p, (net, gamma, error) in fits.items()]
+    (args.out / "validation.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
     projections = project(args.out)
     plot(validation, projections, args.out)
-    print(f"wrote {args.out}/validation.csv, validation.png, projection_*.csv, projection.png")
+    print(f"wrote {args.out}/: calibration.csv, validation.csv/.md/.png, projection_*.csv/.txt, projection.png")
     return 0
 
 
