@@ -41,7 +41,9 @@ FIELDS = ("model", "solver", "ranks", "batch", "steps", "iteration_s", "samples_
 
 def run_piece(model: str, ranks: int, args: argparse.Namespace) -> None:
     out = args.out / f"{model}-n{ranks}"
+    out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]
+    (out / "load.json").write_text(json.dumps({"before": load_before}) + "\n")
     run_mpisolve(
         ranks,
         ["compare", "--solvers", args.solvers, "--model", model, "--dataset", "digits", "--batch-size", str(args.batch),
@@ -70,16 +72,17 @@ def steady(log: Path) -> dict[str, float]:
 
 
 def collect(out: Path, cores: int) -> list[dict[str, object]]:
-    """scaling.csv's rows from every piece present."""
+    """scaling.csv's rows from every solver run present (a piece that failed part-way keeps
+    the runs it finished)."""
     rows = []
-    for summary in sorted(out.glob("*-n*/summary.json")):
-        piece = json.loads(summary.read_text())
-        load = json.loads((summary.parent / "load.json").read_text())
-        workload = piece["workload"]
-        for solver, log in piece["logs"].items():
-            rows.append({"model": workload["model"], "solver": solver, "ranks": piece["ranks"], "batch": workload["batch_size"],
-                         "steps": workload["steps"], **steady(summary.parent / log),
-                         "load_before": load["before"], "load_after": load["after"]})
+    for summary_path in sorted(out.glob("*-n*/*.summary.json")):
+        summary = json.loads(summary_path.read_text())
+        load = json.loads((summary_path.parent / "load.json").read_text()) if (summary_path.parent / "load.json").exists() else {}
+        workload = summary["workload"]
+        log = summary_path.with_name(summary_path.name.replace(".summary.json", ".jsonl"))
+        rows.append({"model": workload["model"], "solver": summary["solver"], "ranks": summary["ranks"],
+                     "batch": workload["batch_size"], "steps": workload["steps"], **steady(log),
+                     "load_before": load.get("before", ""), "load_after": load.get("after", "")})
     single = {(r["model"], r["solver"]): r["samples_per_s"] for r in rows if r["ranks"] == 1}
     for r in rows:
         one = single.get((r["model"], r["solver"]))
@@ -102,6 +105,7 @@ def plot(rows: list[dict[str, object]], out: Path, cores: int) -> list[Path]:
         mine = [r for r in rows if r["model"] == model]
         solvers = list(dict.fromkeys(r["solver"] for r in mine))
         ranks = sorted({r["ranks"] for r in mine})
+        reference = "allreduce" if "allreduce" in solvers else solvers[0]  # whose ideal line is drawn
         fig, (thr, eff, brk) = plt.subplots(1, 3, figsize=(19, 5.5), gridspec_kw={"width_ratios": [1, 1, 1.6]})
         for i, solver in enumerate(solvers):
             points = sorted((r["ranks"], r) for r in mine if r["solver"] == solver)
@@ -110,7 +114,7 @@ def plot(rows: list[dict[str, object]], out: Path, cores: int) -> list[Path]:
             with_eff = [(p, r["efficiency"]) for p, r in points if r["efficiency"] != ""]
             eff.plot([p for p, _ in with_eff], [e for _, e in with_eff], "-", **style)
             one = next((r["samples_per_s"] for p, r in points if p == 1), None)
-            if one is not None and i == 0:
+            if one is not None and solver == reference:
                 thr.plot(ranks, [one * p for p in ranks], "k--", lw=1, label=f"ideal (P x 1 rank, {solver})")
                 thr.plot(ranks, [one * min(p, cores) for p in ranks], "k:", lw=1, label=f"{cores} cores' bound")
         thr.set(xscale="log", yscale="log", xlabel="ranks", ylabel="samples/s (global, steady state)", title="throughput")
@@ -119,6 +123,7 @@ def plot(rows: list[dict[str, object]], out: Path, cores: int) -> list[Path]:
         eff.set(xscale="log", xlabel="ranks", ylabel="throughput / (P x 1-rank throughput)", title="weak-scaling efficiency")
         for ax in (thr, eff):
             ax.set_xticks(ranks, [str(p) for p in ranks])
+            ax.minorticks_off()
             ax.grid(True, alpha=0.3)
         thr.legend(fontsize=7)
         width = 0.8 / len(ranks)
@@ -133,7 +138,7 @@ def plot(rows: list[dict[str, object]], out: Path, cores: int) -> list[Path]:
             for x in xs:
                 brk.text(x, 1.01, str(p), ha="center", fontsize=6)
         brk.set_xticks(range(len(solvers)), solvers, rotation=30, ha="right", fontsize=8)
-        brk.set(ylim=(0, 1.08), ylabel="share of each rank's time", title="busy / comm / idle at 1, 2, 4, 8 ranks (bar labels)")
+        brk.set(ylim=(0, 1.08), ylabel="share of each rank's time", title=f"busy / comm / idle at {', '.join(map(str, ranks))} ranks (bar labels)")
         brk.legend(fontsize=8, loc="lower right")
         fig.suptitle(f"{model} on digits, {mine[0]['batch']} samples per rank per step, 1 thread per rank, {cores}-core machine")
         fig.tight_layout()
