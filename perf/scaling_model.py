@@ -93,6 +93,22 @@ def project(out: Path) -> dict[str, Path]:
     return written
 
 
+def projection_table(projections: dict[str, Path]) -> str:
+    """The README's table: efficiency at 16, 128 and 1,024 GPUs and the iteration at 1,024, per model and solver."""
+    lines = ["| model | solver | efficiency 16 / 128 / 1,024 GPUs | iteration at 1,024 (ms): compute + exposed comm |",
+             "| --- | --- | --- | --- |"]
+    for model, path in projections.items():
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        for solver in dict.fromkeys(r["solver"] for r in rows):
+            at = {int(r["ranks"]): r for r in rows if r["solver"] == solver}
+            effs = " / ".join(f"{float(at[p]['efficiency']):.2f}" for p in (16, 128, 1024) if p in at)
+            last = at[max(at)]
+            lines.append(f"| {model} | {solver} | {effs} | {float(last['iteration_ms']):.1f} = "
+                         f"{float(last['compute_ms']):.1f} + {float(last['exposed_ms']):.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(validation: list[dict[str, object]], projections: dict[str, Path], out: Path) -> None:
     import matplotlib
 
@@ -170,8 +186,10 @@ def main() -> int:
     (args.out / "validation.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     projections = project(args.out)
+    (args.out / "projection.md").write_text(projection_table(projections))
+    print(projection_table(projections))
     plot(validation, projections, args.out)
-    print(f"wrote {args.out}/: calibration.csv, validation.csv/.md/.png, projection_*.csv/.txt, projection.png")
+    print(f"wrote {args.out}/: calibration.csv, validation.csv/.md/.png, projection_*.csv/.txt, projection.md/.png")
     return 0
 
 
