@@ -43,5 +43,16 @@ test-mpi: install
 		$(MPIRUN) -n $$n $(PY) -m mpi4py $(PYTEST) -q --with-mpi -m mpi tests; \
 	done
 
+# Every figure and table of the README: each perf/*.sh in name order, from the repository
+# root with PYTHON set to the venv's; results go under perf/results/<name>/. On a shared
+# machine PERF_LOCK=/tmp/mpisolve-cpu.lock makes each MPI run hold that lock (flock) while
+# it measures (perf/launch.py does it; a script running mpiexec itself prefixes
+# ${PERF_LOCK:+flock $PERF_LOCK}).
+export PERF_LOCK ?=
+perf: install
+	@set -e; for script in $(sort $(wildcard perf/*.sh)); do \
+		echo "== $$script"; PYTHON=$(abspath $(PY)) bash $$script; \
+	done
+
 clean:
 	rm -rf $(VENV) build *.egg-info runs

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("mpisolve.train.loop", "train a built-in model with one solver (under MPI)"),
     "compare": ("mpisolve.train.compare", "train with several solvers on one workload; table, JSON, plots"),
     "plot": ("mpisolve.train.plots", "plot test accuracy from run logs (no mpiexec needed)"),
+    "model": ("mpisolve.perfmodel.command", "project solvers' iteration time and efficiency to many GPUs (no mpiexec needed)"),
 }
 
 

@@ -22,6 +22,7 @@ BENCHES: dict[str, str] = {
     "adasum": "mpisolve.bench.adasum",
     "kfac": "mpisolve.bench.kfac",
     "soak": "mpisolve.bench.soak",
+    "sweep": "mpisolve.bench.sweep",
 }
 
 

@@ -1,0 +1,196 @@
+"""``bench sweep``: OSU-style allreduce latency and bus bandwidth over message sizes.
+
+For each message size (float32 bytes, ``--min-bytes`` to ``--max-bytes`` by ``--factor``)
+and each operation:
+
+- ``mpi``: one blocking ``MPI_Allreduce`` (sum) from a send to a receive buffer, as
+  osu_allreduce does: the MPI library's own figure.
+- ``sum``, ``average``: ``mpisolve.allreduce([t], op=...)``, the functional collective
+  (fuse, nonblocking allreduce, watchdogged wait, unfuse).
+- ``bucketed``: the solvers' gradient path, ``GradientBuckets.finish(scale=1/n)`` on one
+  bucket (a persistent allreduce, then the average).
+- ``adasum``: ``mpisolve.allreduce([t], op="adasum")``, included by default as soon as
+  mpisolve's functional collective offers that op.
+
+Each operation's result is checked once per size before it is timed, against the exact
+reduction of known inputs (for Adasum, orthogonal ones, whose Adasum is their sum). The latency is the median over repeats of the slowest rank's time for one
+call; the bandwidths are nccl-tests': ``algbw = bytes / time`` and
+``busbw = algbw * 2(n-1)/n`` (the bytes each rank's links carry in a ring allreduce).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from mpi4py import MPI
+
+from ..comm.buckets import GradientBuckets
+from ..comm.collectives import REDUCE_OPS, allreduce
+from ..comm.communicator import Communicator, mpi_buffer
+from ..options import InputError
+from . import median_seconds
+
+#: Operations every mpisolve has; "adasum" joins when the functional collective offers it.
+BASE_OPS = ("mpi", "sum", "average", "bucketed")
+#: Messages up to this size are timed ``--small-repeats`` times (OSU also repeats small ones more).
+SMALL_BYTES = 64 * 1024
+CSV_FIELDS = ("ranks", "op", "bytes", "latency_us", "algbw_GBps", "busbw_GBps", "repeats")
+ELEMENT_BYTES = 4  # float32
+BYTE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def available_ops() -> tuple[str, ...]:
+    return BASE_OPS + (("adasum",) if "adasum" in REDUCE_OPS else ())
+
+
+def parse_bytes(text: str) -> int:
+    """``4``, ``64K``, ``64M``, ``1G`` (binary multiples) -> bytes."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text, flags=re.IGNORECASE)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (e.g. 4, 64K, 64M)")
+    return int(match.group(1)) * BYTE_UNITS[match.group(2).upper()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ops", default=",".join(available_ops()),
+                        help=f"comma-separated operations (default: {','.join(available_ops())}; "
+                        "'adasum' needs mpisolve.allreduce(op='adasum'))")
+    parser.add_argument("--min-bytes", type=parse_bytes, default=4, help="smallest message (default 4)")
+    parser.add_argument("--max-bytes", type=parse_bytes, default=64 * 1024**2, help="largest message (default 64M)")
+    parser.add_argument("--factor", type=int, default=4, help="size step: each message is this many times the last")
+    parser.add_argument("--small-repeats", type=int, default=100,
+                        help=f"timed repeats for messages up to {SMALL_BYTES // 1024} KiB (--repeats above)")
+    parser.add_argument("--csv", help="rank 0 also writes the rows to this CSV file")
+
+
+def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    if min_bytes < ELEMENT_BYTES or min_bytes % ELEMENT_BYTES:
+        raise InputError(f"--min-bytes must be a positive multiple of {ELEMENT_BYTES} (float32), got {min_bytes}")
+    if max_bytes < min_bytes:
+        raise InputError(f"--max-bytes ({max_bytes}) is below --min-bytes ({min_bytes})")
+    if factor < 2:
+        raise InputError(f"--factor must be >= 2, got {factor}")
+    sizes = [min_bytes]
+    while sizes[-1] * factor <= max_bytes:
+        sizes.append(sizes[-1] * factor)
+    return sizes
+
+
+def parse_ops(text: str) -> list[str]:
+    ops = [op.strip() for op in text.split(",") if op.strip()]
+    if not ops:
+        raise InputError("--ops is empty")
+    for op in ops:
+        if op not in BASE_OPS + ("adasum",):
+            raise InputError(f"unknown op {op!r} in --ops (choose from {', '.join(available_ops())})")
+        if op not in available_ops():
+            raise InputError("--ops adasum needs mpisolve.allreduce(op='adasum'), which this mpisolve does not have yet")
+    return ops
+
+
+@dataclass
+class Case:
+    """One operation on one message: ``run`` it, then ``result()`` should equal ``want``."""
+
+    run: Callable[[], None]
+    result: Callable[[], torch.Tensor]
+    want: torch.Tensor
+    close: Callable[[], None] = lambda: None
+
+
+def make_case(op: str, numel: int, comm: Communicator) -> Case:
+    """Rank r's input is ``(r + 1) * pattern``; ``want`` is the exact reduction of all inputs."""
+    pattern = (torch.arange(numel) % 5 + 1).float()
+    data = pattern * (comm.rank + 1)
+    total = comm.size * (comm.size + 1) / 2
+    if op == "mpi":
+        recv = torch.empty_like(data)
+        send_spec, recv_spec = mpi_buffer(data), mpi_buffer(recv)
+        return Case(lambda: comm.comm.Allreduce(send_spec, recv_spec, MPI.SUM), lambda: recv, pattern * total)
+    if op in ("sum", "average", "adasum"):
+        want = pattern * (total if op == "sum" else total / comm.size)
+        if op == "adasum":
+            # Orthogonal inputs (rank r keeps the elements i with i % size == r): Adasum
+            # of orthogonal vectors is their sum, whatever order it combines them in.
+            mine = torch.arange(numel) % comm.size
+            data *= mine == comm.rank
+            want = pattern * (mine + 1)
+        out: list[torch.Tensor] = []
+
+        def functional() -> None:
+            out[:] = allreduce([data], op=op, comm=comm)
+
+        return Case(functional, lambda: out[0], want)
+    param = torch.nn.Parameter(torch.zeros_like(data))  # op == "bucketed"
+    grads = GradientBuckets([param], comm, bucket_bytes=data.numel() * data.element_size())
+    param.grad.copy_(data)
+
+    def bucketed() -> None:
+        grads.rearm()
+        grads.finish(scale=1.0 / comm.size)
+
+    # After the first call every rank holds the average, which further averages keep.
+    return Case(bucketed, lambda: param.grad, pattern * total / comm.size, grads.close)
+
+
+def check(case: Case, op: str, comm: Communicator) -> None:
+    """Run ``case`` once and compare with the exact reduction of the ranks' inputs."""
+    case.run()
+    if not torch.allclose(case.result(), case.want, rtol=1e-5, atol=0):
+        nbytes = case.want.numel() * ELEMENT_BYTES
+        raise RuntimeError(f"bench sweep: {op} of {nbytes} bytes gave a wrong result on rank {comm.rank}")
+
+
+def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
+    ops = parse_ops(args.ops)
+    sizes = message_sizes(args.min_bytes, args.max_bytes, args.factor)
+    if args.small_repeats < 1:
+        raise InputError("--small-repeats must be >= 1")
+    load_before = os.getloadavg()[0]
+    rows = []
+    for nbytes in sizes:
+        repeats = args.small_repeats if nbytes <= SMALL_BYTES else args.repeats
+        for op in ops:
+            case = make_case(op, nbytes // ELEMENT_BYTES, comm)
+            try:
+                check(case, op, comm)
+                seconds = median_seconds(case.run, comm, repeats, args.warmup)
+            finally:
+                case.close()
+            algbw = nbytes / seconds / 1e9
+            rows.append({
+                "ranks": comm.size,
+                "op": op,
+                "bytes": nbytes,
+                "latency_us": seconds * 1e6,
+                "algbw_GBps": algbw,
+                "busbw_GBps": algbw * 2 * (comm.size - 1) / comm.size,
+                "repeats": repeats,
+            })
+    if args.csv and comm.rank == 0:
+        write_csv(args.csv, rows)
+    # The machine's 1-minute load (this run's own ranks included) before and after: a
+    # load well above the rank count means other work shared the cores and the figures.
+    return {
+        "bench": "sweep",
+        "ranks": comm.size,
+        "mpi_library": comm.library_version(),
+        "load_average": [load_before, os.getloadavg()[0]],
+        "ops": ops,
+        "rows": rows,
+    }
+
+
+def write_csv(path: str, rows: list[dict[str, Any]]) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)

@@ -1,0 +1,114 @@
+"""Alpha-beta-gamma costs of the collectives the solvers use.
+
+A message of ``n`` bytes between two ranks costs ``alpha + n * beta`` seconds; reducing
+``n`` bytes locally costs ``n * gamma``. With ``p`` ranks (``k`` the largest power of two
+<= p, ``log`` base 2):
+
+Large allreduces use ``algorithm``: ring, halving-doubling, or ``auto`` (the cheaper).
+
+- ring allreduce: ``2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma``;
+- halving-doubling allreduce (Rabenseifner: reduce-scatter by recursive halving, then
+  allgather by recursive doubling): ``2 log k alpha + 2(k-1)/k n beta + (k-1)/k n gamma``,
+  plus, when ``p`` is not a power of two, the fold of the extra ranks in and out
+  (``2 (alpha + n beta) + n gamma``), as MPICH does;
+- recursive doubling (small messages): ``ceil(log p) (alpha + n beta + n gamma)``;
+- broadcast (scatter + ring allgather, van de Geijn): ``(log p + p - 1) alpha + 2(p-1)/p n beta``;
+- allgather of ``n`` bytes in total (ring): ``(p-1) alpha + (p-1)/p n beta``.
+
+Each function returns seconds, 0 for one rank.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from ..options import require
+
+Algorithm = Literal["ring", "halving-doubling", "auto"]
+#: "auto": the cheaper of the two for each message, as a tuned library would choose.
+ALGORITHMS: tuple[str, ...] = ("ring", "halving-doubling", "auto")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Network:
+    """Per-message latency ``alpha`` (s), per-byte time ``beta`` (s/B), per-byte reduction
+    time ``gamma`` (s/B), and the allreduce algorithm for large messages."""
+
+    alpha: float
+    beta: float
+    gamma: float = 0.0
+    algorithm: Algorithm = "ring"
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        for key in ("alpha", "beta", "gamma"):
+            value = getattr(self, key)
+            require(math.isfinite(value) and value >= 0, f"{key} must be >= 0, got {value}")
+        require(self.algorithm in ALGORITHMS, f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+
+    @classmethod
+    def from_link(cls, *, gbit_s: float, latency_us: float, **kwargs: object) -> Network:
+        """A network from its link speed (Gb/s, 10^9 bits) and one-way latency (microseconds)."""
+        require(gbit_s > 0, f"bandwidth must be > 0 Gb/s, got {gbit_s}")
+        return cls(alpha=latency_us * 1e-6, beta=8 / (gbit_s * 1e9), **kwargs)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------- collectives
+    def allreduce(self, p: int, n: float) -> float:
+        """Allreduce of ``n`` bytes with this network's large-message algorithm."""
+        if self.algorithm == "ring":
+            return ring_allreduce(self, p, n)
+        if self.algorithm == "halving-doubling":
+            return halving_doubling_allreduce(self, p, n)
+        return min(ring_allreduce(self, p, n), halving_doubling_allreduce(self, p, n))
+
+    def small_allreduce(self, p: int, n: float) -> float:
+        return recursive_doubling_allreduce(self, p, n)
+
+
+def ring_allreduce(net: Network, p: int, n: float) -> float:
+    if p <= 1:
+        return 0.0
+    return 2 * (p - 1) * net.alpha + 2 * (p - 1) / p * n * net.beta + (p - 1) / p * n * net.gamma
+
+
+def halving_doubling_allreduce(net: Network, p: int, n: float) -> float:
+    if p <= 1:
+        return 0.0
+    k = 1 << (p.bit_length() - 1)
+    fold = 0.0 if k == p else 2 * (net.alpha + n * net.beta) + n * net.gamma
+    if k == 1:
+        return fold
+    return fold + 2 * math.log2(k) * net.alpha + 2 * (k - 1) / k * n * net.beta + (k - 1) / k * n * net.gamma
+
+
+def recursive_doubling_allreduce(net: Network, p: int, n: float) -> float:
+    if p <= 1:
+        return 0.0
+    return math.ceil(math.log2(p)) * (net.alpha + n * (net.beta + net.gamma))
+
+
+def broadcast(net: Network, p: int, n: float) -> float:
+    if p <= 1:
+        return 0.0
+    return (math.log2(p) + p - 1) * net.alpha + 2 * (p - 1) / p * n * net.beta
+
+
+def allgather(net: Network, p: int, n_total: float) -> float:
+    if p <= 1:
+        return 0.0
+    return (p - 1) * net.alpha + (p - 1) / p * n_total * net.beta
+
+
+def adasum_allreduce(net: Network, p: int, n: float, *, tensors: int, gamma_adasum: float) -> float:
+    """mpisolve's Adasum (VHDD): the data volume of halving-doubling, plus at each of the
+    ``log k`` levels a small allreduce of ``tensors`` x 3 float64 statistics over the 2L
+    ranks of the block, and ``gamma_adasum`` per byte for the statistics and the combine."""
+    if p <= 1:
+        return 0.0
+    k = 1 << (p.bit_length() - 1)
+    data = halving_doubling_allreduce(Network(alpha=net.alpha, beta=net.beta), p, n)
+    stats = sum(recursive_doubling_allreduce(net, 2 << level, 24 * tensors) for level in range(int(math.log2(k))))
+    combine = ((k - 1) / k + (0 if k == p else 1)) * n * gamma_adasum
+    return data + stats + combine

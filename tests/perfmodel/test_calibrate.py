@@ -1,0 +1,60 @@
+"""Calibration recovers the alpha and beta that generated a sweep."""
+
+import csv
+
+import pytest
+
+from mpisolve.options import InputError
+from mpisolve.perfmodel.calibrate import fit_adasum_gamma, fit_network, read_sweep
+from mpisolve.perfmodel.network import Network, adasum_allreduce
+
+SIZES = [4 * 4**k for k in range(13)]  # 4 B to 64 MiB, as bench sweep
+
+
+def synthetic(net: Network, op: str, *, noise: float = 0.0, gamma_adasum: float = 0.0) -> list[dict]:
+    rows = []
+    for i, (p, n) in enumerate((p, n) for p in (2, 4, 8) for n in SIZES):
+        t = adasum_allreduce(net, p, n, tensors=1, gamma_adasum=gamma_adasum) if op == "adasum" else net.allreduce(p, n)
+        rows.append({"ranks": p, "op": op, "bytes": float(n), "seconds": t * (1 + noise * (-1) ** i)})
+    return rows
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "halving-doubling"])
+def test_fit_recovers_alpha_and_beta(algorithm):
+    truth = Network(alpha=3e-6, beta=2.5e-10, algorithm=algorithm)
+    fitted = fit_network(synthetic(truth, "mpi"), op="mpi", algorithm=algorithm)
+    assert fitted.alpha == pytest.approx(3e-6, rel=1e-6) and fitted.beta == pytest.approx(2.5e-10, rel=1e-6)
+    noisy = fit_network(synthetic(truth, "mpi", noise=0.05), op="mpi", algorithm=algorithm)
+    assert noisy.alpha == pytest.approx(3e-6, rel=0.1) and noisy.beta == pytest.approx(2.5e-10, rel=0.1)
+
+
+def test_fit_recovers_adasum_gamma_and_reads_csv(tmp_path):
+    truth = Network(alpha=5e-6, beta=1e-9, algorithm="halving-doubling")
+    rows = synthetic(truth, "bucketed") + synthetic(truth, "adasum", gamma_adasum=4e-10)
+    path = tmp_path / "sweep.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["ranks", "op", "bytes", "latency_us", "algbw_GBps", "busbw_GBps", "repeats"])
+        writer.writerows([r["ranks"], r["op"], int(r["bytes"]), repr(r["seconds"] * 1e6), 0, 0, 10] for r in rows)
+    read = read_sweep([path])
+    net = fit_network(read, op="bucketed", algorithm="halving-doubling")
+    assert net.alpha == pytest.approx(5e-6, rel=1e-6) and net.beta == pytest.approx(1e-9, rel=1e-6)
+    assert fit_adasum_gamma(read, net) == pytest.approx(4e-10, rel=1e-4)
+    assert fit_adasum_gamma(synthetic(truth, "bucketed"), net) == 0.0
+
+
+def test_fit_never_goes_negative():
+    # Pure bandwidth: a fitted alpha is 0, not a small negative number.
+    rows = synthetic(Network(alpha=0.0, beta=1e-9), "mpi", noise=0.02)
+    assert fit_network(rows, op="mpi").alpha >= 0
+
+
+def test_bad_sweeps_fail_clearly(tmp_path):
+    with pytest.raises(InputError, match="too few 'sum' rows"):
+        fit_network(synthetic(Network(alpha=1e-6, beta=1e-9), "mpi"), op="sum")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("ranks,op\n2,mpi\n")
+    with pytest.raises(InputError, match="missing columns: bytes, latency_us"):
+        read_sweep([bad])
+    with pytest.raises(InputError, match="cannot read sweep CSV"):
+        read_sweep([tmp_path / "absent.csv"])
