@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("mpisolve.train.compare", "train with several solvers on one workload; table, JSON, plots"),
     "plot": ("mpisolve.train.plots", "plot test accuracy from run logs (no mpiexec needed)"),
     "model": ("mpisolve.perfmodel.command", "project solvers' iteration time and efficiency to many GPUs (no mpiexec needed)"),
+    "advise": ("mpisolve.advise", "measure a model's computation/communication ratio; recommend a solver"),
 }
 
 

@@ -52,14 +52,6 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     params = gradient_params(args)
     bucket_bytes = int(args.bucket_mb * 1e6)
     numel = sum(p.numel() for p in params)
-    grads = GradientBuckets(params, comm, bucket_bytes=bucket_bytes)
-    for p in params:
-        p.grad.normal_()
-
-    def mpisolve_allreduce() -> None:
-        grads.rearm()
-        grads.finish(scale=1.0 / comm.size)
-
     contiguous = torch.randn(numel)
     contiguous_spec = mpi_buffer(contiguous)
 
@@ -70,10 +62,9 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         "ranks": comm.size,
         "numel": numel,
         "tensors": len(params),
-        "buckets": len(grads.buckets),
         "mpi_library": comm.library_version(),
     }
-    result["mpisolve_s"] = median_seconds(mpisolve_allreduce, comm, args.repeats, args.warmup)
+    result["mpisolve_s"], result["buckets"] = solver_allreduce_seconds(params, comm, bucket_bytes, args.repeats, args.warmup)
     result["mpi_contiguous_s"] = median_seconds(mpi_contiguous, comm, args.repeats, args.warmup)
     if not args.no_gloo:
         result["gloo_s"] = gloo_seconds(params, bucket_bytes, comm, args)
@@ -81,8 +72,29 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     result["mpisolve_over_mpi_contiguous"] = result["mpisolve_s"] / result["mpi_contiguous_s"]
     nbytes = numel * 4
     result["busbw_GBps"] = nbytes / result["mpisolve_s"] * 2 * (comm.size - 1) / comm.size / 1e9
-    grads.close()
     return result
+
+
+def solver_allreduce_seconds(
+    params: list[torch.nn.Parameter], comm: Communicator, bucket_bytes: int, repeats: int, warmup: int
+) -> tuple[float, int]:
+    """Median seconds of the allreduce solver's averaging of ``params``' gradients (its
+    fused buckets of ``bucket_bytes``, as in a training step), and the number of buckets.
+
+    The gradients become views into the buckets (random values) until this returns.
+    """
+    grads = GradientBuckets(params, comm, bucket_bytes=bucket_bytes)
+    try:
+        for p in params:
+            p.grad.normal_()
+
+        def mpisolve_allreduce() -> None:
+            grads.rearm()
+            grads.finish(scale=1.0 / comm.size)
+
+        return median_seconds(mpisolve_allreduce, comm, repeats, warmup), len(grads.buckets)
+    finally:
+        grads.close()
 
 
 def gloo_seconds(params: list[torch.nn.Parameter], bucket_bytes: int, comm: Communicator, args: argparse.Namespace) -> float:

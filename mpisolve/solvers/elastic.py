@@ -158,8 +158,9 @@ class NesterovMomentum:
 class _LocalSteps(Solver):
     """Local optimizer steps on a flat copy of the model, an exchange every ``tau`` of them.
 
-    Each step applies this rank's own update and reports only its own samples, so these
-    solvers are not lockstep: a training loop sums the ranks' counts to know the progress.
+    Each step applies this rank's own update and, but for ``easgd``, reports only its own
+    samples, so these solvers are not lockstep: a training loop sums the ranks' counts to
+    know the progress.
     """
 
     lockstep = False
@@ -182,6 +183,7 @@ class _LocalSteps(Solver):
         self.flat = flatten_parameters(self.params)
         self.momentum = NesterovMomentum(self.flat, momentum) if momentum else None
         self.steps = 0
+        self._round_samples = 0
         self._swap: torch.Tensor | None = None
         self.setup()
 
@@ -200,13 +202,25 @@ class _LocalSteps(Solver):
         elif applied:
             self.optimizer.step()
         self.steps += 1  # a skipped step still counts towards tau: exchanges stay on schedule
-        if self.steps % self.options.tau == 0:
+        self._round_samples += local if applied else 0
+        exchanged = self.steps % self.options.tau == 0
+        if exchanged:
             self.exchange()
-        return StepInfo(applied=applied, global_samples=local if applied else 0, local_samples=local)
+        # A lockstep solver (easgd) reports every step as applied on every rank, so that all
+        # count the same steps; its skipped steps add no samples.
+        counted = self.reported_samples(local if applied else 0, exchanged)
+        info = StepInfo(applied=applied or self.lockstep, global_samples=counted, local_samples=local)
+        if exchanged:
+            self._round_samples = 0
+        return info
 
     @abstractmethod
     def exchange(self) -> None:
         """Meet the other workers (called every ``tau`` local steps)."""
+
+    def reported_samples(self, local: int, exchanged: bool) -> int:
+        """``StepInfo.global_samples`` of a step: this rank's ``local`` samples (not lockstep)."""
+        return local
 
     @abstractmethod
     def read_center(self, out: torch.Tensor) -> None:
@@ -228,12 +242,19 @@ class _LocalSteps(Solver):
         center = torch.empty_like(self.flat)
         self.read_center(center)
         velocity = self.momentum.velocity.clone() if self.momentum is not None else None
-        return {**super().state_dict(), "center": center, "steps": self.steps, "velocity": velocity}
+        return {
+            **super().state_dict(),
+            "center": center,
+            "steps": self.steps,
+            "round_samples": self._round_samples,
+            "velocity": velocity,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Collective: every rank loads the same state's center."""
         super().load_state_dict(state)
         self.steps = int(state["steps"])
+        self._round_samples = int(state["round_samples"])
         if self.momentum is not None:
             self.momentum.velocity.copy_(state["velocity"])
 
@@ -259,6 +280,11 @@ class EASGD(_LocalSteps):
 
     name = "easgd"
     Options = EASGDOptions
+    #: Every rank steps and exchanges in lockstep, and an exchange reports the samples all
+    #: ranks covered since the previous one (they ride in its allreduce). Counted as the
+    #: asynchronous solvers are, a rank could stop or evaluate while another waits in an
+    #: exchange: a deadlock.
+    lockstep = True
 
     def setup(self) -> None:
         require(
@@ -266,15 +292,22 @@ class EASGD(_LocalSteps):
             f"easgd needs alpha * ranks <= 1 (the center's step beta), got {self.alpha} * {self.comm.size}",
         )
         self.center = self.flat.clone()
-        self._diff = torch.empty_like(self.flat)
-        self._sum = self.comm.persistent_allreduce(self._diff)
+        n = self.flat.numel()
+        self._wire = torch.empty(n + 1, dtype=self.flat.dtype)  # the differences, then the round's samples
+        self._diff = self._wire[:n]
+        self._sum = self.comm.persistent_allreduce(self._wire)
 
     def exchange(self) -> None:
         torch.sub(self.flat, self.center, out=self._diff)
         self.flat.sub_(self._diff, alpha=self.alpha)
+        self._wire[-1] = self._round_samples
         self._sum.start()
         self._sum.wait("easgd exchange")
         self.center.add_(self._diff, alpha=self.alpha)
+
+    def reported_samples(self, local: int, exchanged: bool) -> int:
+        """All ranks' samples since the previous exchange at an exchange, else 0 (lockstep)."""
+        return int(self._wire[-1]) if exchanged else 0
 
     def read_center(self, out: torch.Tensor) -> None:
         out.copy_(self.center)

@@ -8,6 +8,8 @@ from torch import nn
 
 import mpisolve
 from mpisolve.comm.communicator import Communicator
+from mpisolve.train.config import TrainConfig
+from mpisolve.train.loop import train
 
 ASYNC = ["async-sgd", "async-msgd", "hogwild-sgd", "async-easgd", "async-measgd", "ea-wild"]
 #: learning rate and options per solver for the digits runs (the m variants carry momentum 0.9)
@@ -190,3 +192,22 @@ def test_easgd_refuses_a_center_step_above_one_on_every_rank():
     model = nn.Linear(2, 2)
     with pytest.raises(mpisolve.OptionError, match="alpha \\* ranks <= 1"):
         mpisolve.make_solver("easgd", model, torch.optim.SGD(model.parameters(), lr=0.1), comm.comm, alpha=0.6)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 4)
+def test_easgd_under_the_trainer_evaluates_and_stops_with_every_rank():
+    """easgd is lockstep: every rank evaluates and stops at the same exchange, the round's
+    samples counted over all ranks. (Counted as the asynchronous solvers are, a rank would
+    evaluate while another waited in an exchange, and the run would hang.)"""
+    comm = mpisolve.init()
+    slowdown = tuple(2.0 if r == comm.size - 1 else 1.0 for r in range(comm.size))
+    config = TrainConfig(
+        solver="easgd", model="mlp", dataset="digits", batch_size=16, epochs=0.5, eval_every=0.1,
+        log_every=2, hetero=slowdown, options={"tau": 3},
+    )
+    summary = train(config, comm, show=False)
+    samples_per_round = 3 * 16 * comm.size
+    assert summary["steps"] % 3 == 0 and summary["final_accuracy"] is not None
+    assert summary["epochs"] * 1438 == pytest.approx(summary["steps"] // 3 * samples_per_round)
+    assert len(set(comm.allgather_object(summary["steps"]))) == 1

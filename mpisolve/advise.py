@@ -1,0 +1,136 @@
+"""``python -m mpi4py -m mpisolve advise``: which solver suits this model on this cluster, and why.
+
+Under ``mpiexec``, every rank at once measures, for ``--model`` on micro-batches of
+``--batch-size`` from ``--dataset``:
+
+- ``compute_s``: one training step of a rank alone (forward, backward, an SGD step
+  with momentum), all ranks computing at the same time, as they do in training;
+- ``allreduce_s``: the ``allreduce`` solver's averaging of the model's gradients (its
+  fused buckets, as in a training step; the ``bench allreduce`` code);
+
+both medians over ``--repeats`` (each repeat timed by its slowest rank), and their
+ratio ``compute_s / allreduce_s``. The rule comes from the study ``perf/easgd.sh``
+(README, "When asynchronous beats synchronous"), measured at 4 ranks on a 2-core
+machine: ``ea-wild`` reached the target sooner than ``allreduce`` on the workload of the
+higher ratio (the CNN) and much later on the lower one (the MLP, whose memory-bound steps
+slow down when four ranks compute at once on two cores), the opposite of the EA-wild
+paper's finding on GPU clusters. So a ratio of at least :data:`EA_WILD_FROM` (between the
+two measured ratios) recommends ``ea-wild``, any lower ``allreduce``. ``--threshold``
+replaces it (a study of your own cluster). Rank 0 prints the figures, the rule and the
+recommendation (``--json``: one JSON object).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from .options import InputError
+
+if TYPE_CHECKING:
+    from .comm.communicator import Communicator
+
+#: From this computation/communication ratio on, recommend ea-wild: the geometric mean of
+#: the study's two ratios (ea-wild 0.38x allreduce's time to target at 1.0, 1.08x at 8.8).
+EA_WILD_FROM = 3.0
+#: The study's measured ratios (perf/results/easgd/*/advise.json), for the printed reason.
+STUDY_RATIOS = {"mlp on digits, batch 8": 1.005, "cnn on synthetic, batch 32": 8.83}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .train.data import DATASETS
+    from .train.models import MODELS
+
+    parser.add_argument("--model", choices=list(MODELS), default="mlp", help="the model (default mlp)")
+    parser.add_argument("--dataset", choices=list(DATASETS), default="digits", help="the data set (default digits)")
+    parser.add_argument("--batch-size", type=int, default=32, help="each worker's micro-batch (default 32)")
+    parser.add_argument("--bucket-mb", type=float, default=25.0, help="the allreduce solver's bucket size (default 25)")
+    parser.add_argument("--repeats", type=int, default=20, help="timed repeats of each measurement (the median is used)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed repeats first")
+    parser.add_argument(
+        "--threshold", type=float, default=EA_WILD_FROM, help=f"recommend ea-wild from this ratio on (default {EA_WILD_FROM:g}, the study's)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def check(args: argparse.Namespace) -> None:
+    """Raise :class:`InputError` naming the first bad argument."""
+    if args.batch_size < 1:
+        raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if not args.bucket_mb > 0:
+        raise InputError(f"--bucket-mb must be > 0, got {args.bucket_mb}")
+    if args.repeats < 1 or args.warmup < 0:
+        raise InputError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
+    if not args.threshold >= 0:
+        raise InputError(f"--threshold must be >= 0, got {args.threshold}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .comm import init
+
+    comm = init()
+    comm.agree(lambda: check(args))
+    result = advise(args, comm)
+    if comm.rank == 0:
+        print(json.dumps(result) if args.json else explain(result), flush=True)
+    return 0
+
+
+def advise(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
+    """Measure on every rank of ``comm``; the figures, the rule and the recommendation."""
+    from .bench import median_seconds
+    from .bench.allreduce import solver_allreduce_seconds
+    from .train.data import load_dataset
+    from .train.models import build_model
+
+    data = load_dataset(args.dataset)
+    torch.manual_seed(0)
+    model = build_model(args.model, data.in_shape, data.classes)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    picks = torch.arange(comm.rank * args.batch_size, (comm.rank + 1) * args.batch_size) % len(data.train)
+    x, y = data.train.x[picks], data.train.y[picks]
+
+    def compute() -> None:
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    compute_s = median_seconds(compute, comm, args.repeats, args.warmup)
+    params = list(model.parameters())
+    allreduce_s, _ = solver_allreduce_seconds(params, comm, int(args.bucket_mb * 1e6), args.repeats, args.warmup)
+    ratio = compute_s / allreduce_s
+    solver = "ea-wild" if ratio >= args.threshold else "allreduce"
+    return {
+        "model": args.model,
+        "dataset": args.dataset,
+        "batch_size": args.batch_size,
+        "ranks": comm.size,
+        "parameters": sum(p.numel() for p in params),
+        "compute_s": compute_s,
+        "allreduce_s": allreduce_s,
+        "ratio": ratio,
+        "threshold": args.threshold,
+        "recommendation": solver,
+    }
+
+
+def explain(result: dict[str, Any]) -> str:
+    """The figures, the rule and the recommendation, as lines of text."""
+    ratio, threshold = result["ratio"], result["threshold"]
+    study = "; ".join(f"{name}: {value:.2f}" for name, value in STUDY_RATIOS.items())
+    side = "at or above" if ratio >= threshold else "below"
+    return "\n".join(
+        [
+            f"{result['model']} on {result['dataset']}, batch {result['batch_size']} per rank, {result['ranks']} ranks,"
+            f" {result['parameters']:,} parameters",
+            f"computation: {result['compute_s'] * 1e3:.2f} ms per step (forward, backward, SGD step; all ranks at once)",
+            f"communication: {result['allreduce_s'] * 1e3:.2f} ms per gradient allreduce (the allreduce solver's buckets)",
+            f"computation/communication ratio: {ratio:.3f}",
+            f"rule: ratio >= {threshold:g} -> ea-wild, else allreduce (perf/easgd.sh study ratios: {study})",
+            f"recommendation: {result['recommendation']} (the ratio is {side} {threshold:g})",
+        ]
+    )
