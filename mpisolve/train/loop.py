@@ -30,8 +30,9 @@ import torch.nn.functional as F
 
 from ..comm.communicator import Communicator
 from ..comm.state import model_signature
-from ..options import CollectiveInputError, options_to_dict
+from ..options import CollectiveInputError, option_fields, options_to_dict
 from ..solvers import make_solver
+from ..solvers.base import solver_class
 from . import config as train_settings
 from . import faults
 from .accounting import TimeAccount, split_time
@@ -99,8 +100,14 @@ class Trainer:
         self.test = eval_shard(self.data.test, rank, size)
         torch.manual_seed(config.seed)  # the same initial model everywhere (the solver broadcasts rank 0's anyway)
         self.model = build_model(config.model, self.data.in_shape, self.data.classes)
+        # A solver with a momentum option of its own (async-msgd, async-measgd) applies it on
+        # each local step; the optimizer it holds then runs without momentum.
+        own_momentum = "momentum" in option_fields(solver_class(config.solver).Options)
         self.optimizer = torch.optim.SGD(
-            self.model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+            self.model.parameters(),
+            lr=config.lr,
+            momentum=0.0 if own_momentum else config.momentum,
+            weight_decay=config.weight_decay,
         )
         self.solver = make_solver(config.solver, self.model, self.optimizer, comm, **config.options)
         faults.install(self.model, rank)  # MPISOLVE_FAULT, for reliability tests; nothing when unset

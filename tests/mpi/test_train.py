@@ -228,3 +228,11 @@ def test_compare_writes_summary_table_and_plots(comm, shared_dir, test_solvers):
             assert (shared_dir / "cmp" / name).stat().st_size > 0
         lines = table(result).splitlines()
         assert lines[0].split()[:4] == ["solver", "time", "to", "0.05"] and len(lines) == 4
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+def test_solvers_with_their_own_momentum_train_from_the_default_config(comm):
+    """`compare --solvers all` keeps --momentum 0.9: async-measgd gets an optimizer without it."""
+    summary = train(config(solver="async-measgd", steps=4, momentum=0.9), comm, show=False)
+    assert summary["steps"] >= 4
