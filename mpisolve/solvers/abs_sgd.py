@@ -35,10 +35,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from mpi4py import MPI
 
 from ..comm.buckets import FusedBuffer, wire_dtype
-from ..comm.communicator import CommTimeout, Communicator
+from ..comm.communicator import CommTimeout
 from ..comm.progress import ProgressThread, require_async_progress
 from ..options import require
 from .base import Solver, StepInfo, register
@@ -130,14 +129,7 @@ class ABSSGD(Solver):
     name = "abs-sgd"
     Options = ABSSGDOptions
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        comm: MPI.Comm | Communicator | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(model, optimizer, comm, **options)
+    def setup(self) -> None:
         if self.options.progress != "poll":
             require_async_progress(self.options.progress)
         kinds = {(p.dtype, p.device) for p in self.params}

@@ -11,10 +11,9 @@ combined gradient, its state identical everywhere.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
-from mpi4py import MPI
 
 from ..comm.adasum import AdasumReducer
 from ..comm.buckets import Bucket, FusedBuffer, GradientBuckets, plan_buckets
@@ -106,14 +105,7 @@ class AdasumSolver(Solver):
     name = "adasum"
     Options = AdasumOptions
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        comm: MPI.Comm | Communicator | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(model, optimizer, comm, **options)
+    def setup(self) -> None:
         bucket_bytes = int(self.options.bucket_mb * 1e6)
         self.grads: GradientBuckets | None = None
         self.deltas: DeltaBuckets | None = None

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-import torch
-from mpi4py import MPI
 
 from ..comm.buckets import GradientBuckets
-from ..comm.communicator import Communicator
 from ..options import require
 from .base import Solver, StepInfo, register
 
@@ -38,14 +34,7 @@ class AllreduceSolver(Solver):
     name = "allreduce"
     Options = AllreduceOptions
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        comm: MPI.Comm | Communicator | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(model, optimizer, comm, **options)
+    def setup(self) -> None:
         self.grads = GradientBuckets(
             self.params, self.comm, bucket_bytes=int(self.options.bucket_mb * 1e6), samples=self.samples_seen
         )

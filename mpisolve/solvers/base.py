@@ -108,6 +108,15 @@ class Solver(ABC):
         self._samples = 0
         self._sample_hook = model.register_forward_pre_hook(self._count_samples)
         self.closed = False
+        self.setup()
+
+    def setup(self) -> None:
+        """Build the solver's own state; called once, at the end of construction.
+
+        By then ``options``, ``comm``, ``model``, ``optimizer`` and ``params`` are set and
+        the ranks' models are checked equal and synchronised. Solvers override this rather
+        than ``__init__``, so every solver is built by the same signature.
+        """
 
     # ------------------------------------------------------------- samples
     def _count_samples(self, module: torch.nn.Module, args: tuple) -> None:

@@ -39,10 +39,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from mpi4py import MPI
 
 from ..comm.buckets import FusedBuffer
-from ..comm.communicator import Communicator
 from ..comm.windows import Layout, Progress, SharedVector
 from ..kernels.elastic import elastic_exchange_
 from ..options import OptionError, require
@@ -165,30 +163,23 @@ class _LocalSteps(Solver):
 
     lockstep = False
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        comm: MPI.Comm | Communicator | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(model, optimizer, comm, **options)
+    def setup(self) -> None:
         momentum = getattr(self.options, "momentum", 0.0)
-        if momentum and any(group.get("momentum", 0) for group in optimizer.param_groups):
+        if momentum and any(group.get("momentum", 0) for group in self.optimizer.param_groups):
             raise OptionError(
                 f"{self.name} applies its own momentum ({momentum}); give it an optimizer without momentum"
             )
         if isinstance(self.options, EASGDOptions):
-            self.alpha = _resolve_alpha(self.options, optimizer, self.comm.size)
+            self.alpha = _resolve_alpha(self.options, self.optimizer, self.comm.size)
         self.flat = flatten_parameters(self.params)
         self.momentum = NesterovMomentum(self.flat, momentum) if momentum else None
         self.steps = 0
         self._round_samples = 0
         self._swap: torch.Tensor | None = None
-        self.setup()
+        self.setup_exchange()
 
     @abstractmethod
-    def setup(self) -> None:
+    def setup_exchange(self) -> None:
         """Build what the exchange needs (called once, at the end of construction)."""
 
     def step(self, batch_size: int | None = None) -> StepInfo:
@@ -286,7 +277,7 @@ class EASGD(_LocalSteps):
     #: exchange: a deadlock.
     lockstep = True
 
-    def setup(self) -> None:
+    def setup_exchange(self) -> None:
         require(
             self.alpha * self.comm.size <= 1,
             f"easgd needs alpha * ranks <= 1 (the center's step beta), got {self.alpha} * {self.comm.size}",
@@ -331,7 +322,7 @@ class _Windowed(_LocalSteps):
 
     locked: ClassVar[bool]
 
-    def setup(self) -> None:
+    def setup_exchange(self) -> None:
         self.vector = SharedVector(
             self.comm,
             self.flat.numel(),
@@ -362,8 +353,8 @@ class _Windowed(_LocalSteps):
 class _SharedParameters(_Windowed):
     """Downpour-style: push the local progress since the last exchange, pull the shared parameters."""
 
-    def setup(self) -> None:
-        super().setup()
+    def setup_exchange(self) -> None:
+        super().setup_exchange()
         self.anchor = self.flat.clone()
 
     def exchange(self) -> None:

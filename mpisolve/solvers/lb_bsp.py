@@ -16,8 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from mpi4py import MPI
 
 from ..comm.buckets import Bucket, GradientBuckets, SumReducer
 from ..comm.communicator import Communicator
@@ -121,14 +119,7 @@ class LBBSP(Solver):
     name = "lb-bsp"
     Options = LBBSPOptions
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        comm: MPI.Comm | Communicator | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(model, optimizer, comm, **options)
+    def setup(self) -> None:
         if self.options.speeds != "measure":
             given = parse_speeds(self.options.speeds)
             require(

@@ -13,10 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from mpi4py import MPI
 
-from ..comm.communicator import Communicator
 from ..options import require
 from .base import Solver, StepInfo, register
 from .elastic import flatten_parameters
@@ -39,14 +36,7 @@ class LocalSGD(Solver):
     name = "local-sgd"
     Options = LocalSGDOptions
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        comm: MPI.Comm | Communicator | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(model, optimizer, comm, **options)
+    def setup(self) -> None:
         self.flat = flatten_parameters(self.params, who="local-sgd", extra=1)  # parameters, then a sample count
         self._average = self.comm.persistent_allreduce(self.flat)
         self.steps = 0

@@ -198,7 +198,7 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
         model, solver, shard, counter = self.model, self.solver, self.shard, self.counter
-        comm, slowdown, clock = self.comm, self.slowdown, self.clock
+        comm, slowdown = self.comm, self.slowdown
         before = counter.now
         if self.schedule.fraction(before) >= 1.0:  # resumed a run that had already finished
             return self._summary()
@@ -402,12 +402,6 @@ class Trainer:
             self.log.close()
         if self.display is not None:
             self.display.close()
-
-
-def perf_counter() -> float:
-    from time import perf_counter
-
-    return perf_counter()
 
 
 def _as_tuples(value: Any) -> Any:

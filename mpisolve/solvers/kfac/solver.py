@@ -31,11 +31,9 @@ from functools import partial
 from typing import Any, Literal
 
 import torch
-from mpi4py import MPI
 from torch import nn
 
 from ...comm.buckets import GradientBuckets
-from ...comm.communicator import Communicator
 from ...kernels.inverse import FAILED, RECOVERED, eigh_psd_, inverse_spd_
 from ...kernels.triangle import triangle_numel, unpack_triu_
 from ...options import OptionError, require
@@ -132,16 +130,9 @@ class KFACSolver(Solver):
     name = "kfac"
     Options = KFACOptions
 
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        comm: MPI.Comm | Communicator | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(model, optimizer, comm, **options)
+    def setup(self) -> None:
         o = self.options
-        specs = find_layers(model, o.skip)
+        specs = find_layers(self.model, o.skip)
         if not specs:
             raise OptionError("kfac: the model has no Linear or Conv2d layer left to precondition")
         devices = {s.module.weight.device for s in specs}
@@ -161,7 +152,7 @@ class KFACSolver(Solver):
         self.packed = bool(o.resolved("pack_triangles"))
         self.layers = [KFACLayer(s, o.method, dtype, self.device, self.packed) for s in specs]
         self.factors = [f for layer in self.layers for f in (layer.a, layer.g)]
-        self._group_lr = {id(p): group for group in optimizer.param_groups for p in group["params"]}
+        self._group_lr = {id(p): group for group in self.optimizer.param_groups for p in group["params"]}
         self.comm_models: dict[str, CommModel] = {}
         self.inverting_ranks = self._inverting_ranks()
         self.owners, self.inversion_costs, self.inverse_packed = self._place()
