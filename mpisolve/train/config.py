@@ -54,6 +54,14 @@ class TrainConfig:
     hetero: tuple[float, ...] = _flag(
         (), f"slowdown factor per rank (1,1,2,4) or a preset: {', '.join(PRESETS)}", str, "SPEC"
     )
+    device_ms: str | None = _flag(
+        None,
+        "emulate a device per rank: a micro-batch of n samples takes (hetero factor) x n x MS milliseconds, "
+        "the real compute included; 'auto' sets MS to the slowest rank's solo compute per sample times the ranks "
+        "sharing each core, times 2",
+        str,
+        "MS|auto",
+    )
     target_accuracy: float | None = _flag(None, "report the training time to reach this test accuracy", float, "A")
     stop_at_target: bool = _flag(False, "stop at the evaluation that reaches --target-accuracy", bool)
     eval_every: float = _flag(0.5, "evaluate the test accuracy every this many epochs (and at the end)", float, "E")
@@ -85,6 +93,10 @@ class TrainConfig:
         check(math.isfinite(self.weight_decay) and self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}")
         check(self.seed >= 0, f"--seed must be >= 0, got {self.seed}")
         check(
+            self.device_ms is None or self.device_ms == "auto" or _positive_float(self.device_ms),
+            f"--device-ms must be 'auto' or a number of milliseconds > 0, got {self.device_ms!r}",
+        )
+        check(
             self.target_accuracy is None or 0 < self.target_accuracy <= 1,
             f"--target-accuracy must be in (0, 1], got {self.target_accuracy}",
         )
@@ -107,7 +119,16 @@ class TrainConfig:
         keys = ("model", "dataset", "data_size", "epochs", "steps", "batch_size", "lr", "momentum", "weight_decay", "seed")
         out = {k: getattr(self, k) for k in keys}
         out["hetero"] = list(self.hetero)
+        out["device_ms"] = self.device_ms
         return out
+
+
+def _positive_float(text: str) -> bool:
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return math.isfinite(value) and value > 0
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig) if f.name != "options"}

@@ -6,6 +6,14 @@ long, so its compute takes ``f`` times its own measured time, as on a device ``f
 slower. Sleeping, rather than computing more, leaves the CPU to the other ranks, which
 matters when ranks share cores.
 
+With an emulated device (``--device-ms``) a micro-batch of ``n`` samples takes exactly
+``f * n * ms`` milliseconds instead: the real compute, then a sleep for the rest. When
+more ranks than cores share a node, their real compute contends for the cores and a
+rank's measured time depends on what the others do; a device time that covers the
+contended compute takes that out, so every rank behaves as if it had a device of its own
+(a GPU, say) of the stated speed. A micro-batch whose real compute overran its device
+time is counted (``overruns``): the emulation was not faithful for it.
+
 Presets describe heterogeneous 4-worker clusters; at other world sizes the pattern
 repeats (rank r gets the preset's factor ``r mod 4``).
 """
@@ -59,15 +67,29 @@ def factors_for_world(preset: str | None, factors: tuple[float, ...], size: int)
 
 
 class Slowdown:
-    """Stretches this rank's compute to ``factor`` times its measured duration."""
+    """Stretches this rank's compute to ``factor`` times its measured duration, or to
+    ``factor`` times an emulated device's time per sample when one is set."""
 
-    def __init__(self, factor: float) -> None:
+    def __init__(self, factor: float, device_s_per_sample: float | None = None) -> None:
         if not (math.isfinite(factor) and factor >= 1):
             raise InputError(f"a slowdown factor must be finite and >= 1, got {factor}")
+        if device_s_per_sample is not None and not (math.isfinite(device_s_per_sample) and device_s_per_sample > 0):
+            raise InputError(f"an emulated device's time per sample must be > 0, got {device_s_per_sample}")
         self.factor = factor
+        self.device_s_per_sample = device_s_per_sample
+        #: Micro-batches whose real compute took longer than the emulated device's time.
+        self.overruns = 0
+        #: Micro-batches stretched.
+        self.batches = 0
 
-    def stretch(self, compute_s: float) -> None:
-        """Sleep so that ``compute_s`` seconds of compute take ``factor * compute_s`` in all."""
-        extra = (self.factor - 1.0) * compute_s
+    def stretch(self, compute_s: float, samples: int) -> None:
+        """Sleep so that ``compute_s`` seconds of compute on ``samples`` samples take their emulated time."""
+        self.batches += 1
+        if self.device_s_per_sample is None:
+            extra = (self.factor - 1.0) * compute_s
+        else:
+            extra = self.factor * self.device_s_per_sample * samples - compute_s
+            if extra < 0:
+                self.overruns += 1
         if extra > 0:
             time.sleep(extra)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import random
 from time import perf_counter
 from typing import Any
@@ -114,7 +115,7 @@ class Trainer:
         torch.manual_seed(derive_seed(config.seed, rank))  # each rank's own stream from here on
         random.seed(derive_seed(config.seed, rank))
         np.random.seed(derive_seed(config.seed, rank) % 2**32)
-        self.slowdown = Slowdown(config.hetero[rank] if config.hetero else 1.0)
+        self.slowdown = Slowdown(1.0)  # the emulated device is agreed by prepare()
         self.counter = LockstepCounter() if self.solver.lockstep else AgreedCounter(self.ctrl)
         self.schedule = Schedule(
             train_size=len(self.data.train),
@@ -162,6 +163,8 @@ class Trainer:
         wall_s = blocked_s = 0.0
         if config.resume:
             wall_s, blocked_s = self.ctrl.agree(self._load_checkpoint)
+        factor = config.hetero[rank] if config.hetero else 1.0
+        self.slowdown = Slowdown(factor, self._device_seconds_per_sample())
         batch_size = self.solver.local_batch_size(config.batch_size, self._probe)
         self.shard.resize(batch_size)
         self._pred = torch.empty(batch_size, dtype=torch.long)
@@ -173,12 +176,12 @@ class Trainer:
         self.clock = TimeAccount(self.comm, wall_s=wall_s, blocked_s=blocked_s)
         self._mark = (self.clock.wall_s(), self.clock.blocked_s(), self.counter.now.samples)
 
-    def _probe(self, n: int) -> float:
-        """Seconds one training micro-batch of ``n`` samples takes on this rank, slowdown included.
+    def _compute_seconds(self, n: int) -> float:
+        """Seconds of real compute (forward and backward, MPI waits excluded) on ``n`` training samples.
 
-        For solvers that size batches by speed. It leaves no trace: the gradients come
-        from ``torch.autograd.grad`` (no ``.grad`` changes, no solver hook fires),
-        batch-norm statistics are restored and its samples are not counted.
+        It leaves no trace: the gradients come from ``torch.autograd.grad`` (no ``.grad``
+        changes, no solver hook fires), batch-norm statistics are restored and its samples
+        are not counted.
         """
         train = self.data.train
         index = torch.arange(n) % len(train)
@@ -187,13 +190,43 @@ class Trainer:
         start, blocked = perf_counter(), self.comm.blocked_s
         loss = F.cross_entropy(self.model(x), y)
         torch.autograd.grad(loss, self.solver.params, allow_unused=True)
-        self.slowdown.stretch(perf_counter() - start - (self.comm.blocked_s - blocked))
-        seconds = perf_counter() - start
+        seconds = perf_counter() - start - (self.comm.blocked_s - blocked)
         with torch.no_grad():
             for buffer, saved in zip(self.model.buffers(), buffers):
                 buffer.copy_(saved)
         self.solver.take_samples(None)
         return seconds
+
+    def _probe(self, n: int) -> float:
+        """Seconds one training micro-batch of ``n`` samples takes on this rank, slowdown included.
+
+        For solvers that size batches by speed.
+        """
+        start = perf_counter()
+        self.slowdown.stretch(self._compute_seconds(n), n)
+        return perf_counter() - start
+
+    def _device_seconds_per_sample(self) -> float | None:
+        """The emulated device's time per sample (``--device-ms``), agreed by every rank; None without one.
+
+        ``auto``: the ranks measure their compute one at a time (alone on the node's cores),
+        and the slowest rank's time per sample is multiplied by the ranks sharing each core,
+        times 2, so that compute contended by every rank at once (and the scheduler's jitter)
+        still fits in it.
+        """
+        setting = self.config.device_ms
+        if setting is None:
+            return None
+        if setting != "auto":
+            return float(setting) / 1e3
+        n = self.config.batch_size
+        mine = math.inf
+        for turn in range(self.comm.size):
+            self.ctrl.barrier()
+            if turn == self.comm.rank:
+                mine = min(self._compute_seconds(n) for _ in range(3)) / n  # the first warms up
+        sharing = math.ceil(self.comm.local_size / self.comm.cores)
+        return max(self.ctrl.allgather_object(mine)) * sharing * 2.0
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
@@ -210,7 +243,7 @@ class Trainer:
             out = model(x)
             loss = F.cross_entropy(out, y)
             loss.backward()
-            slowdown.stretch(perf_counter() - start - (comm.blocked_s - blocked))
+            slowdown.stretch(perf_counter() - start - (comm.blocked_s - blocked), y.shape[0])
             info = solver.step()
             self._tally(loss, out, y)
             if info.applied:
@@ -311,7 +344,11 @@ class Trainer:
     def _summary(self) -> dict[str, Any]:
         wall = self.clock.wall_s()
         skipped = self.solver.nonfinite.skipped
-        everyone = self.ctrl.allgather_object((wall, self.clock.blocked_s(), self.shard.batch_size, self._samples, skipped))
+        overrun = self.slowdown.overruns / max(self.slowdown.batches, 1)
+        per_sample = self.slowdown.device_s_per_sample
+        everyone = self.ctrl.allgather_object(
+            (wall, self.clock.blocked_s(), self.shard.batch_size, self._samples, skipped, overrun)
+        )
         busy, comm, idle = split_time([e[0] for e in everyone], [e[1] for e in everyone])
         now = self.counter.now
         summary = {
@@ -336,6 +373,9 @@ class Trainer:
             "batch_sizes": [e[2] for e in everyone],
             "samples_by_rank": [e[3] for e in everyone],
             "skipped_steps": [e[4] for e in everyone],
+            # Per rank, the fraction of micro-batches whose real compute overran the emulated device.
+            "device_overruns": [e[5] for e in everyone],
+            "device_ms_per_sample": None if per_sample is None else per_sample * 1e3,
         }
         if self.comm.rank == 0 and self.config.log is not None:
             write_json(summary_path(self.config.log), summary)

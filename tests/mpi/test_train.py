@@ -213,6 +213,18 @@ def test_slow_rank_leaves_others_idle_under_synchronous_sgd(comm):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2)
+def test_emulated_devices_pace_every_rank_by_its_factor(comm):
+    """--device-ms: a micro-batch takes factor x samples x ms, so the 3x rank is busy three times as long per batch."""
+    summary = train(config(steps=6, device_ms="10", hetero=(1.0, 3.0), batch_size=4), comm, show=False)
+    assert summary["workload"]["device_ms"] == "10" and summary["device_overruns"] == [0.0, 0.0]
+    # Rank 0 waits for rank 1 at every step: 6 x 3 x 4 x 10 ms = 0.72 s of emulated compute at least.
+    assert summary["wall_s"] >= 6 * 3 * 4 * 0.010 and summary["idle"][0] > summary["idle"][1]
+    auto = train(config(steps=2, device_ms="auto"), comm, show=False)
+    assert len(auto["device_overruns"]) == comm.size
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
 def test_compare_writes_summary_table_and_plots(comm, shared_dir, test_solvers):
     runs = tuple(config(solver=name, steps=4, target_accuracy=0.05) for name in ("allreduce", "test-delayed"))
     result = compare(CompareConfig(("allreduce", "test-delayed"), str(shared_dir / "cmp"), runs), comm, show=False)

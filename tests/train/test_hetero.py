@@ -34,6 +34,19 @@ def test_a_factor_of_three_takes_three_times_the_compute():
         for _ in range(20):
             a @ a
         compute = time.perf_counter() - start
-        slow.stretch(compute)
+        slow.stretch(compute, 1)
         ratios.append((time.perf_counter() - start) / compute)
     assert 2.7 < statistics.median(ratios) < 3.6, ratios
+
+
+def test_an_emulated_device_takes_factor_times_samples_times_its_time_whatever_the_compute():
+    """With a device time, the stretch tops the real compute up to factor x samples x time, and counts overruns."""
+    slow = Slowdown(2.0, device_s_per_sample=0.004)
+    start = time.perf_counter()
+    slow.stretch(0.001, 5)  # 1 ms of real compute on 5 samples: 2 x 5 x 4 ms = 40 ms in all
+    assert time.perf_counter() - start >= 0.039 and slow.overruns == 0
+    start = time.perf_counter()
+    slow.stretch(0.5, 5)  # real compute beyond the device's 40 ms: no sleep, one overrun
+    assert time.perf_counter() - start < 0.039 and (slow.overruns, slow.batches) == (1, 2)
+    with pytest.raises(InputError, match="time per sample must be > 0"):
+        Slowdown(1.0, device_s_per_sample=0.0)
