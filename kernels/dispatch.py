@@ -60,12 +60,18 @@ def parallel_threads() -> int:
 
     ``mpisolve.init`` gives each rank its share of the node's cores through
     ``torch.set_num_threads``; CPU kernels follow it so ranks do not oversubscribe cores.
+    Starting Numba's threading layer (its first ``set_num_threads``) sets the OpenMP
+    runtime's thread count to all the machine's cores; with the ``omp`` layer that runtime
+    is the one torch reads, so torch's count is put back afterwards.
     """
     import numba
 
-    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    torch_threads = torch.get_num_threads()
+    threads = max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS))
     if numba.get_num_threads() != threads:
         numba.set_num_threads(threads)
+        if torch.get_num_threads() != torch_threads:
+            torch.set_num_threads(torch_threads)
     return threads
 
 
