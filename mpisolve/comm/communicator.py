@@ -9,6 +9,8 @@ oversubscribed nodes and a collective that never completes turns into an error (
 watchdog) instead of a hang. The pickled metadata collectives (``allgather_object``,
 ``bcast_object``, ``reduce_scalar``), which mpi4py offers only as blocking calls, are
 preceded by a watchdogged barrier: once every rank has arrived, they cannot hang.
+Calls MPI offers only as blocking (window locks, flushes, frees) go through
+:meth:`Communicator.blocking`: a watchdog thread aborts the job if one outlasts the timeout.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ DEFAULT_TIMEOUT_S = 300.0
 
 #: Under the "yield" wait policy, yield between polls this long before sleeping between them.
 YIELD_BEFORE_SLEEP_S = 2e-3
+
+#: How often the blocking-call watchdog looks for a call to watch while none is under way.
+WATCH_INTERVAL_S = 0.1
+#: Between the watchdog's message and its abort: lets mpiexec forward the message before tearing the job down.
+ABORT_GRACE_S = 0.5
 
 
 class CommTimeout(RuntimeError):
@@ -137,6 +144,7 @@ class Communicator:
         self.cuda_aware, self.cuda_aware_source = detect_cuda_aware(cuda_aware)
         self.device: torch.device = local_device(self.local_rank)
         self._named_splits: dict[Any, Communicator | None] = {}
+        self._blocking: BlockingCall | None = None
 
     # ----------------------------------------------------------------- waiting
     def wait(self, requests: MPI.Request | Sequence[MPI.Request], what: str) -> None:
@@ -173,11 +181,26 @@ class Communicator:
                         time.sleep(pause)
                         pause = min(pause * 2, 1e-3)
         finally:
-            elapsed = time.perf_counter() - start
-            comm: Communicator | None = self
-            while comm is not None:
-                comm.blocked_s += elapsed
-                comm = comm._parent
+            self.add_blocked(time.perf_counter() - start)
+
+    def blocking(self, what: str, target: int | None = None) -> BlockingCall:
+        """A context for one call MPI offers only as blocking (``with comm.blocking("MPI_Win_lock", 2): ...``).
+
+        Such a call cannot be polled by :meth:`wait`, so a watchdog thread watches it
+        instead: past the timeout it reports :class:`CommTimeout` naming ``what`` (and
+        the ``target`` rank) and aborts the job, since the blocked thread cannot raise.
+        The time spent in the call counts in :attr:`blocked_s`. One call at a time.
+        """
+        if self._blocking is None:
+            self._blocking = BlockingCall(self)
+        return self._blocking.arm(what, target)
+
+    def add_blocked(self, seconds: float) -> None:
+        """Count ``seconds`` spent blocked in MPI here and on the communicators this one was split from."""
+        comm: Communicator | None = self
+        while comm is not None:
+            comm.blocked_s += seconds
+            comm = comm._parent
 
     def timed_out(self, what: str) -> CommTimeout:
         """The watchdog's error for ``what``, which has waited ``timeout_s`` on this rank."""
@@ -286,6 +309,56 @@ class Communicator:
     def abort(self, code: int = 1) -> None:
         """End the whole job now (every rank), e.g. after an unrecoverable error."""
         self.comm.Abort(code)
+
+
+class BlockingCall:
+    """The watchdog of :meth:`Communicator.blocking`: a context manager and a daemon thread.
+
+    Entering marks the call under way (name, target, start); leaving clears the mark and
+    counts the time blocked. The thread sleeps until the marked call's deadline and, if
+    the same call is still under way then, writes the watchdog's message to stderr and
+    aborts the job through :meth:`Communicator.abort`. Reused for every call, so the
+    training step allocates nothing but the mark.
+    """
+
+    def __init__(self, comm: Communicator) -> None:
+        self._comm = comm
+        self._what = ""
+        self._target: int | None = None
+        self._call: tuple[str, int | None, float] | None = None
+        self._thread = threading.Thread(target=self._watch, name="mpisolve-watchdog", daemon=True)
+        self._thread.start()
+
+    def arm(self, what: str, target: int | None) -> BlockingCall:
+        if self._call is not None:
+            raise RuntimeError(f"blocking call {what} started inside {self._call[0]}: they do not nest")
+        self._what, self._target = what, target
+        return self
+
+    def __enter__(self) -> None:
+        self._call = (self._what, self._target, time.perf_counter())
+
+    def __exit__(self, *exc: object) -> None:
+        call, self._call = self._call, None
+        self._comm.add_blocked(time.perf_counter() - call[2])
+
+    def _watch(self) -> None:
+        while True:
+            call = self._call
+            if call is None:
+                time.sleep(WATCH_INTERVAL_S)
+                continue
+            left = call[2] + self._comm.timeout_s - time.perf_counter()
+            if left > 0:
+                time.sleep(left)  # a call started meanwhile has a later deadline: looked at next round
+            elif self._call is call:
+                what, target, _ = call
+                err = self._comm.timed_out(what if target is None else f"{what} (target rank {target})")
+                sys.stderr.write(f"{type(err).__name__}: {err}\n")
+                sys.stderr.flush()
+                time.sleep(ABORT_GRACE_S)
+                self._comm.abort(1)
+                return
 
 
 class PersistentCollective:
@@ -441,6 +514,7 @@ def as_communicator(comm: MPI.Comm | Communicator | None) -> Communicator:
 
 
 __all__ = [
+    "BlockingCall",
     "CommTimeout",
     "Communicator",
     "PersistentAllreduce",

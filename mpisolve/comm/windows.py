@@ -36,10 +36,10 @@ which the job must be launched with (``MPICH_ASYNC_PROGRESS=1``); ``"none"`` rel
 the library (e.g. RDMA hardware). The shared path needs none: its loads and stores are
 the memory itself.
 
-Every wait on an operation's completion goes through :meth:`Communicator.wait` (the
-watchdog). The calls MPI only offers as blocking (``Win_lock`` on the shared path,
-``Win_unlock``, ``Win_flush_all`` when draining, ``Win_free`` after a watchdogged barrier)
-are made where the operations they complete have already been waited for.
+Every wait on an operation's completion goes through :meth:`Communicator.wait`, and every
+call MPI offers only as blocking (window creation, ``Win_lock``/``Win_unlock``, the
+``lock_all`` epoch, ``Win_flush_all``, ``Win_free``) through :meth:`Communicator.blocking`:
+both are watchdogged and count as time blocked in MPI.
 """
 
 from __future__ import annotations
@@ -155,11 +155,13 @@ class SharedVector:
         info.Set("accumulate_ops", "same_op_no_op")  # SUM and NO_OP only: lets MPI use hardware atomics
         info.Set("same_disp_unit", "true")
         if self.path == "shared":
-            self.win = MPI.Win.Allocate_shared((stop - start) * itemsize, itemsize, info, comm.comm)
+            with comm.blocking("MPI_Win_allocate_shared"):
+                self.win = MPI.Win.Allocate_shared((stop - start) * itemsize, itemsize, info, comm.comm)
             self.view: torch.Tensor | None = self._map_whole(itemsize)
             self._local = self.view[start:stop]
         else:
-            self.win = MPI.Win.Allocate((stop - start) * itemsize, itemsize, info, comm.comm)
+            with comm.blocking("MPI_Win_allocate"):
+                self.win = MPI.Win.Allocate((stop - start) * itemsize, itemsize, info, comm.comm)
             self.view = None
             memory = self.win.tomemory()
             self._local = torch.frombuffer(memory, dtype=dtype) if stop > start else torch.empty(0, dtype=dtype)
@@ -180,7 +182,8 @@ class SharedVector:
         self._pending: list[MPI.Request] = []
         self._progress = _ProgressThread(comm.comm) if self.path == "internode" and progress == "thread" else None
         if not locked:
-            self.win.Lock_all(MPI.MODE_NOCHECK)  # nobody ever takes an exclusive lock on a wild window
+            with comm.blocking("MPI_Win_lock_all"):
+                self.win.Lock_all(MPI.MODE_NOCHECK)  # nobody ever takes an exclusive lock on a wild window
         self.closed = False
 
     def _map_whole(self, itemsize: int) -> torch.Tensor:
@@ -210,9 +213,9 @@ class SharedVector:
         if self.locked:
             by_target = self._by_target(out) if self.view is None else {}
             for target in self._shard_order:
-                self.win.Lock(target, MPI.LOCK_SHARED)
+                self._lock(target, MPI.LOCK_SHARED)
                 self._read_shard(target, out, by_target.get(target, []))
-                self.win.Unlock(target)
+                self._unlock(target)
         elif self.view is not None:
             self.win.Sync()
             out.copy_(self.view)
@@ -244,7 +247,7 @@ class SharedVector:
         if self.locked:
             for target in self._shard_order:
                 lo, hi = self.bounds[target]
-                self.win.Lock(target, MPI.LOCK_EXCLUSIVE)
+                self._lock(target, MPI.LOCK_EXCLUSIVE)
                 if self.view is not None:
                     self.win.Sync()
                     fn(self.view[lo:hi], lo, hi)
@@ -255,7 +258,7 @@ class SharedVector:
                     fn(self._scratch[lo:hi], lo, hi)
                     puts = [self.win.Rput(s, p.target, self._target(p)) for p, s in pairs]
                     self.comm.wait(puts, "shared-vector write")
-                self.win.Unlock(target)
+                self._unlock(target)
         elif self.view is not None:
             self.win.Sync()
             fn(self.view, 0, self.numel)
@@ -267,6 +270,14 @@ class SharedVector:
             fn(self._scratch, 0, self.numel)
             self._scratch.sub_(self._before)
             self._start_accumulate(self._scratch_specs)
+
+    def _lock(self, target: int, lock_type: int) -> None:
+        with self.comm.blocking("MPI_Win_lock", target):
+            self.win.Lock(target, lock_type)
+
+    def _unlock(self, target: int) -> None:
+        with self.comm.blocking("MPI_Win_unlock", target):
+            self.win.Unlock(target)
 
     def _by_target(self, tensor: torch.Tensor) -> dict[int, list[tuple[Piece, list]]]:
         """:attr:`pieces` with the buffer specs of ``tensor``'s matching slices, grouped by target."""
@@ -307,11 +318,11 @@ class SharedVector:
         self.quiesce()
         lo, hi = self.bounds[self.comm.rank]
         if self.locked:
-            self.win.Lock(self.comm.rank, MPI.LOCK_EXCLUSIVE)
+            self._lock(self.comm.rank, MPI.LOCK_EXCLUSIVE)
         self._local.copy_(values[lo:hi])
         self.win.Sync()
         if self.locked:
-            self.win.Unlock(self.comm.rank)
+            self._unlock(self.comm.rank)
         self.comm.barrier("shared-vector store")
 
     def quiesce(self) -> None:
@@ -319,7 +330,8 @@ class SharedVector:
         self._check_open()
         self._wait_pending()
         if not self.locked:
-            self.win.Flush_all()  # remote completion of the accumulates waited for above
+            with self.comm.blocking("MPI_Win_flush_all"):
+                self.win.Flush_all()  # remote completion of the accumulates waited for above
         self.comm.barrier("shared-vector quiesce")
 
     def close(self) -> None:
@@ -328,12 +340,14 @@ class SharedVector:
             return
         self.quiesce()
         if not self.locked:
-            self.win.Unlock_all()
+            with self.comm.blocking("MPI_Win_unlock_all"):
+                self.win.Unlock_all()
         if self._progress is not None:
             self._progress.stop()
         self.view = None
         self._local = torch.empty(0, dtype=self.dtype)
-        self.win.Free()
+        with self.comm.blocking("MPI_Win_free"):
+            self.win.Free()
         self.closed = True
 
     def __enter__(self) -> SharedVector:

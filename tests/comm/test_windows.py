@@ -1,4 +1,10 @@
-"""SharedVector on one rank, its shard layout and its option checks."""
+"""SharedVector on one rank, its shard layout and its option checks; a stalled lock holder ends the job."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,3 +58,38 @@ def test_bad_arguments_are_refused():
         SharedVector(comm, 10, torch.float32, layout="ring")
     with pytest.raises(TypeError, match="float32 or float64"):
         SharedVector(comm, 10, torch.float16)
+
+
+STALL_IN_LOCK = """
+import sys, time, torch
+from mpisolve.comm.communicator import Communicator
+from mpisolve.comm.windows import SharedVector
+
+comm = Communicator(timeout_s=float(sys.argv[1]))
+v = SharedVector(comm, 1000, torch.float32, locked=True, force_internode=sys.argv[2] == "internode")
+if comm.rank == 1:
+    def stall(center, start, stop):  # holding the exclusive lock on its own shard
+        comm.barrier()
+        time.sleep(3600)
+
+    v.update(stall)
+comm.barrier()
+print(f"reading at {time.time()}", file=sys.stderr, flush=True)
+v.read(torch.empty(1000))  # waits for rank 1's lock
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["shared", "internode"])
+def test_a_rank_stalled_in_a_window_lock_ends_the_job(path):
+    """The watchdog catches a wait in a blocking window call (which cannot be polled) and aborts the job."""
+    bin_dir = Path(sys.executable).parent
+    cmd = [str(bin_dir / "mpiexec"), "-n", "2", sys.executable, "-m", "mpi4py", "-c", STALL_IN_LOCK, "2", path]
+    env = dict(os.environ, MPIEXEC_TIMEOUT="90")
+    job = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    ended = time.time()
+    assert job.returncode != 0, job.stderr
+    assert "CommTimeout: mpisolve: MPI_Win_lock (target rank 1) did not complete within 2 s on rank 0 of 2" in job.stderr
+    reading_at = float(next(line for line in job.stderr.splitlines() if line.startswith("reading at")).split()[-1])
+    print(f"{path}: exit {job.returncode}, ended {ended - reading_at:.1f} s after the wait began")
+    assert ended - reading_at < 30  # the issue's bound for a failing rank

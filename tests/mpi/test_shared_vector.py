@@ -96,3 +96,27 @@ def test_close_frees_the_window_and_stops_the_progress_thread(force_internode):
     assert v.closed and not v.win and not progress_threads()
     with pytest.raises(RuntimeError, match="closed"):
         v.read(torch.empty(100))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize("force_internode", [False, True])
+def test_time_waiting_for_a_window_lock_counts_as_blocked(force_internode):
+    """Rank 1 holds its shard's exclusive lock for 0.5 s; rank 0's read waits for it, in MPI."""
+    comm = Communicator()
+    hold_s = 0.5
+    with SharedVector(comm, N, torch.float32, locked=True, force_internode=force_internode) as v:
+        if comm.rank == 1:
+            def hold(center, start, stop):
+                if start == v.bounds[1][0]:  # rank 1's own shard, locked first
+                    comm.barrier("holding")
+                    time.sleep(hold_s)
+
+            v.update(hold)
+        else:
+            comm.barrier("holding")
+            before, start = comm.blocked_s, time.perf_counter()
+            v.read(torch.empty(N))
+            waited = time.perf_counter() - start
+            assert waited >= hold_s / 2  # the lock really was held across the read
+            assert comm.blocked_s - before >= 0.9 * waited  # ... and the wait counts as blocked in MPI
