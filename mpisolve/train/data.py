@@ -19,9 +19,12 @@ new order on every pass, so ranks that compute different numbers of micro-batche
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -82,13 +85,18 @@ def load_dataset(name: str, *, size: int = 6000) -> DataSet:
 
 
 def _digits() -> tuple[torch.Tensor, torch.Tensor]:
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError:
-        raise InputError("dataset 'digits' needs scikit-learn: pip install 'mpisolve[train]'") from None
-    digits = load_digits()
-    x = torch.from_numpy(digits.images).float().unsqueeze(1)  # (1797, 1, 8, 8), values 0..16
-    return x, torch.from_numpy(digits.target).long()
+    """scikit-learn's digits, read from the file its ``load_digits`` reads.
+
+    Importing scikit-learn costs every rank about a second of CPU at start-up; reading its
+    CSV (64 pixels and the label per row) directly does not.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
+    if path is None or not path.is_file():
+        raise InputError("dataset 'digits' needs scikit-learn: pip install 'mpisolve[train]'")
+    rows = torch.from_numpy(np.loadtxt(path, delimiter=",", dtype=np.float32))
+    x = rows[:, :-1].reshape(-1, 1, 8, 8).contiguous()  # (1797, 1, 8, 8), values 0..16
+    return x, rows[:, -1].long()
 
 
 def synthetic_images(size: int, *, noise: float = 2.5, shift: int = 6) -> tuple[torch.Tensor, torch.Tensor]:

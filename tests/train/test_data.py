@@ -1,5 +1,8 @@
 """The built-in data sets and the per-rank shard streams."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -23,6 +26,20 @@ def test_digits_has_a_held_out_test_split():
     assert len(data.train) + len(data.test) == 1797 and len(data.test) == 359
     assert set(data.test.y.tolist()) == set(range(10))
     assert abs(data.train.x.mean().item()) < 1e-5 and abs(data.train.x.std().item() - 1) < 1e-4
+
+
+def test_digits_are_scikit_learns_without_importing_it():
+    """Every rank loads the digits at start-up: importing scikit-learn would cost each about a second."""
+    from sklearn.datasets import load_digits
+
+    from mpisolve.train.data import _digits
+
+    digits = load_digits()
+    x, y = _digits()
+    assert torch.equal(x, torch.from_numpy(digits.images).float().unsqueeze(1))
+    assert torch.equal(y, torch.from_numpy(digits.target).long())
+    check = "import sys; from mpisolve.train.data import load_dataset; load_dataset('digits'); print('sklearn' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout == "False\n"
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5])
