@@ -2,8 +2,7 @@
 # Soak: each asynchronous solver (or those named) for 2,000 steps at 4 ranks, one mpiexec
 # each; prints one JSON object per solver (bench soak): every rank's RSS after 200 steps and
 # at the end, and the MPI windows left open after close() (must be 0).
-# On a shared machine, hold the CPU lock per solver:
-#   for s in async-sgd async-msgd ...; do flock /tmp/mpisolve-cpu.lock perf/soak.sh $s; done
+# On a shared machine, PERF_LOCK=/tmp/mpisolve-cpu.lock holds the CPU lock per solver.
 set -e
 cd "$(dirname "$0")/.."
 NP=${NP:-4}
@@ -11,6 +10,6 @@ STEPS=${STEPS:-2000}
 export MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-1800}
 SOLVERS=${*:-$(.venv/bin/python -c "from mpisolve.solvers.base import solver_class; import mpisolve; print(' '.join(n for n in mpisolve.solvers() if not solver_class(n).lockstep))")}
 for solver in $SOLVERS; do
-	.venv/bin/mpiexec -n "$NP" .venv/bin/python -m mpi4py -m mpisolve bench soak --solvers "$solver" \
+	${PERF_LOCK:+flock $PERF_LOCK} .venv/bin/mpiexec -n "$NP" .venv/bin/python -m mpi4py -m mpisolve bench soak --solvers "$solver" \
 		--steps "$STEPS" --warmup-steps 200
 done
