@@ -43,12 +43,11 @@ def parameters(model):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("progress", ["thread", "poll"])
-def test_update_is_the_sample_weighted_mean_of_the_previous_round(comm, progress):
+@pytest.mark.parametrize("progress, prediction", [("thread", 1.0), ("poll", 1.0), ("thread", 0.0), ("poll", 0.5)])
+def test_update_is_the_sample_weighted_mean_of_the_previous_round(comm, progress, prediction):
     model = net()
-    solver = mpisolve.make_solver(
-        "abs-sgd", model, torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM), comm, progress=progress
-    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    solver = mpisolve.make_solver("abs-sgd", model, optimizer, comm, progress=progress, weight_prediction=prediction)
     start = [p.detach().clone() for p in model.parameters()]
     updates, mine, applied = 4, [], []
     i = 0
@@ -64,11 +63,14 @@ def test_update_is_the_sample_weighted_mean_of_the_previous_round(comm, progress
         i += 1
     assert solver.updates == updates and solver.rounds == updates + 1
     everyone = comm.allgather_object(mine)
-    final = parameters(model)
+    with solver.evaluating():  # the true weights (the model trains at the predicted ones)
+        final = parameters(model)
     solver.close()
+    assert torch.equal(parameters(model), final)  # closed, the model holds the true weights
 
     # One process: update k applies round k - 1, whose micro-batches were computed at the
-    # parameters after k - 2 updates (rounds 0 and 1 both at the start).
+    # weights predicted after k - 2 updates, w + c (w - w_before): rounds 0 and 1 both at
+    # the start.
     reference = net()
     with torch.no_grad():
         for p, q in zip(reference.parameters(), start):
@@ -78,9 +80,10 @@ def test_update_is_the_sample_weighted_mean_of_the_previous_round(comm, progress
     history = [[p.detach().clone() for p in reference.parameters()]]
     for k in range(1, updates + 1):
         members = [(rank, j) for rank, batches in enumerate(everyone) for joins, j in batches if joins == k - 1]
+        now, before = history[max(k - 2, 0)], history[max(k - 3, 0)]
         with torch.no_grad():
-            for p, q in zip(scratch.parameters(), history[max(k - 2, 0)]):
-                p.copy_(q)
+            for p, w, w_before in zip(scratch.parameters(), now, before):
+                p.copy_(w + prediction * (w - w_before))
         scratch.zero_grad()
         total = 0
         for rank, j in members:
@@ -186,6 +189,7 @@ def test_trainer_resumes_an_abs_sgd_run(comm):
         ({"min_samples": 64}, "min_samples goes with trigger='samples'"),
         ({"reference_batch": 64}, "reference_batch is used by lr_scaling"),
         ({"progress": "mpich"}, "MPICH_ASYNC_PROGRESS=1"),
+        ({"weight_prediction": -1.0}, "weight_prediction must be a finite number >= 0"),
     ],
 )
 def test_bad_options_are_refused_on_every_rank(comm, options, message):
