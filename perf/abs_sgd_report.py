@@ -1,10 +1,11 @@
-"""Summarise the ABS-SGD study (perf/abs_sgd.sh): results.csv, results.json and abs_sgd.png.
+"""Summarise the ABS-SGD study (perf/abs_sgd.sh): results.csv, results.json, table.md and abs_sgd.png.
 
 Reads ``OUT/<model>-<preset>/`` (one ``mpisolve compare`` output per model and cluster)
 and reports, per model and preset, each solver's time to the target accuracy, ABS-SGD's
-speedup over the best baseline that reached it, and every rank's busy fraction; then the
-mean speedup over the three heterogeneous presets and ABS-SGD's loss against synchronous
-SGD on the homogeneous cluster. Usage: ``python perf/abs_sgd_report.py OUT``.
+speedup over the best baseline that reached it, every rank's busy fraction and how often
+a micro-batch overran its emulated device; then the mean speedup over the three
+heterogeneous presets and ABS-SGD's loss against synchronous SGD on the homogeneous
+cluster. ``table.md`` is the README's table. Usage: ``python perf/abs_sgd_report.py OUT``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-MODELS = {"mlp": "MLP on digits", "resnet18": "ResNet-18 on tiny synthetic"}
+MODELS = {"mlp": "MLP on digits"}
 PRESETS = ("homogeneous", "straggler", "two-tier", "graded")
 SOLVERS = ("abs-sgd", "allreduce", "lb-bsp", "async-sgd", "local-sgd")
 BASELINES = SOLVERS[1:]
@@ -53,6 +54,7 @@ def load(out: Path) -> list[dict]:
                         "busy": s["busy"],
                         "samples_by_rank": s["samples_by_rank"],
                         "batch_sizes": s["batch_sizes"],
+                        "device_overruns": s.get("device_overruns"),
                     }
                 )
     return rows
@@ -77,6 +79,8 @@ def verdicts(rows: list[dict]) -> dict:
                 "speedup": (reached[best] / abs_time) if (best and abs_time) else None,
                 "abs_sgd_busy": runs["abs-sgd"]["busy"],
                 "abs_sgd_min_busy": min(runs["abs-sgd"]["busy"]),
+                "times": {n: r["time_to_target_s"] for n, r in runs.items()},
+                "max_overrun": max(max(r["device_overruns"] or [0.0]) for r in runs.values()),
             }
             if "allreduce" in runs and runs["allreduce"]["time_to_target_s"] and abs_time:
                 cells[preset]["vs_sync"] = runs["allreduce"]["time_to_target_s"] / abs_time
@@ -93,14 +97,29 @@ def write_csv(rows: list[dict], path: Path) -> None:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["model", "preset", "solver", "target_accuracy", "time_to_target_s", "epochs_to_target", "final_accuracy", "updates",
-                    "epochs", "samples_per_s", "busy_r0", "busy_r1", "busy_r2", "busy_r3", "samples_by_rank", "batch_sizes"])
+                    "epochs", "samples_per_s", "busy_r0", "busy_r1", "busy_r2", "busy_r3", "samples_by_rank", "batch_sizes",
+                    "device_overruns"])
         for r in rows:
             t, e = r["time_to_target_s"], r["epochs_to_target"]
             w.writerow([r["model"], r["preset"], r["solver"], r["target_accuracy"], "" if t is None else f"{t:.2f}",
                         "" if e is None else f"{e:.2f}",
                         f"{r['final_accuracy']:.4f}", r["updates"], f"{r['epochs']:.2f}", f"{r['samples_per_s']:.0f}",
                         *(f"{b:.3f}" for b in r["busy"]), " ".join(map(str, r["samples_by_rank"])),
-                        " ".join(map(str, r["batch_sizes"]))])
+                        " ".join(map(str, r["batch_sizes"])), " ".join(f"{o:.2f}" for o in r["device_overruns"] or [])])
+
+
+def write_table(summary: dict, path: Path) -> None:
+    """The README's table: per cluster, every solver's time to target, the speedup, ABS-SGD's busy fractions."""
+    lines = []
+    for v in summary.values():
+        lines.append("| cluster | " + " | ".join(SOLVERS) + " | abs-sgd vs best baseline | abs-sgd busy per rank | overruns (max) |")
+        lines.append("| --- " * (len(SOLVERS) + 4) + "|")
+        for preset, c in v["presets"].items():
+            times = ["-" if n not in c["times"] else "not reached" if c["times"][n] is None else f"{c['times'][n]:.2f}" for n in SOLVERS]
+            speedup = "-" if c["speedup"] is None else f"{c['speedup']:.2f}x ({c['best_baseline']})"
+            busy = " ".join(f"{b:.2f}" for b in c["abs_sgd_busy"])
+            lines.append(f"| {preset} | " + " | ".join(times) + f" | {speedup} | {busy} | {c['max_overrun']:.2f} |")
+    path.write_text("\n".join(lines) + "\n")
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -131,7 +150,7 @@ def plot(rows: list[dict], path: Path) -> None:
                 ax.set_ylim(0, 1.05)
             ax.grid(True, axis="y", alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle("ABS-SGD and baselines, 4 ranks on 2 cores, emulated heterogeneous clusters", fontsize=11)
+    fig.suptitle("ABS-SGD and baselines, 4 ranks on emulated devices (--device-ms), heterogeneous clusters", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -146,6 +165,7 @@ def main(out: str) -> int:
     summary = verdicts(rows)
     write_csv(rows, root / "results.csv")
     (root / "results.json").write_text(json.dumps({"runs": rows, "verdicts": summary}, indent=1) + "\n")
+    write_table(summary, root / "table.md")
     plot(rows, root / "abs_sgd.png")
     for model, v in summary.items():
         print(f"== {MODELS[model]}")
