@@ -296,10 +296,10 @@ class ABSSGD(Solver):
             return
         self._hold_true_weights()
         self._scaled_step(global_samples)
-        params = [p.detach() for p in self.params]
-        self._last_update.pack(params)
-        self._last_update.flat.sub_(self._weights.flat)
-        self._weights.pack(params)
+        with torch.no_grad():
+            for p, w, step in zip(self.params, self._weights.views, self._last_update.views):
+                torch.sub(p, w, out=step)
+                w.copy_(p)
         self._hold_predicted_weights()
 
     def _hold_true_weights(self) -> None:
