@@ -189,6 +189,7 @@ def test_trainer_resumes_an_abs_sgd_run(comm):
         ({"min_samples": 64}, "min_samples goes with trigger='samples'"),
         ({"reference_batch": 64}, "reference_batch is used by lr_scaling"),
         ({"progress": "mpich"}, "MPICH_ASYNC_PROGRESS=1"),
+        ({"progress_ms": 0.0}, "progress_ms must be > 0, got 0.0"),
         ({"weight_prediction": -1.0}, "weight_prediction must be a finite number >= 0"),
     ],
 )
