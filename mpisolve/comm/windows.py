@@ -33,8 +33,9 @@ Progress: a passive-target operation must not wait for its target to enter MPI. 
 ``progress="thread"`` (default) the inter-node path runs a :class:`.progress.ProgressThread`
 that pokes MPI's progress engine; ``"mpich"`` relies on MPICH's own progress thread,
 which the job must be launched with (``MPICH_ASYNC_PROGRESS=1``); ``"none"`` relies on
-the library (e.g. RDMA hardware). The shared path needs none: its loads and stores are
-the memory itself.
+the library (e.g. RDMA hardware). The shared path's loads and stores need none, but a
+locked window's ``Win_lock`` is granted by the owner's progress engine (MPICH), so a
+locked shared-path window runs the thread too.
 
 Every wait on an operation's completion goes through :meth:`Communicator.wait`, and every
 call MPI offers only as blocking (window creation, ``Win_lock``/``Win_unlock``, the
@@ -180,7 +181,8 @@ class SharedVector:
         self._scratch_specs = self._specs(self._scratch) if self._scratch is not None else []
         self._scratch_by_target = self._by_target(self._scratch) if self._scratch is not None else {}
         self._pending: list[MPI.Request] = []
-        self._progress = _ProgressThread(comm.comm) if self.path == "internode" and progress == "thread" else None
+        needs_progress = self.path == "internode" or locked  # locks are granted by the owner
+        self._progress = _ProgressThread(comm.comm) if needs_progress and progress == "thread" else None
         if not locked:
             with comm.blocking("MPI_Win_lock_all"):
                 self.win.Lock_all(MPI.MODE_NOCHECK)  # nobody ever takes an exclusive lock on a wild window

@@ -80,6 +80,32 @@ def test_updates_complete_while_the_owner_stays_out_of_mpi(locked):
         assert torch.equal(seen, 10 * sum(contribution(r).double() for r in range(1, comm.size)))
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 4)
+def test_locked_shared_memory_updates_complete_while_the_owner_stays_out_of_mpi():
+    """Win_lock on a shared-memory window is granted by its owner's progress engine.
+
+    Rank 0 owns the vector and, outside MPI, waits to see the others' locked updates
+    land in its memory: only the progress thread can grant their locks meanwhile.
+    """
+    comm = Communicator()
+    rounds = 5
+    total = rounds * sum(contribution(r).double() for r in range(1, comm.size))
+    with SharedVector(comm, N, torch.float64, layout="server", locked=True) as v:
+        assert v.path == "shared"
+        v.store_(torch.zeros(N, dtype=torch.float64))
+        if comm.rank == 0:
+            deadline = time.monotonic() + 20.0  # a lock never granted: fail, not hang
+            while not torch.equal(v.view, total) and time.monotonic() < deadline:
+                time.sleep(1e-3)
+            assert torch.equal(v.view, total), "the locked updates did not land while the owner stayed out of MPI"
+        else:
+            mine = contribution(comm.rank).double()
+            for _ in range(rounds):
+                v.update(lambda center, start, stop: center.add_(mine[start:stop]))
+        v.quiesce()
+
+
 def progress_threads():
     return [t for t in threading.enumerate() if t.name == "mpisolve-rma-progress"]
 
