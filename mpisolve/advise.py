@@ -48,6 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=list(MODELS), default="mlp", help="the model (default mlp)")
     parser.add_argument("--dataset", choices=list(DATASETS), default="digits", help="the data set (default digits)")
     parser.add_argument("--batch-size", type=int, default=32, help="each worker's micro-batch (default 32)")
+    parser.add_argument(
+        "--device-ms",
+        type=float,
+        metavar="MS",
+        help="take a step's computation as the emulated device's batch x MS ms (train --device-ms) instead of measuring it",
+    )
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="the allreduce solver's bucket size (default 25)")
     parser.add_argument("--repeats", type=int, default=20, help="timed repeats of each measurement (the median is used)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed repeats first")
@@ -61,6 +67,8 @@ def check(args: argparse.Namespace) -> None:
     """Raise :class:`InputError` naming the first bad argument."""
     if args.batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.device_ms is not None and not args.device_ms > 0:
+        raise InputError(f"--device-ms must be > 0, got {args.device_ms}")
     if not args.bucket_mb > 0:
         raise InputError(f"--bucket-mb must be > 0, got {args.bucket_mb}")
     if args.repeats < 1 or args.warmup < 0:
@@ -99,7 +107,10 @@ def advise(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
 
-    compute_s = median_seconds(compute, comm, args.repeats, args.warmup)
+    if args.device_ms is None:
+        compute_s = median_seconds(compute, comm, args.repeats, args.warmup)
+    else:  # the study's emulated device: a micro-batch of n samples takes n x MS ms
+        compute_s = args.batch_size * args.device_ms / 1e3
     params = list(model.parameters())
     allreduce_s, _ = solver_allreduce_seconds(params, comm, int(args.bucket_mb * 1e6), args.repeats, args.warmup)
     ratio = compute_s / allreduce_s
@@ -111,6 +122,7 @@ def advise(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         "ranks": comm.size,
         "parameters": sum(p.numel() for p in params),
         "compute_s": compute_s,
+        "device_ms": args.device_ms,
         "allreduce_s": allreduce_s,
         "ratio": ratio,
         "threshold": args.threshold,
@@ -127,7 +139,11 @@ def explain(result: dict[str, Any]) -> str:
         [
             f"{result['model']} on {result['dataset']}, batch {result['batch_size']} per rank, {result['ranks']} ranks,"
             f" {result['parameters']:,} parameters",
-            f"computation: {result['compute_s'] * 1e3:.2f} ms per step (forward, backward, SGD step; all ranks at once)",
+            f"computation: {result['compute_s'] * 1e3:.2f} ms per step " + (
+                "(forward, backward, SGD step; all ranks at once)"
+                if result["device_ms"] is None
+                else f"(an emulated device: {result['batch_size']} samples x {result['device_ms']:g} ms)"
+            ),
             f"communication: {result['allreduce_s'] * 1e3:.2f} ms per gradient allreduce (the allreduce solver's buckets)",
             f"computation/communication ratio: {ratio:.3f}",
             f"rule: ratio >= {threshold:g} -> ea-wild, else allreduce (perf/easgd.sh study ratios: {study})",

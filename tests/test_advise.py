@@ -34,11 +34,13 @@ def test_recommendation_follows_the_printed_ratio_and_the_documented_rule():
 
 
 def test_threshold_forces_either_side():
-    for threshold, expected in (("0", "ea-wild"), ("1e9", "allreduce")):
-        result = advise(*QUICK, "--repeats", "1", "--json", "--threshold", threshold)
+    for threshold, expected, device in (("0", "ea-wild", []), ("1e9", "allreduce", ["--device-ms", "5"])):
+        result = advise(*QUICK, "--repeats", "1", "--json", "--threshold", threshold, *device)
         assert result.returncode == 0, result.stderr
         figures = json.loads(result.stdout)
         assert figures["ranks"] == 2 and figures["compute_s"] > 0 and figures["allreduce_s"] > 0
+        if device:  # an emulated device's step: batch 2 x 5 ms
+            assert figures["compute_s"] == 2 * 5e-3 and figures["device_ms"] == 5
         assert figures["ratio"] == figures["compute_s"] / figures["allreduce_s"]
         assert figures["recommendation"] == expected, figures
 
