@@ -10,7 +10,7 @@
 #   perf/easgd.sh                   # each piece waits for the CPU lock (/tmp/mpisolve-cpu.lock)
 #   MPISOLVE_LOCK= perf/easgd.sh    # a machine of your own (or a lock already held): no lock
 #   perf/easgd.sh mlp               # one workload's pieces (mlp or cnn), then the merge
-#   PIECES="repeats advise" perf/easgd.sh mlp   # some pieces only: main, nesterov, repeats, advise
+#   PIECES="repeats advise" perf/easgd.sh mlp   # some pieces only: main, sgd, nesterov, repeats, advise
 #
 # Every rank runs on an emulated device (--device-ms: a micro-batch of n samples takes
 # n x MS ms, the real compute included; README "Emulated devices"): 4 ranks share 2
@@ -23,13 +23,15 @@
 # The solvers share the user's optimizer (SGD, --lr, --momentum 0.9), but async-msgd and
 # async-measgd add their own Nesterov momentum and so get --momentum 0: they run in a
 # compare of their own. Solver options are the defaults (tau 4 and alpha 0.9/4 for the
-# elastic ones, tau 1 for the others; sharded windows; progress thread).
+# elastic ones, tau 1 for the others; sharded windows; progress thread). The push-every-step
+# solvers (async-sgd, hogwild-sgd, async-msgd) and async-measgd can diverge at this
+# learning rate: they skip non-finite steps (nonfinite=skip) instead of stopping the compare.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${VENV:-.venv}/bin
 OUT=${OUT:-perf/results/easgd}
 LOCK=${MPISOLVE_LOCK-/tmp/mpisolve-cpu.lock}
-PIECES=${PIECES:-main nesterov repeats advise}
+PIECES=${PIECES:-main sgd nesterov repeats advise}
 export MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-600}
 
 mpisolve4() {  # mpisolve under mpiexec at 4 ranks, holding the lock for this piece only
@@ -49,10 +51,13 @@ has() { [[ " $PIECES " == *" $1 "* ]]; }
 for name in ${*:-mlp cnn}; do
     w=${WORKLOAD[$name]}
     if has main; then
-        mpisolve4 compare $w --momentum 0.9 --solvers allreduce,easgd,async-easgd,ea-wild,async-sgd,hogwild-sgd --out "$OUT/$name/main"
+        mpisolve4 compare $w --momentum 0.9 --solvers allreduce,easgd,async-easgd,ea-wild --out "$OUT/$name/main"
+    fi
+    if has sgd; then
+        mpisolve4 compare $w --momentum 0.9 --set nonfinite=skip --solvers async-sgd,hogwild-sgd --out "$OUT/$name/sgd"
     fi
     if has nesterov; then
-        mpisolve4 compare $w --momentum 0 --solvers async-msgd,async-measgd --out "$OUT/$name/nesterov"
+        mpisolve4 compare $w --momentum 0 --set nonfinite=skip --solvers async-msgd,async-measgd --out "$OUT/$name/nesterov"
     fi
     if has repeats; then
         for seed in ${REPEATS[$name]}; do
@@ -63,6 +68,6 @@ for name in ${*:-mlp cnn}; do
         mpisolve4 advise ${ADVISE[$name]} --json > "$OUT/$name/advise.json"
     fi
     rm -f "$OUT/$name"/*/accuracy_vs_*.png
-    "$BIN/python" -m mpisolve plot "$OUT/$name"/main/*.jsonl "$OUT/$name"/nesterov/*.jsonl --out "$OUT/$name"
+    "$BIN/python" -m mpisolve plot "$OUT/$name"/{main,sgd,nesterov}/*.jsonl --out "$OUT/$name"
 done
 "$BIN/python" perf/easgd_results.py "$OUT"
