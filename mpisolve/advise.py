@@ -4,18 +4,19 @@ Under ``mpiexec``, every rank at once measures, for ``--model`` on micro-batches
 ``--batch-size`` from ``--dataset``:
 
 - ``compute_s``: one training step of a rank alone (forward, backward, an SGD step
-  with momentum), all ranks computing at the same time, as they do in training;
+  with momentum), all ranks computing at the same time, as they do in training; or,
+  with ``--device-ms MS``, an emulated device's step, batch x MS ms (the study's);
 - ``allreduce_s``: the ``allreduce`` solver's averaging of the model's gradients (its
   fused buckets, as in a training step; the ``bench allreduce`` code);
 
 both medians over ``--repeats`` (each repeat timed by its slowest rank), and their
 ratio ``compute_s / allreduce_s``. The rule comes from the study ``perf/easgd.sh``
-(README, "When asynchronous beats synchronous"), measured at 4 ranks on a 2-core
-machine: ``ea-wild`` reached the target sooner than ``allreduce`` on the workload of the
-higher ratio (the CNN) and much later on the lower one (the MLP, whose memory-bound steps
-slow down when four ranks compute at once on two cores), the opposite of the EA-wild
-paper's finding on GPU clusters. So a ratio of at least :data:`EA_WILD_FROM` (between the
-two measured ratios) recommends ``ea-wild``, any lower ``allreduce``. ``--threshold``
+(README, "When asynchronous beats synchronous"), measured at 4 ranks on a 2-core machine
+with a device emulated per rank: ``ea-wild`` reached the target sooner than
+``allreduce`` on the workload of the lower ratio (the MLP, communication-bound) and later
+on the higher one (the CNN, compute-bound), as the EA-wild paper found on GPU clusters.
+So a ratio below :data:`EA_WILD_BELOW` (between the two measured ratios) recommends
+``ea-wild``, any higher ``allreduce``. ``--threshold``
 replaces it (a study of your own cluster). Rank 0 prints the figures, the rule and the
 recommendation (``--json``: one JSON object).
 """
@@ -34,9 +35,9 @@ from .options import InputError
 if TYPE_CHECKING:
     from .comm.communicator import Communicator
 
-#: From this computation/communication ratio on, recommend ea-wild: the geometric mean of
-#: the study's two ratios (ea-wild 0.38x allreduce's time to target at 1.0, 1.08x at 8.8).
-EA_WILD_FROM = 3.0
+#: Below this computation/communication ratio, recommend ea-wild: between the study's two
+#: ratios, near their geometric mean (see STUDY_RATIOS and the README's study).
+EA_WILD_BELOW = 3.0
 #: The study's measured ratios (perf/results/easgd/*/advise.json), for the printed reason.
 STUDY_RATIOS = {"mlp on digits, batch 8": 1.005, "cnn on synthetic, batch 32": 8.83}
 
@@ -58,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=20, help="timed repeats of each measurement (the median is used)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed repeats first")
     parser.add_argument(
-        "--threshold", type=float, default=EA_WILD_FROM, help=f"recommend ea-wild from this ratio on (default {EA_WILD_FROM:g}, the study's)"
+        "--threshold", type=float, default=EA_WILD_BELOW, help=f"recommend ea-wild below this ratio (default {EA_WILD_BELOW:g}, the study's)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
@@ -114,7 +115,7 @@ def advise(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     params = list(model.parameters())
     allreduce_s, _ = solver_allreduce_seconds(params, comm, int(args.bucket_mb * 1e6), args.repeats, args.warmup)
     ratio = compute_s / allreduce_s
-    solver = "ea-wild" if ratio >= args.threshold else "allreduce"
+    solver = "ea-wild" if ratio < args.threshold else "allreduce"
     return {
         "model": args.model,
         "dataset": args.dataset,
@@ -134,7 +135,7 @@ def explain(result: dict[str, Any]) -> str:
     """The figures, the rule and the recommendation, as lines of text."""
     ratio, threshold = result["ratio"], result["threshold"]
     study = "; ".join(f"{name}: {value:.2f}" for name, value in STUDY_RATIOS.items())
-    side = "at or above" if ratio >= threshold else "below"
+    side = "below" if ratio < threshold else "at or above"
     return "\n".join(
         [
             f"{result['model']} on {result['dataset']}, batch {result['batch_size']} per rank, {result['ranks']} ranks,"
@@ -146,7 +147,7 @@ def explain(result: dict[str, Any]) -> str:
             ),
             f"communication: {result['allreduce_s'] * 1e3:.2f} ms per gradient allreduce (the allreduce solver's buckets)",
             f"computation/communication ratio: {ratio:.3f}",
-            f"rule: ratio >= {threshold:g} -> ea-wild, else allreduce (perf/easgd.sh study ratios: {study})",
+            f"rule: ratio < {threshold:g} -> ea-wild, else allreduce (perf/easgd.sh study ratios: {study})",
             f"recommendation: {result['recommendation']} (the ratio is {side} {threshold:g})",
         ]
     )

@@ -68,6 +68,7 @@ for name in ${*:-mlp cnn}; do
         mpisolve4 advise ${ADVISE[$name]} --json > "$OUT/$name/advise.json"
     fi
     rm -f "$OUT/$name"/*/accuracy_vs_*.png
-    "$BIN/python" -m mpisolve plot "$OUT/$name"/{main,sgd,nesterov}/*.jsonl --out "$OUT/$name"
+    logs=$(ls "$OUT/$name"/{main,sgd,nesterov}/*.jsonl 2>/dev/null || true)  # the pieces run so far
+    if [ -n "$logs" ]; then "$BIN/python" -m mpisolve plot $logs --out "$OUT/$name"; fi
 done
 "$BIN/python" perf/easgd_results.py "$OUT"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mpisolve.advise import EA_WILD_FROM
+from mpisolve.advise import EA_WILD_BELOW
 
 BIN = Path(sys.executable).parent
 QUICK = ["--model", "mlp", "--batch-size", "2", "--repeats", "3", "--warmup", "1"]
@@ -27,14 +27,14 @@ def test_recommendation_follows_the_printed_ratio_and_the_documented_rule():
     allreduce_ms = float(re.search(r"communication: ([0-9.]+) ms", text).group(1))
     ratio = float(re.search(r"computation/communication ratio: ([0-9.]+)", text).group(1))
     assert abs(ratio - compute_ms / allreduce_ms) <= 0.01 * ratio + 0.01  # the ratio of the printed figures
-    assert f"rule: ratio >= {EA_WILD_FROM:g} -> ea-wild, else allreduce" in text
-    expected = "ea-wild" if ratio >= EA_WILD_FROM else "allreduce"
+    assert f"rule: ratio < {EA_WILD_BELOW:g} -> ea-wild, else allreduce" in text
+    expected = "ea-wild" if ratio < EA_WILD_BELOW else "allreduce"
     assert re.search(r"^recommendation: (\S+)", text, re.M).group(1) == expected
     assert text.count("recommendation:") == 1  # rank 0 alone prints
 
 
 def test_threshold_forces_either_side():
-    for threshold, expected, device in (("0", "ea-wild", []), ("1e9", "allreduce", ["--device-ms", "5"])):
+    for threshold, expected, device in (("0", "allreduce", []), ("1e9", "ea-wild", ["--device-ms", "5"])):
         result = advise(*QUICK, "--repeats", "1", "--json", "--threshold", threshold, *device)
         assert result.returncode == 0, result.stderr
         figures = json.loads(result.stdout)
