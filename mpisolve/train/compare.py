@@ -54,9 +54,14 @@ def compare(plan: CompareConfig, comm: Communicator, *, show: bool = True) -> di
     """Run every solver of ``plan`` in turn; rank 0 writes the outputs. Returns summary.json's content."""
     out = Path(plan.out)
     summaries = {}
+    device_ms = None  # --device-ms auto: calibrated by the first run, then the same device for every solver
     for config in plan.runs:
         config = dataclasses.replace(config, log=str(out / f"{config.solver}.jsonl"))
-        summaries[config.solver] = train(config, comm, show=show)
+        if config.device_ms == "auto" and device_ms is not None:
+            config = dataclasses.replace(config, device_ms=device_ms)
+        summary = summaries[config.solver] = train(config, comm, show=show)
+        if summary["device_ms_per_sample"] is not None:
+            device_ms = repr(summary["device_ms_per_sample"])
     first = next(iter(summaries.values()))
     result = {
         "solvers": {name: {key: s[key] for key in SOLVER_FIELDS} for name, s in summaries.items()},

@@ -213,14 +213,19 @@ def test_slow_rank_leaves_others_idle_under_synchronous_sgd(comm):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2)
-def test_emulated_devices_pace_every_rank_by_its_factor(comm):
+def test_emulated_devices_pace_every_rank_by_its_factor(comm, shared_dir):
     """--device-ms: a micro-batch takes factor x samples x ms, so the 3x rank is busy three times as long per batch."""
     summary = train(config(steps=6, device_ms="10", hetero=(1.0, 3.0), batch_size=4), comm, show=False)
     assert summary["workload"]["device_ms"] == "10" and summary["device_overruns"] == [0.0, 0.0]
     # Rank 0 waits for rank 1 at every step: 6 x 3 x 4 x 10 ms = 0.72 s of emulated compute at least.
     assert summary["wall_s"] >= 6 * 3 * 4 * 0.010 and summary["idle"][0] > summary["idle"][1]
-    auto = train(config(steps=2, device_ms="auto"), comm, show=False)
-    assert len(auto["device_overruns"]) == comm.size
+    # auto under compare: calibrated by the first run, the same device for the next solver.
+    names = ("allreduce", "adasum")
+    runs = tuple(config(solver=name, steps=2, device_ms="auto") for name in names)
+    compare(CompareConfig(names, str(shared_dir / "auto"), runs), comm, show=False)
+    if comm.rank == 0:
+        used = [json.loads((shared_dir / "auto" / f"{n}.summary.json").read_text())["device_ms_per_sample"] for n in names]
+        assert used[0] > 0 and used[0] == pytest.approx(used[1], rel=1e-12)
 
 
 @pytest.mark.mpi(min_size=2)
