@@ -173,7 +173,7 @@ def plot(rows: list[dict[str, object]], out: Path, cores: int) -> list[Path]:
         fig, (thr, eff, brk) = plt.subplots(1, 3, figsize=(19, 5.5), gridspec_kw={"width_ratios": [1, 1, 1.6]})
         for i, solver in enumerate(solvers):
             points = sorted((r["ranks"], r) for r in mine if r["solver"] == solver)
-            style = dict(color=f"C{i % 10}", marker="os^vD<>ph*"[i % 10], ms=5, label=solver)
+            style = dict(color=plt.get_cmap("tab20")(i % 20), marker="os^vD<>ph*"[i % 10], ms=5, label=solver)
             thr.plot([p for p, _ in points], [r["samples_per_s"] for _, r in points], "-", **style)
             with_eff = [(p, r["efficiency"]) for p, r in points if r["efficiency"] != ""]
             eff.plot([p for p, _ in with_eff], [e for _, e in with_eff], "-", **style)
