@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# README "Scaling study": every registered solver, MLP and CNN on digits, 1, 2, 4, 8 ranks,
-# weak scaling (32 samples per rank per step), throughput, efficiency, busy/comm/idle.
-# -> perf/results/scaling/ (scaling.csv, scaling_mlp.png, scaling_cnn.png, one directory per run)
+# README "Scaling study": weak scaling (32 samples per rank per step) at 1, 2, 4, 8 ranks on
+# digits, throughput, efficiency, busy/comm/idle, in two labelled series:
+# - real compute (ranks share the cores): every registered solver, MLP (40 micro-batches per
+#   rank) and CNN (24);
+# - an emulated device per rank (--device-ms): the MLP, where communication matters, one
+#   solver of each kind (16 micro-batches per rank: sleep-paced, so steady).
+# -> perf/results/scaling/ (scaling.csv, table.md, scaling_<model>[_emulated].png, device.json, one directory per run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-"${PYTHON:-python}" perf/scaling.py --models mlp,cnn --ranks 1 2 4 8
+"${PYTHON:-python}" perf/scaling.py --models mlp --ranks 1 2 4 8 --series real
+"${PYTHON:-python}" perf/scaling.py --models cnn --ranks 1 2 4 8 --series real --batches 24 --log-every 3
+"${PYTHON:-python}" perf/scaling.py --models mlp --ranks 1 2 4 8 --series emulated --batches 16 --log-every 2 \
+    --solvers allreduce,adasum,easgd,local-sgd,async-easgd,ea-wild,hogwild-sgd

@@ -8,11 +8,14 @@ hold on a noisy machine even when absolute seconds do not.
 from __future__ import annotations
 
 import argparse
+import csv
 import importlib
 import json
+import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 #: benchmark -> module. Each module is imported only when it runs.
 BENCHES: dict[str, str] = {
@@ -72,3 +75,12 @@ def interleaved_medians(fns: dict[str, Callable[[], None]], comm, repeats: int, 
             fn()
             times[name].append(comm.reduce_scalar(time.perf_counter() - start, op="max"))
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def write_csv(path: str, rows: list[dict[str, Any]], fields: Sequence[str]) -> None:
+    """A benchmark's rows as CSV (its directory created)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(fields))
+        writer.writeheader()
+        writer.writerows(rows)

@@ -21,7 +21,6 @@ call; the bandwidths are nccl-tests': ``algbw = bytes / time`` and
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import re
 from collections.abc import Callable
@@ -35,7 +34,7 @@ from ..comm.buckets import GradientBuckets
 from ..comm.collectives import REDUCE_OPS, allreduce
 from ..comm.communicator import Communicator, mpi_buffer
 from ..options import InputError
-from . import median_seconds
+from . import median_seconds, write_csv
 
 #: Operations every mpisolve has; "adasum" joins when the functional collective offers it.
 BASE_OPS = ("mpi", "sum", "average", "bucketed")
@@ -175,7 +174,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
                 "repeats": repeats,
             })
     if args.csv and comm.rank == 0:
-        write_csv(args.csv, rows)
+        write_csv(args.csv, rows, CSV_FIELDS)
     # The machine's 1-minute load (this run's own ranks included) before and after: a
     # load well above the rank count means other work shared the cores and the figures.
     return {
@@ -186,11 +185,3 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         "ops": ops,
         "rows": rows,
     }
-
-
-def write_csv(path: str, rows: list[dict[str, Any]]) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)

@@ -1,4 +1,5 @@
-"""Alpha and beta (and Adasum's gamma) from an allreduce sweep (``bench sweep --csv``).
+"""Alpha and beta (and Adasum's gamma) from an allreduce sweep (``bench sweep --csv``),
+and the window exchange's own alpha and beta from ``bench windows --csv``.
 
 The sweep's rows give the latency of one allreduce of ``bytes`` at ``ranks``. For a
 chosen algorithm the model is linear in its parameters, ``t = alpha A(p) + beta B(p, n)``
@@ -7,6 +8,10 @@ Rows are weighted by 1/t, so that the 4-byte and the 64-MiB rows count alike (th
 minimises relative error). gamma cannot be told apart from beta in an allreduce (both
 scale with (p-1)/p n) and is left in beta; Adasum's extra per-byte work is fitted from
 the ``adasum`` rows as ``gamma_adasum`` on top of the fitted network.
+
+Window exchanges (one-sided gets, accumulates and locks) cost something else than an
+allreduce's messages: :func:`fit_window` fits :func:`.network.window_exchange`'s alpha
+and beta, per mode (locked, wild), to the measured exchanges of ``bench windows``.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from pathlib import Path
 import numpy as np
 
 from ..options import InputError
-from .network import Algorithm, Network, adasum_allreduce
+from .network import Algorithm, Network, adasum_allreduce, window_exchange
 
 #: Columns a sweep CSV must have.
 SWEEP_COLUMNS = ("ranks", "op", "bytes", "latency_us")
+#: Columns a ``bench windows`` CSV must have.
+WINDOW_COLUMNS = ("ranks", "path", "mode", "layout", "bytes", "seconds")
 
 
 def read_sweep(paths: Iterable[Path | str]) -> list[dict[str, float | str]]:
@@ -42,6 +49,26 @@ def read_sweep(paths: Iterable[Path | str]) -> list[dict[str, float | str]]:
             raise InputError(f"cannot read sweep CSV {path}: {err.strerror}") from None
         except ValueError as err:
             raise InputError(f"{path}: bad value in a sweep row ({err})") from None
+    return rows
+
+
+def read_window_bench(paths: Iterable[Path | str]) -> list[dict[str, float | str]]:
+    """The rows of ``bench windows`` CSVs: ``ranks``, ``path``, ``mode``, ``layout``, ``bytes``, ``seconds``."""
+    rows: list[dict[str, float | str]] = []
+    for path in paths:
+        try:
+            with open(path, newline="", encoding="utf-8") as f:
+                reader = csv.DictReader(f)
+                missing = [c for c in WINDOW_COLUMNS if c not in (reader.fieldnames or ())]
+                if missing:
+                    raise InputError(f"{path}: not a bench windows CSV (missing columns: {', '.join(missing)})")
+                for row in reader:
+                    rows.append({"ranks": int(row["ranks"]), "path": row["path"], "mode": row["mode"],
+                                 "layout": row["layout"], "bytes": float(row["bytes"]), "seconds": float(row["seconds"])})
+        except OSError as err:
+            raise InputError(f"cannot read bench windows CSV {path}: {err.strerror}") from None
+        except ValueError as err:
+            raise InputError(f"{path}: bad value in a bench windows row ({err})") from None
     return rows
 
 
@@ -92,6 +119,27 @@ def fit_adasum_gamma(rows: Sequence[Mapping[str, float | str]], net: Network) ->
     weights = 1 / seconds
     (gamma,) = _nonnegative_lstsq((per_gamma * weights)[:, None], (seconds - base) * weights)
     return float(gamma)
+
+
+def fit_window(rows: Sequence[Mapping[str, float | str]], *, path: str = "shared",
+               layout: str = "sharded") -> dict[str, Network]:
+    """Per mode ("locked", "wild"): alpha and beta of :func:`.network.window_exchange`
+    fitted to the ``path`` and ``layout`` rows at 2 ranks or more (weighted by 1/t)."""
+    fits = {}
+    for mode in ("locked", "wild"):
+        mine = [r for r in rows if r["path"] == path and r["layout"] == layout and r["mode"] == mode and int(r["ranks"]) >= 2]
+        if len({(int(r["ranks"]), float(r["bytes"])) for r in mine}) < 2:
+            raise InputError(f"too few {mode} {layout} rows on the {path} path to fit a window exchange "
+                             f"(need two sizes or rank counts; paths present: {', '.join(sorted({str(r['path']) for r in rows})) or 'none'})")
+        locked = mode == "locked"
+        design = np.array([[window_exchange(Network(alpha=1.0, beta=0.0), int(r["ranks"]), float(r["bytes"]), locked=locked, layout=layout),
+                            window_exchange(Network(alpha=0.0, beta=1.0), int(r["ranks"]), float(r["bytes"]), locked=locked, layout=layout)]
+                           for r in mine])
+        seconds = np.array([float(r["seconds"]) for r in mine])
+        weights = 1 / seconds
+        alpha, beta = _nonnegative_lstsq(design * weights[:, None], seconds * weights)
+        fits[mode] = Network(alpha=float(alpha), beta=float(beta), name=f"{mode} window exchange, {path} path")
+    return fits
 
 
 def relative_errors(rows: Sequence[Mapping[str, float | str]], net: Network, *, op: str) -> list[float]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..options import InputError, option_fields
-from .calibrate import fit_adasum_gamma, fit_network, read_sweep
+from .calibrate import fit_adasum_gamma, fit_network, fit_window, read_sweep, read_window_bench
 from .iteration import MODELS, Case, Compute, iteration, model_options, parse_model_option
 from .network import ALGORITHMS, Network
 from .workloads import WORKLOADS, workload
@@ -49,6 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latency-us", type=float, help="per-message latency, overriding the preset's")
     parser.add_argument("--calibration", nargs="+", metavar="CSV", help="fit alpha and beta to these bench sweep CSVs instead")
     parser.add_argument("--calibration-op", default="bucketed", help="the sweep op to fit (default %(default)s)")
+    parser.add_argument("--window-calibration", nargs="+", metavar="CSV",
+                        help="price the window solvers' exchanges by alpha and beta fitted to these bench windows CSVs")
+    parser.add_argument("--window-path", default="internode", choices=("internode", "shared"),
+                        help="the bench windows rows to fit: internode (across nodes, default) or shared (one node)")
     parser.add_argument("--algorithm", default="auto", choices=ALGORITHMS,
                         help="large-message allreduce; auto: the cheaper of ring and halving-doubling (default %(default)s)")
     parser.add_argument("--gamma", type=float, default=GPU_GAMMA, help="reduction seconds per byte (default %(default)g)")
@@ -122,12 +126,13 @@ def project(args: argparse.Namespace) -> list[dict[str, Any]]:
         step_s = args.batch / throughput
     compute = Compute(step_s=step_s, batch=args.batch, gemm_flops=args.gemm_tflops * 1e12, inverse_flops=args.inverse_tflops * 1e12)
     net, fitted_gamma = build_network(args)
+    window = fit_window(read_window_bench(args.window_calibration), path=args.window_path) if args.window_calibration else None
     gamma_adasum = args.gamma_adasum if args.gamma_adasum is not None else (fitted_gamma if fitted_gamma is not None else 3 * net.gamma)
     rows = []
     for name in names:
-        single = iteration(name, Case(load, net, compute, 1, WIRE_BYTES[args.wire_dtype], gamma_adasum), options[name], overlap=args.overlap)
+        single = iteration(name, Case(load, net, compute, 1, WIRE_BYTES[args.wire_dtype], gamma_adasum, window), options[name], overlap=args.overlap)
         for p in ranks:
-            it = iteration(name, Case(load, net, compute, p, WIRE_BYTES[args.wire_dtype], gamma_adasum), options[name], overlap=args.overlap)
+            it = iteration(name, Case(load, net, compute, p, WIRE_BYTES[args.wire_dtype], gamma_adasum, window), options[name], overlap=args.overlap)
             rows.append({
                 "solver": name, "model": args.model, "ranks": p,
                 "iteration_ms": it.total * 1e3, "compute_ms": it.compute * 1e3, "comm_ms": it.comm * 1e3,

@@ -3,17 +3,19 @@
 For a workload of ``n = params x wire_bytes`` bytes of gradients at ``p`` ranks, each
 solver's communication per iteration (amortised over the steps between exchanges):
 
-- ``allreduce``, ``abs-sgd``: one allreduce of n per update, in buckets of ``bucket_mb``
+- ``allreduce``, ``abs-sgd``, ``lb-bsp``: one allreduce of n per update, in buckets of ``bucket_mb``
   (each bucket pays its own latency terms);
 - ``adasum``: the Adasum VHDD of n per update (:func:`.network.adasum_allreduce`: the
   halving-doubling volume, a small allreduce of per-tensor statistics at each level, and
   ``gamma_adasum`` per byte);
-- ``easgd``: an allreduce of n every ``tau`` steps;
+- ``easgd``, ``local-sgd``: an allreduce of n every ``tau`` steps;
 - the window solvers (``async-*``, ``hogwild-sgd``, ``ea-wild``): every ``tau`` steps a
   worker reads the shared vector and accumulates into it, n bytes each way, from the
   p - 1 other ranks' shards (``layout=sharded``), or all of it from rank 0 (``server``,
   whose link then carries every worker's 2n); locked solvers add a lock and an unlock per
-  shard. Nobody waits for anybody, so no idle time;
+  shard (:func:`.network.window_exchange`). The case's ``window`` networks (alpha and
+  beta fitted to ``bench windows``, one per mode: ``locked``, ``wild``) price it when
+  given, else the allreduce's network does. Nobody waits for anybody, so no idle time;
 - ``kfac``: the gradient allreduce of n per update; every ``factor_update_steps`` the
   covariance of each layer's factors (2 m B d^2 flops for m rows per sample) and an
   allreduce of the factors (upper triangles with ``pack_triangles``); every
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..options import InputError, build_options, parse_option, require
-from .network import Network, adasum_allreduce, allgather
+from .network import Network, adasum_allreduce, allgather, window_exchange
 from .workloads import Workload
 
 BACKWARD_SHARE = 2 / 3
@@ -128,7 +130,8 @@ class KFACModelOptions(BucketOptions):
 
 @dataclass(frozen=True)
 class Case:
-    """What a solver's model is given."""
+    """What a solver's model is given. ``window``: the networks that price window
+    exchanges, by mode ("locked", "wild"; fitted to ``bench windows``), None for ``net``."""
 
     workload: Workload
     net: Network
@@ -136,6 +139,7 @@ class Case:
     p: int
     wire_bytes: int
     gamma_adasum: float
+    window: Mapping[str, Network] | None = None
 
     @property
     def grad_bytes(self) -> float:
@@ -166,19 +170,11 @@ def _easgd(case: Case, options: ExchangeOptions) -> tuple[float, float]:
 
 
 def _window(locked: bool) -> Callable[[Case, WindowOptions], tuple[float, float]]:
+    mode = "locked" if locked else "wild"
+
     def model(case: Case, options: WindowOptions) -> tuple[float, float]:
-        p, n, net = case.p, case.grad_bytes, case.net
-        if p == 1:
-            return 0.0, 0.0
-        if options.layout == "server":
-            messages, own = 2, 2 * n
-            link = 2 * n * (p - 1) * net.beta  # rank 0's link carries every worker's get and accumulate
-        else:
-            messages, own = 2 * (p - 1), 2 * n * (p - 1) / p
-            link = own * net.beta
-        if locked:
-            messages *= 2  # lock and unlock around each shard's get and accumulate
-        exchange = max(messages * net.alpha + own * net.beta, link) + n * (p - 1) / p * net.gamma
+        net = case.window[mode] if case.window is not None else case.net
+        exchange = window_exchange(net, case.p, case.grad_bytes, locked=locked, layout=options.layout)
         return 0.0, exchange / options.tau
 
     return model
@@ -215,6 +211,8 @@ MODELS: dict[str, tuple[Callable[[Case, Any], tuple[float, float]], type]] = {
     "abs-sgd": (_allreduce, BucketOptions),
     "adasum": (_adasum, BucketOptions),
     "easgd": (_easgd, ExchangeOptions),
+    "local-sgd": (_easgd, ExchangeOptions),  # an allreduce of the parameters every tau steps
+    "lb-bsp": (_allreduce, BucketOptions),  # batch sizes balance the ranks' compute; the exchange is allreduce's
     "async-sgd": (_window(locked=True), EveryStepWindowOptions),
     "async-msgd": (_window(locked=True), EveryStepWindowOptions),
     "hogwild-sgd": (_window(locked=False), EveryStepWindowOptions),

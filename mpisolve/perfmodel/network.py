@@ -13,7 +13,12 @@ Large allreduces use ``algorithm``: ring, halving-doubling, or ``auto`` (the che
   (``2 (alpha + n beta) + n gamma``), as MPICH does;
 - recursive doubling (small messages): ``ceil(log p) (alpha + n beta + n gamma)``;
 - broadcast (scatter + ring allgather, van de Geijn): ``(log p + p - 1) alpha + 2(p-1)/p n beta``;
-- allgather of ``n`` bytes in total (ring): ``(p-1) alpha + (p-1)/p n beta``.
+- allgather of ``n`` bytes in total (ring): ``(p-1) alpha + (p-1)/p n beta``;
+- window exchange (a get and an accumulate of the whole shared vector of ``n`` bytes):
+  sharded, ``2(p-1)`` messages to the other ranks' shards and ``2(p-1)/p n`` bytes, or
+  from rank 0 alone (``server``: 2 messages, 2n bytes, rank 0's link carrying every
+  worker's 2n); a locked exchange adds a lock and an unlock per shard; plus the update
+  of the remote part, ``(p-1)/p n gamma``.
 
 Each function returns seconds, 0 for one rank.
 """
@@ -112,3 +117,18 @@ def adasum_allreduce(net: Network, p: int, n: float, *, tensors: int, gamma_adas
     stats = sum(recursive_doubling_allreduce(net, 2 << level, 24 * tensors) for level in range(int(math.log2(k))))
     combine = ((k - 1) / k + (0 if k == p else 1)) * n * gamma_adasum
     return data + stats + combine
+
+
+def window_exchange(net: Network, p: int, n: float, *, locked: bool, layout: str = "sharded") -> float:
+    """One worker's exchange with a shared vector of ``n`` bytes (the module's formula)."""
+    if p <= 1:
+        return 0.0
+    if layout == "server":
+        messages, own = 2, 2 * n
+        link = 2 * n * (p - 1) * net.beta  # rank 0's link carries every worker's get and accumulate
+    else:
+        messages, own = 2 * (p - 1), 2 * n * (p - 1) / p
+        link = own * net.beta
+    if locked:
+        messages *= 2  # lock and unlock around each shard's get and accumulate
+    return max(messages * net.alpha + own * net.beta, link) + n * (p - 1) / p * net.gamma

@@ -151,7 +151,7 @@ class Trainer:
         self._loss_sum = 0.0
         self._correct = 0
         self._count = 0
-        self._mark = (0.0, 0.0, 0)
+        self._mark = (0.0, 0.0)
 
     def prepare(self) -> None:
         """Resume from the checkpoint if asked, size the micro-batches, open the log, start the clocks.
@@ -174,7 +174,7 @@ class Trainer:
             lambda: RunLog(config.log, resume_step=resume_step) if rank == 0 and config.log is not None else None
         )
         self.clock = TimeAccount(self.comm, wall_s=wall_s, blocked_s=blocked_s)
-        self._mark = (self.clock.wall_s(), self.clock.blocked_s(), self.counter.now.samples)
+        self._mark = (self.clock.wall_s(), self.clock.blocked_s())
 
     def _compute_seconds(self, n: int) -> float:
         """Seconds of real compute (forward and backward, MPI waits excluded) on ``n`` training samples.
@@ -303,7 +303,7 @@ class Trainer:
     # ------------------------------------------------------------------- records
     def _record(self, now: Progress, evaluated: bool, *, important: bool) -> None:
         wall, blocked = self.clock.wall_s(), self.clock.blocked_s()
-        last_wall, last_blocked, last_samples = self._mark
+        last_wall, last_blocked = self._mark
         skipped = self.solver.nonfinite.skipped
         mine = (wall - last_wall, blocked - last_blocked, self._loss_sum, self._correct, self._count, skipped)
         everyone = self.ctrl.allgather_object(mine)
@@ -318,14 +318,17 @@ class Trainer:
             "test_accuracy": self.test_accuracy if evaluated else None,
             "test_loss": self.test_loss if evaluated else None,
             "global_samples": self.last_update_samples,
-            "samples_per_s": (now.samples - last_samples) / max(wall - last_wall, 1e-9),
+            # Each rank's samples over its own interval, summed: the agreed progress of an
+            # asynchronous solver lags (a round carries counts from when it was posted), so
+            # its difference between two records is not what was trained in between.
+            "samples_per_s": sum(e[4] / max(e[0], 1e-9) for e in everyone),
             "busy": busy,
             "comm": comm,
             "idle": idle,
             "skipped_steps": [e[5] for e in everyone],
         }
         self._loss_sum, self._correct, self._count = 0.0, 0, 0
-        self._mark = (wall, blocked, now.samples)
+        self._mark = (wall, blocked)
         if self.log is not None:
             self.log.write(record)
         if self.display is not None:

@@ -10,8 +10,10 @@ Rank 0 writes both. A record (one JSON object per line)::
 ``wall_s``: training wall seconds (evaluation and checkpoint writing excluded);
 ``loss``/``train_accuracy``: over every rank's micro-batches since the previous record;
 ``test_accuracy``/``test_loss``: when this record's step evaluated, else null;
-``global_samples``: samples covered by the latest update; ``samples_per_s``: global
-samples of the updates since the previous record per training second; ``busy``,
+``global_samples``: samples covered by the latest update; ``samples_per_s``: the
+training samples every rank computed since the previous record, each over its own
+training seconds, summed over ranks (not the agreed progress, which lags under
+asynchronous solvers); ``busy``,
 ``comm``, ``idle``: fractions of each rank's time since the previous record (see
 :mod:`mpisolve.train.accounting`).
 """

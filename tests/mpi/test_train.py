@@ -2,6 +2,7 @@
 
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -88,9 +89,20 @@ class LocalSolver(Solver):
         return StepInfo(applied=True, global_samples=n, local_samples=n)
 
 
+class StallingLocalSolver(LocalSolver):
+    """test-local whose last rank stalls once, in its first step, while the others train on."""
+
+    name = "test-local-stall"
+
+    def step(self, batch_size=None):
+        if self.updates == 0 and self.comm.rank == self.comm.size - 1:
+            time.sleep(0.5)
+        return super().step(batch_size)
+
+
 @pytest.fixture
 def test_solvers(monkeypatch):
-    for cls in (DelayedSolver, LocalSolver):
+    for cls in (DelayedSolver, LocalSolver, StallingLocalSolver):
         monkeypatch.setitem(base._REGISTRY, cls.name, cls)
     BUILT.clear()
 
@@ -201,6 +213,25 @@ def test_asynchronous_progress_is_summed_over_ranks(comm, test_solvers):
     # The agreed count lags by the round in flight, so the run overshoots 0.5 epochs by a
     # timing-dependent amount (0.6-1.4 seen on 2 shared cores when the whole suite runs).
     assert 0.5 <= summary["epochs"] < 2.0 and updates[0] > updates[slow]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+def test_asynchronous_throughput_counts_the_samples_trained_in_each_interval(comm, shared_dir, test_solvers):
+    """A rank that stalls holds back the agreed progress; when it catches up, the samples
+    the others trained meanwhile must not be reported as trained in that instant.
+
+    Every micro-batch takes at least its emulated device time, so no interval can show
+    more than ranks / (ms per sample) samples/s.
+    """
+    log = shared_dir / "stall.jsonl"
+    summary = train(config(solver="test-local-stall", model="mlp", steps=120, batch_size=8, device_ms="1",
+                           log_every=1, log=str(log)), comm, show=False)
+    most = comm.size / 1e-3  # samples/s: every rank's device flat out
+    assert summary["samples_per_s"] <= most
+    if comm.rank == 0:
+        rates = [json.loads(line)["samples_per_s"] for line in log.read_text().splitlines()]
+        assert len(rates) >= 3 and max(rates) <= most * (1 + 1e-6), rates
 
 
 @pytest.mark.mpi(min_size=2)

@@ -24,6 +24,23 @@ def test_projects_every_rank_count(tmp_path):
     assert "allreduce" in done.stdout and "1024" in done.stdout
 
 
+def test_window_calibration_prices_the_window_solvers(tmp_path):
+    """Window exchanges fitted to a bench windows CSV (10 ms each: far slower than the network) cost what it says."""
+    bench = tmp_path / "w.csv"
+    lines = ["ranks,path,mode,layout,numel,bytes,seconds"]
+    lines += [f"4,internode,{m},sharded,{n},{4 * n},0.01" for m in ("locked", "wild") for n in (1000, 10**6)]
+    bench.write_text("\n".join(lines) + "\n")
+    base = ["--solver", "ea-wild,allreduce", "--model", "resnet18", "--ranks", "4"]
+    plain, priced = tmp_path / "plain.csv", tmp_path / "priced.csv"
+    assert model(*base, "--csv", str(plain)).returncode == 0
+    done = model(*base, "--csv", str(priced), "--window-calibration", str(bench))
+    assert done.returncode == 0, done.stderr
+    before, after = (list(csv.DictReader(path.open())) for path in (plain, priced))
+    assert float(after[0]["comm_ms"]) == pytest.approx(10 / 4)  # ea-wild: a 10 ms exchange every tau=4 steps
+    assert float(before[0]["comm_ms"]) < 2
+    assert after[1]["comm_ms"] == before[1]["comm_ms"]  # allreduce keeps the network
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -37,6 +54,7 @@ def test_projects_every_rank_count(tmp_path):
         (["--solver", "easgd", "--set", "tau=x"], "option 'tau' of solver 'easgd' must be int"),
         (["--calibration", "/nonexistent.csv"], "cannot read sweep CSV /nonexistent.csv"),
         (["--overlap", "2"], "--overlap must be in [0, 1]"),
+        (["--window-calibration", "/nonexistent.csv"], "cannot read bench windows CSV /nonexistent.csv"),
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],
 )

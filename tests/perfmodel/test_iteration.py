@@ -48,6 +48,18 @@ def test_adasum_easgd_and_windows():
     assert server == pytest.approx(2 * 4e6 * 3 * 1e-9 / 4)
 
 
+def test_window_solvers_are_priced_by_their_own_networks_and_schedule():
+    """With window networks (fitted to bench windows), an exchange costs what they say, every tau steps."""
+    windows = {"wild": Network(alpha=1e-4, beta=3e-9), "locked": Network(alpha=5e-3, beta=4e-9)}
+    priced = Case(LOAD, NET, COMPUTE, 4, 4, 1e-10, windows)
+    assert iteration("ea-wild", priced).comm == pytest.approx((6 * 1e-4 + 2 * 4e6 * 3 / 4 * 3e-9) / 4)
+    assert iteration("async-sgd", priced).comm == pytest.approx(12 * 5e-3 + 2 * 4e6 * 3 / 4 * 4e-9)  # tau=1, locked
+    assert iteration("async-easgd", priced, model_options("async-easgd", {"tau": 8})).comm == pytest.approx(
+        (12 * 5e-3 + 2 * 4e6 * 3 / 4 * 4e-9) / 8)
+    assert iteration("allreduce", priced).comm == iteration("allreduce", case(4)).comm  # collectives keep the network
+    assert iteration("local-sgd", priced).comm == pytest.approx(ring_allreduce(NET, 4, 4e6) / 4)
+
+
 def test_kfac_adds_factor_and_inverse_traffic_and_inversions():
     options = model_options("kfac", {"factor_update_steps": 1, "inv_update_steps": 1, "variant": "mpd-kfac"})
     compute = Compute(step_s=0.01, batch=32, gemm_flops=1e12, inverse_flops=1e9)
