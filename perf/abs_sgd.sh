@@ -34,7 +34,7 @@ study() {
         echo "== mlp, $preset $(date +%T)" >&2
         # shellcheck disable=SC2086
         timeout "$MPIEXEC_TIMEOUT" "$VENV/bin/mpiexec" -n 4 "$VENV/bin/python" -m mpi4py -m mpisolve compare \
-            --solvers "$SOLVERS" $WORKLOAD $hetero --set async-sgd.tau=4 --out "$OUT/mlp-$preset"
+            --solvers "$SOLVERS" $WORKLOAD $hetero --set async-sgd.tau=4 --set async-sgd.nonfinite=skip --out "$OUT/mlp-$preset"
     done
 }
 export -f study
