@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -32,44 +32,50 @@ SWEEP_COLUMNS = ("ranks", "op", "bytes", "latency_us")
 WINDOW_COLUMNS = ("ranks", "path", "mode", "layout", "bytes", "seconds")
 
 
-def read_sweep(paths: Iterable[Path | str]) -> list[dict[str, float | str]]:
-    """The rows of sweep CSVs: ``ranks``, ``op``, ``bytes``, ``seconds``."""
+def _read_csv(
+    paths: Iterable[Path | str], columns: tuple[str, ...], kind: str, row_of: Callable[[dict[str, str]], dict[str, float | str]]
+) -> list[dict[str, float | str]]:
+    """Every row of ``kind`` CSVs at ``paths``, converted by ``row_of``; a bad file is an :class:`InputError`."""
     rows: list[dict[str, float | str]] = []
     for path in paths:
         try:
             with open(path, newline="", encoding="utf-8") as f:
                 reader = csv.DictReader(f)
-                missing = [c for c in SWEEP_COLUMNS if c not in (reader.fieldnames or ())]
+                missing = [c for c in columns if c not in (reader.fieldnames or ())]
                 if missing:
-                    raise InputError(f"{path}: not a sweep CSV (missing columns: {', '.join(missing)})")
-                for row in reader:
-                    rows.append({"ranks": int(row["ranks"]), "op": row["op"], "bytes": float(row["bytes"]),
-                                 "seconds": float(row["latency_us"]) * 1e-6})
+                    raise InputError(f"{path}: not a {kind} CSV (missing columns: {', '.join(missing)})")
+                rows.extend(row_of(row) for row in reader)
         except OSError as err:
-            raise InputError(f"cannot read sweep CSV {path}: {err.strerror}") from None
+            raise InputError(f"cannot read {kind} CSV {path}: {err.strerror}") from None
         except ValueError as err:
-            raise InputError(f"{path}: bad value in a sweep row ({err})") from None
+            raise InputError(f"{path}: bad value in a {kind} row ({err})") from None
     return rows
+
+
+def read_sweep(paths: Iterable[Path | str]) -> list[dict[str, float | str]]:
+    """The rows of sweep CSVs: ``ranks``, ``op``, ``bytes``, ``seconds``."""
+    return _read_csv(
+        paths,
+        SWEEP_COLUMNS,
+        "sweep",
+        lambda row: {
+            "ranks": int(row["ranks"]), "op": row["op"], "bytes": float(row["bytes"]),
+            "seconds": float(row["latency_us"]) * 1e-6,
+        },
+    )
 
 
 def read_window_bench(paths: Iterable[Path | str]) -> list[dict[str, float | str]]:
     """The rows of ``bench windows`` CSVs: ``ranks``, ``path``, ``mode``, ``layout``, ``bytes``, ``seconds``."""
-    rows: list[dict[str, float | str]] = []
-    for path in paths:
-        try:
-            with open(path, newline="", encoding="utf-8") as f:
-                reader = csv.DictReader(f)
-                missing = [c for c in WINDOW_COLUMNS if c not in (reader.fieldnames or ())]
-                if missing:
-                    raise InputError(f"{path}: not a bench windows CSV (missing columns: {', '.join(missing)})")
-                for row in reader:
-                    rows.append({"ranks": int(row["ranks"]), "path": row["path"], "mode": row["mode"],
-                                 "layout": row["layout"], "bytes": float(row["bytes"]), "seconds": float(row["seconds"])})
-        except OSError as err:
-            raise InputError(f"cannot read bench windows CSV {path}: {err.strerror}") from None
-        except ValueError as err:
-            raise InputError(f"{path}: bad value in a bench windows row ({err})") from None
-    return rows
+    return _read_csv(
+        paths,
+        WINDOW_COLUMNS,
+        "bench windows",
+        lambda row: {
+            "ranks": int(row["ranks"]), "path": row["path"], "mode": row["mode"], "layout": row["layout"],
+            "bytes": float(row["bytes"]), "seconds": float(row["seconds"]),
+        },
+    )
 
 
 def _nonnegative_lstsq(columns: np.ndarray, target: np.ndarray) -> np.ndarray:
