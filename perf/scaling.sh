@@ -9,6 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 "${PYTHON:-python}" perf/scaling.py --models mlp --ranks 1 2 4 8 --series real
-"${PYTHON:-python}" perf/scaling.py --models cnn --ranks 1 2 4 8 --series real --batches 24 --log-every 3
+# abs-sgd's CNN rounds are long (many micro-batches at 8 ranks): a record per round, so a run has at least 2.
+"${PYTHON:-python}" perf/scaling.py --models cnn --ranks 1 2 4 8 --series real --batches 24 --log-every 3 \
+    --solvers allreduce,adasum,lb-bsp,local-sgd,kfac,easgd,async-sgd,async-msgd,hogwild-sgd,async-easgd,async-measgd,ea-wild
+"${PYTHON:-python}" perf/scaling.py --models cnn --ranks 1 2 4 8 --series real --batches 24 --log-every 1 --solvers abs-sgd
 "${PYTHON:-python}" perf/scaling.py --models mlp --ranks 1 2 4 8 --series emulated --batches 16 --log-every 2 \
     --solvers allreduce,adasum,easgd,local-sgd,async-easgd,ea-wild,hogwild-sgd
