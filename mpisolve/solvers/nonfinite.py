@@ -5,7 +5,10 @@ Every solver takes the option ``nonfinite`` (see :class:`~mpisolve.solvers.base.
 - ``"raise"`` (default): a step whose gradients or update hold a NaN or an Inf raises
   :class:`NonFiniteError` (the job stops, naming what was not finite and the step);
 - ``"skip"``: the step is skipped (no update; counted in :attr:`NonFiniteGuard.skipped`,
-  which the trainer logs as ``skipped_steps``);
+  which the trainer logs as ``skipped_steps``). After :data:`MAX_CONSECUTIVE_SKIPS`
+  skipped steps in a row it raises :class:`NonFiniteError` all the same: the model has
+  diverged (finite weights whose every gradient overflows), and skipping on would spin
+  forever, since a skipped step leaves the model, and so the next gradient, as it was;
 - ``"ignore"``: no check at all (nothing computed).
 
 A solver calls :meth:`NonFiniteGuard.ok` on what it is about to apply. Where that is the
@@ -27,6 +30,8 @@ from ..comm.communicator import Communicator
 
 NonFinitePolicy = Literal["raise", "skip", "ignore"]
 POLICIES: tuple[str, ...] = ("raise", "skip", "ignore")
+#: Under ``"skip"``, this many skipped steps in a row stop the job: the model has diverged.
+MAX_CONSECUTIVE_SKIPS = 100
 
 
 class NonFiniteError(FloatingPointError):
@@ -57,6 +62,7 @@ class NonFiniteGuard:
         #: Steps skipped because of non-finite values, on this rank.
         self.skipped = 0
         self.checks = 0
+        self._skipped_in_a_row = 0
         self._flag = torch.zeros(1)
 
     def ok(self, tensors: Sequence[torch.Tensor], what: str, *, agree: bool = False) -> bool:
@@ -75,12 +81,20 @@ class NonFiniteGuard:
             self.comm.allreduce_(self._flag, op="max", what="non-finite check")
             finite = self._flag.item() == 0.0
         if finite:
+            self._skipped_in_a_row = 0
             return True
+        where = "on some rank" if agree else f"on rank {self.comm.rank}"
         if self.policy == "raise":
-            where = "on some rank" if agree else f"on rank {self.comm.rank}"
             raise NonFiniteError(
                 f"solver {self.solver!r}: non-finite value (NaN or Inf) in the {what} {where} at step "
                 f"{self.checks} (nonfinite='raise'; set nonfinite='skip' to skip such steps)"
             )
         self.skipped += 1
+        self._skipped_in_a_row += 1
+        if self._skipped_in_a_row >= MAX_CONSECUTIVE_SKIPS:
+            raise NonFiniteError(
+                f"solver {self.solver!r}: the {what} {where} were non-finite at {self._skipped_in_a_row} steps in a "
+                f"row, up to step {self.checks}: the model has diverged (nonfinite='skip' stops after "
+                f"{MAX_CONSECUTIVE_SKIPS}; lower the learning rate)"
+            )
         return False

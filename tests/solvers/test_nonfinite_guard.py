@@ -5,7 +5,7 @@ import torch
 
 import mpisolve
 from mpisolve.options import OptionError
-from mpisolve.solvers.nonfinite import NonFiniteError, all_finite
+from mpisolve.solvers.nonfinite import MAX_CONSECUTIVE_SKIPS, NonFiniteError, all_finite
 
 
 def test_all_finite_finds_nan_and_inf_in_any_tensor_and_dtype():
@@ -39,6 +39,24 @@ def test_skip_leaves_the_model_and_counts_and_raise_names_the_problem():
     with pytest.raises(NonFiniteError, match="solver 'allreduce': non-finite value .* averaged gradients .* step 1"):
         nan_step(strict, model)
     strict.close()
+
+
+def test_skip_stops_a_diverged_run_instead_of_spinning():
+    """A skipped step leaves the model as it was, so a model whose every gradient overflows
+    would be skipped forever: after MAX_CONSECUTIVE_SKIPS in a row the job stops, and a
+    finite step in between restarts the count."""
+    model = torch.nn.Linear(3, 2)
+    solver = mpisolve.make_solver("allreduce", model, torch.optim.SGD(model.parameters(), lr=0.0), nonfinite="skip")
+    for _ in range(MAX_CONSECUTIVE_SKIPS - 1):
+        assert not nan_step(solver, model).applied
+    solver.zero_grad()
+    model(torch.ones(2, 3)).sum().backward()
+    assert solver.step().applied
+    for _ in range(MAX_CONSECUTIVE_SKIPS - 1):
+        nan_step(solver, model)
+    with pytest.raises(NonFiniteError, match=f"non-finite at {MAX_CONSECUTIVE_SKIPS} steps in a row.*diverged"):
+        nan_step(solver, model)
+    solver.close()
 
 
 def test_every_solver_takes_the_option_and_checks_its_value():
