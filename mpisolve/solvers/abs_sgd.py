@@ -307,11 +307,12 @@ class ABSSGD(Solver):
             return
         self._hold_true_weights()
         self._scaled_step(global_samples)
-        with torch.no_grad():
+        c = self.options.weight_prediction
+        with torch.no_grad():  # one pass: record the update and the new true weights, then predict
             for p, w, step in zip(self.params, self._weights.views, self._last_update.views):
                 torch.sub(p, w, out=step)
                 w.copy_(p)
-        self._hold_predicted_weights()
+                p.add_(step, alpha=c)
 
     def _hold_true_weights(self) -> None:
         with torch.no_grad():

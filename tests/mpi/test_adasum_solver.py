@@ -1,6 +1,5 @@
 """The adasum solver on real ranks against a single-process simulation of every rank."""
 
-import numpy as np
 import pytest
 import torch
 from adasum_reference import tree

@@ -1,7 +1,6 @@
 """K-FAC's placement and fusion planning."""
 
 import pytest
-import torch
 
 from mpisolve.solvers.kfac import placement
 from mpisolve.solvers.kfac.factors import find_layers
