@@ -10,6 +10,7 @@ gradients, reduced while backward runs as the ``allreduce`` solver does.
 
 from __future__ import annotations
 
+import heapq
 import math
 import statistics
 from collections.abc import Callable
@@ -37,15 +38,22 @@ def parse_speeds(text: str) -> tuple[float, ...]:
 
 
 def proportional_batches(speeds: tuple[float, ...], total: int) -> list[int]:
-    """``total`` samples split in proportion to ``speeds`` (largest remainders; at least 1 each)."""
+    """``total`` samples split by ``speeds`` so that the slowest rank's step is as short as it can be.
+
+    Every rank gets one sample, then each further sample goes to the rank that would
+    finish it soonest (lowest rank on a tie). This minimises the step's time,
+    ``max(batch / speed)``; rounding shares of the spare samples does not (with speeds
+    1, 1, 1, 0.25 and 16 samples it gives 5, 5, 4, 2: a step of 2 / 0.25 = 8 units, not 5).
+    """
     if total < len(speeds):
         raise OptionError(f"a global batch of {total} cannot give each of {len(speeds)} ranks a sample")
-    spare = total - len(speeds)  # every rank gets one sample first
-    shares = [spare * s / sum(speeds) for s in speeds]
-    batches = [1 + math.floor(share) for share in shares]
-    by_remainder = sorted(range(len(speeds)), key=lambda r: (shares[r] - math.floor(shares[r]), -r), reverse=True)
-    for r in by_remainder[: total - sum(batches)]:
-        batches[r] += 1
+    batches = [1] * len(speeds)
+    finish = [(2 / speed, rank) for rank, speed in enumerate(speeds)]  # when each rank's next sample would end
+    heapq.heapify(finish)
+    for _ in range(total - len(speeds)):
+        _, rank = heapq.heappop(finish)
+        batches[rank] += 1
+        heapq.heappush(finish, ((batches[rank] + 1) / speeds[rank], rank))
     return batches
 
 

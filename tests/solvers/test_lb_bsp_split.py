@@ -7,9 +7,30 @@ from mpisolve.solvers.lb_bsp import parse_speeds, proportional_batches
 
 
 def test_batches_are_proportional_to_speed_and_sum_to_the_total():
-    assert proportional_batches((1.0, 1.0, 1.0, 0.25), 128) == [39, 39, 39, 11]
+    assert proportional_batches((1.0, 1.0, 1.0, 0.25), 128) == [40, 40, 39, 9]
     assert proportional_batches((3.0, 1.0), 8) == [6, 2]
     assert proportional_batches((1.0, 1e-9), 2) == [1, 1]  # everyone gets a sample
+
+
+@pytest.mark.parametrize(
+    "speeds, total, split",
+    [
+        ((1.0, 1.0, 1.0, 0.25), 16, [5, 5, 5, 1]),  # a straggler: 5 time units, where 5, 5, 4, 2 took 8
+        ((1.0, 1 / 1.5, 0.5, 1 / 3), 16, [7, 4, 3, 2]),  # graded: 7 units, where 6, 4, 3, 3 took 9
+        ((1.0, 1.0, 0.5, 0.5), 16, [6, 6, 2, 2]),  # two tiers: 6 units
+    ],
+)
+def test_the_split_minimises_the_slowest_ranks_step(speeds, total, split):
+    assert proportional_batches(speeds, total) == split
+    step = max(b / s for b, s in zip(split, speeds))
+    # no other split of the total is faster: moving a sample off the slowest rank makes another slower
+    for src in range(len(speeds)):
+        for dst in range(len(speeds)):
+            if src != dst and split[src] > 1:
+                moved = list(split)
+                moved[src] -= 1
+                moved[dst] += 1
+                assert max(b / s for b, s in zip(moved, speeds)) >= step - 1e-12
 
 
 def test_bad_speeds_are_named():
