@@ -54,6 +54,10 @@ class TrainConfig:
     hetero: tuple[float, ...] = _flag(
         (), f"slowdown factor per rank (1,1,2,4) or a preset: {', '.join(PRESETS)}", str, "SPEC"
     )
+    hetero_every: float | None = _flag(
+        None, "move the --hetero factors one rank along every S seconds (a moving straggler: speeds measured once go stale)",
+        float, "S",
+    )
     device_ms: str | None = _flag(
         None,
         "emulate a device per rank: a micro-batch of n samples takes (hetero factor) x n x MS milliseconds, "
@@ -93,6 +97,11 @@ class TrainConfig:
         check(math.isfinite(self.weight_decay) and self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}")
         check(self.seed >= 0, f"--seed must be >= 0, got {self.seed}")
         check(
+            self.hetero_every is None or (math.isfinite(self.hetero_every) and self.hetero_every > 0),
+            f"--hetero-every must be > 0 seconds, got {self.hetero_every}",
+        )
+        check(self.hetero_every is None or bool(self.hetero), "--hetero-every needs --hetero")
+        check(
             self.device_ms is None or self.device_ms == "auto" or _positive_float(self.device_ms),
             f"--device-ms must be 'auto' or a number of milliseconds > 0, got {self.device_ms!r}",
         )
@@ -119,6 +128,7 @@ class TrainConfig:
         keys = ("model", "dataset", "data_size", "epochs", "steps", "batch_size", "lr", "momentum", "weight_decay", "seed")
         out = {k: getattr(self, k) for k in keys}
         out["hetero"] = list(self.hetero)
+        out["hetero_every"] = self.hetero_every
         out["device_ms"] = self.device_ms
         return out
 

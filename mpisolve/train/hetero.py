@@ -15,13 +15,17 @@ contended compute takes that out, so every rank behaves as if it had a device of
 time is counted (``overruns``): the emulation was not faithful for it.
 
 Presets describe heterogeneous 4-worker clusters; at other world sizes the pattern
-repeats (rank r gets the preset's factor ``r mod 4``).
+repeats (rank r gets the preset's factor ``r mod 4``). A cluster can also move
+(``--hetero-every S``): every S seconds each factor passes to the next rank, as when
+another job's load moves from node to node, so speeds measured once go stale.
 """
 
 from __future__ import annotations
 
 import math
 import time
+
+from collections.abc import Callable
 
 from ..options import InputError
 
@@ -66,12 +70,20 @@ def factors_for_world(preset: str | None, factors: tuple[float, ...], size: int)
     return factors
 
 
+def moving_factor(factors: tuple[float, ...], rank: int, every_s: float, now_s: float | None = None) -> float:
+    """``rank``'s factor at ``now_s`` (default: the wall clock, the same on every rank) when the
+    cluster's ``factors`` move one rank along every ``every_s`` seconds."""
+    period = int((time.time() if now_s is None else now_s) // every_s)
+    return factors[(rank - period) % len(factors)]
+
+
 class Slowdown:
     """Stretches this rank's compute to ``factor`` times its measured duration, or to
-    ``factor`` times an emulated device's time per sample when one is set."""
+    ``factor`` times an emulated device's time per sample when one is set. ``factor`` is a
+    number, or a function giving the factor now (a moving cluster, :func:`moving_factor`)."""
 
-    def __init__(self, factor: float, device_s_per_sample: float | None = None) -> None:
-        if not (math.isfinite(factor) and factor >= 1):
+    def __init__(self, factor: float | Callable[[], float], device_s_per_sample: float | None = None) -> None:
+        if not callable(factor) and not (math.isfinite(factor) and factor >= 1):
             raise InputError(f"a slowdown factor must be finite and >= 1, got {factor}")
         if device_s_per_sample is not None and not (math.isfinite(device_s_per_sample) and device_s_per_sample > 0):
             raise InputError(f"an emulated device's time per sample must be > 0, got {device_s_per_sample}")
@@ -85,10 +97,11 @@ class Slowdown:
     def stretch(self, compute_s: float, samples: int) -> None:
         """Sleep so that ``compute_s`` seconds of compute on ``samples`` samples take their emulated time."""
         self.batches += 1
+        factor = self.factor() if callable(self.factor) else self.factor
         if self.device_s_per_sample is None:
-            extra = (self.factor - 1.0) * compute_s
+            extra = (factor - 1.0) * compute_s
         else:
-            extra = self.factor * self.device_s_per_sample * samples - compute_s
+            extra = factor * self.device_s_per_sample * samples - compute_s
             if extra < 0:
                 self.overruns += 1
         if extra > 0:

@@ -18,10 +18,12 @@ are left out of the training wall clock (time to target accuracy is training tim
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
 import random
+from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
@@ -41,7 +43,7 @@ from .checkpoint import CheckpointDir
 from .config import TrainConfig
 from .data import ShardStream, derive_seed, eval_shard, load_dataset
 from .display import Display
-from .hetero import Slowdown
+from .hetero import Slowdown, moving_factor
 from .metrics import RunLog, run_facts, summary_path, write_json
 from .models import build_model
 from .schedule import AgreedCounter, Due, LockstepCounter, Progress, Schedule
@@ -163,7 +165,9 @@ class Trainer:
         wall_s = blocked_s = 0.0
         if config.resume:
             wall_s, blocked_s = self.ctrl.agree(self._load_checkpoint)
-        factor = config.hetero[rank] if config.hetero else 1.0
+        factor: float | Callable[[], float] = config.hetero[rank] if config.hetero else 1.0
+        if config.hetero_every is not None:
+            factor = functools.partial(moving_factor, config.hetero, rank, config.hetero_every)
         self.slowdown = Slowdown(factor, self._device_seconds_per_sample())
         batch_size = self.solver.local_batch_size(config.batch_size, self._probe)
         self.shard.resize(batch_size)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mpisolve.options import InputError
-from mpisolve.train.hetero import PRESETS, Slowdown, factors_for_world, parse_hetero
+from mpisolve.train.hetero import PRESETS, Slowdown, factors_for_world, moving_factor, parse_hetero
 
 
 def test_presets_and_lists():
@@ -50,3 +50,22 @@ def test_an_emulated_device_takes_factor_times_samples_times_its_time_whatever_t
     assert time.perf_counter() - start < 0.039 and (slow.overruns, slow.batches) == (1, 2)
     with pytest.raises(InputError, match="time per sample must be > 0"):
         Slowdown(1.0, device_s_per_sample=0.0)
+
+
+def test_a_moving_cluster_passes_each_factor_to_the_next_rank_every_period():
+    straggler = PRESETS["straggler"]  # rank 3 is 4x slower
+    at = [[moving_factor(straggler, rank, 2.0, now_s=t) for rank in range(4)] for t in (0.0, 1.9, 2.0, 5.0, 7.5)]
+    assert at == [[1, 1, 1, 4], [1, 1, 1, 4], [4, 1, 1, 1], [1, 4, 1, 1], [1, 1, 4, 1]]
+    assert moving_factor(straggler, 0, 2.0, now_s=8.0) == 1 and moving_factor(straggler, 3, 2.0, now_s=8.0) == 4  # round again
+
+
+def test_an_emulated_device_follows_a_moving_factor():
+    factor = [3.0]
+    slow = Slowdown(lambda: factor[0], device_s_per_sample=0.004)
+    start = time.perf_counter()
+    slow.stretch(0.0, 2)  # 3 x 2 x 4 ms = 24 ms
+    middle = time.perf_counter()
+    factor[0] = 1.0
+    slow.stretch(0.0, 2)  # the factor now: 1 x 2 x 4 ms = 8 ms
+    end = time.perf_counter()
+    assert middle - start >= 0.0235 and end - middle < 0.0235
