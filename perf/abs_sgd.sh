@@ -1,44 +1,59 @@
 #!/usr/bin/env bash
 # The ABS-SGD heterogeneous-cluster study (issue 5), one command: bash perf/abs_sgd.sh
 #
-# 4 ranks; the homogeneous cluster and the three presets of mpisolve/train/hetero.py; the
-# MLP on digits; every solver trained to the same target test accuracy (stopping there).
-# Each (model, cluster) is one `mpisolve compare` job; the clusters run under the CPU lock
-# in groups (PRESET_GROUPS: groups separated by spaces, clusters in a group by commas; one
-# hold of the lock per group, a few minutes each). perf/abs_sgd_report.py then writes
-# results.csv, results.json and abs_sgd.png into OUT and prints the verdicts.
+# 4 ranks; the homogeneous cluster, the three presets of mpisolve/train/hetero.py and
+# moving-straggler (straggler, the slow rank changing every 2 s: --hetero-every); the
+# MLP on digits; every solver trained to the same target test accuracy (stopping there),
+# once per seed (SEEDS, default 0 to 4: the model's initialisation and the data order).
+# Each (model, cluster, seed) is one `mpisolve compare` job, written to
+# OUT/mlp-<cluster>/seed<k>; the clusters run under the CPU lock in groups (PRESET_GROUPS:
+# groups separated by spaces, clusters in a group by commas; one hold of the lock per
+# group, about 8 minutes per cluster). perf/abs_sgd_report.py then writes results.csv,
+# results.json, table.md and abs_sgd.png into OUT (medians over the seeds) and prints the
+# verdicts.
 #
 # Every rank computes on an emulated device (--device-ms 10: a micro-batch of n samples
 # takes factor x n x 10 ms, real compute included), so 4 ranks sharing 2 cores behave as
 # 4 devices; the summaries count the micro-batches whose real compute overran it. 4 samples
-# per rank and micro-batch, plain lr 0.02 with momentum 0.9 for every solver; evaluation
-# every 0.1 epoch (time to target is read there); async-sgd pushes every 4 local steps
-# (its default is 1), as local-sgd averages every 4.
+# per rank and micro-batch, lr 0.02 with momentum 0.9; evaluation every 0.1 epoch (time to
+# target is read there). async-sgd diverges at lr 0.02 (4 workers' pushes add up) and runs
+# in a job of its own at lr 0.01, pushing every step (ASYNC_SGD), the fastest of lr 0.005
+# and 0.01 with tau 1 and 4 in a probe on straggler.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 OUT=${OUT:-perf/results/abs_sgd}
 LOCK=${LOCK:-/tmp/mpisolve-cpu.lock}
-PRESET_GROUPS=${PRESET_GROUPS:-homogeneous,straggler two-tier,graded}
-SOLVERS=abs-sgd,allreduce,lb-bsp,async-sgd,local-sgd
-WORKLOAD="--model mlp --dataset digits --batch-size 4 --lr 0.02 --momentum 0.9 --epochs 4 --eval-every 0.1 --log-every 50
+PRESET_GROUPS=${PRESET_GROUPS:-homogeneous,straggler two-tier,graded moving-straggler}
+SEEDS=${SEEDS:-0 1 2 3 4}
+SOLVERS=abs-sgd,allreduce,lb-bsp,local-sgd
+WORKLOAD="--model mlp --dataset digits --batch-size 4 --momentum 0.9 --epochs 3 --eval-every 0.1 --log-every 50
  --target-accuracy 0.96 --stop-at-target --device-ms 10"
+ASYNC_SGD="--lr 0.01 --set async-sgd.tau=1 --set async-sgd.nonfinite=skip"
 export MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-600}
 
 # One group of clusters in one hold of the lock.
 study() {
-    local preset hetero
+    local preset hetero seed
     for preset in ${1//,/ }; do
-        hetero=""
-        [ "$preset" = homogeneous ] || hetero="--hetero $preset"
-        echo "== mlp, $preset $(date +%T)" >&2
-        # shellcheck disable=SC2086
-        timeout "$MPIEXEC_TIMEOUT" "$VENV/bin/mpiexec" -n 4 "$VENV/bin/python" -m mpi4py -m mpisolve compare \
-            --solvers "$SOLVERS" $WORKLOAD $hetero --set async-sgd.tau=4 --set async-sgd.nonfinite=skip --out "$OUT/mlp-$preset"
+        case $preset in
+            homogeneous) hetero="" ;;
+            moving-straggler) hetero="--hetero straggler --hetero-every 2" ;;  # the 4x straggler moves every 2 s
+            *) hetero="--hetero $preset" ;;
+        esac
+        for seed in $SEEDS; do
+            echo "== mlp, $preset, seed $seed $(date +%T)" >&2
+            # shellcheck disable=SC2086
+            timeout "$MPIEXEC_TIMEOUT" "$VENV/bin/mpiexec" -n 4 "$VENV/bin/python" -m mpi4py -m mpisolve compare \
+                --solvers "$SOLVERS" $WORKLOAD --lr 0.02 $hetero --seed "$seed" --out "$OUT/mlp-$preset/seed$seed"
+            # shellcheck disable=SC2086
+            timeout "$MPIEXEC_TIMEOUT" "$VENV/bin/mpiexec" -n 4 "$VENV/bin/python" -m mpi4py -m mpisolve compare \
+                --solvers async-sgd $WORKLOAD $ASYNC_SGD $hetero --seed "$seed" --out "$OUT/mlp-$preset/seed$seed/async-sgd"
+        done
     done
 }
 export -f study
-export VENV OUT SOLVERS WORKLOAD
+export VENV OUT SOLVERS WORKLOAD ASYNC_SGD SEEDS
 for group in $PRESET_GROUPS; do
     flock "$LOCK" bash -c "study $group"
 done
