@@ -8,7 +8,7 @@
 # Each (model, cluster, seed) is one `mpisolve compare` job, written to
 # OUT/mlp-<cluster>/seed<k>; the clusters run under the CPU lock in groups (PRESET_GROUPS:
 # groups separated by spaces, clusters in a group by commas; one hold of the lock per
-# group, about 8 minutes per cluster). perf/abs_sgd_report.py then writes results.csv,
+# group, 6-8 minutes per cluster). perf/abs_sgd_report.py then writes results.csv,
 # results.json, table.md and abs_sgd.png into OUT (medians over the seeds) and prints the
 # verdicts.
 #
@@ -55,6 +55,6 @@ study() {
 export -f study
 export VENV OUT SOLVERS WORKLOAD ASYNC_SGD SEEDS
 for group in $PRESET_GROUPS; do
-    flock "$LOCK" bash -c "study $group"
+    flock "$LOCK" bash -c "set -euo pipefail; study $group"  # a failed job stops the study
 done
 "$VENV/bin/python" perf/abs_sgd_report.py "$OUT"

@@ -88,12 +88,11 @@ def verdicts(rows: list[dict]) -> dict:
             reached = {n: t for n, t in times.items() if n in BASELINES and t is not None}
             best = min(reached, key=reached.get) if reached else None
             abs_time = times["abs-sgd"]
-            per_seed = []  # the speedup in each seed: that seed's best baseline over that seed's abs-sgd
+            per_seed = []  # each seed's best baseline over its abs-sgd; None where either missed the target
             for seed in sorted({r["seed"] for r in by_solver["abs-sgd"]}):
                 mine = {r["solver"]: r["time_to_target_s"] for r in runs if r["seed"] == seed}
                 others = [t for n, t in mine.items() if n in BASELINES and t is not None]
-                if mine.get("abs-sgd") and others:
-                    per_seed.append(min(others) / mine["abs-sgd"])
+                per_seed.append(min(others) / mine["abs-sgd"] if mine.get("abs-sgd") and others else None)
             busy = [min(col) for col in zip(*(r["busy"] for r in by_solver["abs-sgd"]))]
             cells[preset] = {
                 "seeds": len(by_solver["abs-sgd"]),
@@ -116,6 +115,10 @@ def verdicts(rows: list[dict]) -> dict:
             "homogeneous_loss_vs_sync": (1 / cells["homogeneous"]["vs_sync"] - 1) if cells.get("homogeneous", {}).get("vs_sync") else None,
         }
     return out
+
+
+def _ratio(x: float | None) -> str:
+    return "miss" if x is None else f"{x:.2f}"
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -144,7 +147,7 @@ def write_table(summary: dict, path: Path) -> None:
             times = ["-" if n not in c["times"] else "not reached" if c["times"][n] is None else f"{c['times'][n]:.2f}" for n in SOLVERS]
             speedup = "-" if c["speedup"] is None else f"{c['speedup']:.2f}x ({c['best_baseline']})"
             if c["speedup_per_seed"]:
-                speedup += " (" + ", ".join(f"{x:.2f}" for x in c["speedup_per_seed"]) + ")"
+                speedup += " (" + ", ".join(_ratio(x) for x in c["speedup_per_seed"]) + ")"
             busy = " ".join(f"{b:.2f}" for b in c["abs_sgd_busy"])
             lines.append(f"| {preset} | {c['seeds']} | " + " | ".join(times) + f" | {speedup} | {busy} | {c['max_overrun']:.2f} |")
     path.write_text("\n".join(lines) + "\n")
@@ -207,7 +210,7 @@ def main(out: str) -> int:
             abs_s = "-" if c["abs_sgd_s"] is None else f"{c['abs_sgd_s']:.2f}"
             best = "-" if c["best_baseline"] is None else f"{c['best_baseline']} {c['best_baseline_s']:.2f}"
             speedup = "-" if c["speedup"] is None else f"{c['speedup']:.2f}x"
-            per_seed = " ".join(f"{x:.2f}" for x in c["speedup_per_seed"])
+            per_seed = " ".join(_ratio(x) for x in c["speedup_per_seed"])
             busy = " ".join(f"{b:.2f}" for b in c["abs_sgd_busy"])
             print(f"{preset:12} {c['seeds']:>5} {abs_s:>11} {best:>22} {speedup:>8} {per_seed:>18}  {busy}")
         mean, loss = v["mean_speedup_heterogeneous"], v["homogeneous_loss_vs_sync"]

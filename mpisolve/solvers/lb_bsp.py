@@ -41,12 +41,13 @@ def proportional_batches(speeds: tuple[float, ...], total: int) -> list[int]:
     """``total`` samples split by ``speeds`` so that the slowest rank's step is as short as it can be.
 
     Every rank gets one sample, then each further sample goes to the rank that would
-    finish it soonest (lowest rank on a tie). This minimises the step's time,
+    finish it soonest. This minimises the step's time,
     ``max(batch / speed)``; rounding shares of the spare samples does not (with speeds
     1, 1, 1, 0.25 and 16 samples it gives 5, 5, 4, 2: a step of 2 / 0.25 = 8 units, not 5).
     """
     if total < len(speeds):
         raise OptionError(f"a global batch of {total} cannot give each of {len(speeds)} ranks a sample")
+    require(all(math.isfinite(s) and s > 0 for s in speeds), f"every speed must be finite and > 0, got {speeds}")
     batches = [1] * len(speeds)
     finish = [(2 / speed, rank) for rank, speed in enumerate(speeds)]  # when each rank's next sample would end
     heapq.heapify(finish)

@@ -70,10 +70,11 @@ def factors_for_world(preset: str | None, factors: tuple[float, ...], size: int)
     return factors
 
 
-def moving_factor(factors: tuple[float, ...], rank: int, every_s: float, now_s: float | None = None) -> float:
-    """``rank``'s factor at ``now_s`` (default: the wall clock, the same on every rank) when the
-    cluster's ``factors`` move one rank along every ``every_s`` seconds."""
-    period = int((time.time() if now_s is None else now_s) // every_s)
+def moving_factor(factors: tuple[float, ...], rank: int, every_s: float, start_s: float, now_s: float | None = None) -> float:
+    """``rank``'s factor at ``now_s`` (default: now, by the wall clock) when the cluster's
+    ``factors`` move one rank along every ``every_s`` seconds from ``start_s`` (a time every
+    rank agreed on: rank 0's clock when the run began)."""
+    period = int(((time.time() if now_s is None else now_s) - start_s) // every_s)
     return factors[(rank - period) % len(factors)]
 
 
@@ -98,6 +99,8 @@ class Slowdown:
         """Sleep so that ``compute_s`` seconds of compute on ``samples`` samples take their emulated time."""
         self.batches += 1
         factor = self.factor() if callable(self.factor) else self.factor
+        if not factor >= 1:  # a moving factor is checked as it comes (NaN fails too)
+            raise InputError(f"a slowdown factor must be finite and >= 1, got {factor}")
         if self.device_s_per_sample is None:
             extra = (factor - 1.0) * compute_s
         else:

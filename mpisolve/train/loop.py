@@ -23,6 +23,7 @@ import hashlib
 import json
 import math
 import random
+import time
 from collections.abc import Callable
 from time import perf_counter
 from typing import Any
@@ -167,7 +168,8 @@ class Trainer:
             wall_s, blocked_s = self.ctrl.agree(self._load_checkpoint)
         factor: float | Callable[[], float] = config.hetero[rank] if config.hetero else 1.0
         if config.hetero_every is not None:
-            factor = functools.partial(moving_factor, config.hetero, rank, config.hetero_every)
+            start_s = self.ctrl.bcast_object(time.time())  # the moves count from rank 0's clock, now
+            factor = functools.partial(moving_factor, config.hetero, rank, config.hetero_every, start_s)
         self.slowdown = Slowdown(factor, self._device_seconds_per_sample())
         batch_size = self.solver.local_batch_size(config.batch_size, self._probe)
         self.shard.resize(batch_size)

@@ -52,11 +52,18 @@ def test_an_emulated_device_takes_factor_times_samples_times_its_time_whatever_t
         Slowdown(1.0, device_s_per_sample=0.0)
 
 
-def test_a_moving_cluster_passes_each_factor_to_the_next_rank_every_period():
-    straggler = PRESETS["straggler"]  # rank 3 is 4x slower
-    at = [[moving_factor(straggler, rank, 2.0, now_s=t) for rank in range(4)] for t in (0.0, 1.9, 2.0, 5.0, 7.5)]
+def test_a_moving_cluster_passes_each_factor_to_the_next_rank_every_period_from_the_start():
+    straggler = PRESETS["straggler"]  # rank 3 is 4x slower at the start
+    start = 1000.0
+    at = [[moving_factor(straggler, rank, 2.0, start, now_s=start + t) for rank in range(4)] for t in (0.0, 1.9, 2.0, 5.0, 7.5)]
     assert at == [[1, 1, 1, 4], [1, 1, 1, 4], [4, 1, 1, 1], [1, 4, 1, 1], [1, 1, 4, 1]]
-    assert moving_factor(straggler, 0, 2.0, now_s=8.0) == 1 and moving_factor(straggler, 3, 2.0, now_s=8.0) == 4  # round again
+    assert moving_factor(straggler, 3, 2.0, start, now_s=start + 8.0) == 4  # round again
+    assert moving_factor(straggler, 3, 2.0, time.time()) == 4  # from now: the preset as given
+
+
+def test_a_moving_factor_below_one_is_refused_when_it_comes():
+    with pytest.raises(InputError, match="must be finite and >= 1, got nan"):
+        Slowdown(lambda: float("nan"), device_s_per_sample=0.001).stretch(0.0, 1)
 
 
 def test_an_emulated_device_follows_a_moving_factor():
