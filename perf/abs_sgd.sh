@@ -29,7 +29,7 @@ SEEDS=${SEEDS:-0 1 2 3 4}
 SOLVERS=abs-sgd,allreduce,lb-bsp,local-sgd
 WORKLOAD="--model mlp --dataset digits --batch-size 4 --momentum 0.9 --epochs 3 --eval-every 0.1 --log-every 50
  --target-accuracy 0.96 --stop-at-target --device-ms 10"
-ASYNC_SGD="--lr 0.01 --set async-sgd.tau=1 --set async-sgd.nonfinite=skip"
+ASYNC_SGD="--lr 0.005 --set async-sgd.tau=1 --set async-sgd.nonfinite=skip"
 export MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-600}
 
 # One group of clusters in one hold of the lock.
