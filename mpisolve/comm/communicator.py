@@ -54,7 +54,7 @@ YIELD_BEFORE_SLEEP_S = 2e-3
 
 #: How often the blocking-call watchdog looks for a call to watch while none is under way.
 WATCH_INTERVAL_S = 0.1
-#: Between the watchdog's message and its abort: lets mpiexec forward the message before tearing the job down.
+#: Between a rank's error message (the watchdog's, an uncaught exception's) and its abort: lets mpiexec forward it before tearing the job down.
 ABORT_GRACE_S = 0.5
 
 
@@ -451,9 +451,19 @@ _INIT_LOCK = threading.Lock()
 
 
 def _abort_on_uncaught(exc_type, exc, tb) -> None:  # noqa: ANN001 (sys.excepthook signature)
+    """Report the error, then abort the job.
+
+    The error's own line comes first, and the abort waits ``ABORT_GRACE_S``: when a job is
+    torn down, mpiexec may drop what a rank wrote last, and a traceback ends with its line.
+    """
+    multi_rank = MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1
+    if multi_rank:
+        sys.stderr.write(f"{exc_type.__name__}: {exc} (rank {MPI.COMM_WORLD.Get_rank()}; traceback below)\n")
+        sys.stderr.flush()
     sys.__excepthook__(exc_type, exc, tb)
     sys.stderr.flush()
-    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+    if multi_rank:
+        time.sleep(ABORT_GRACE_S)
         MPI.COMM_WORLD.Abort(1)
 
 
