@@ -51,7 +51,7 @@ from ..comm.communicator import CommTimeout
 from ..comm.progress import ProgressThread, require_async_progress
 from ..options import require
 from .base import Solver, StepInfo, register
-from .lb_bsp import measure_speeds
+from .lb_bsp import measure_speeds, proportional_batches
 
 Trigger = Literal["collective", "window", "samples"]
 LRScaling = Literal["none", "linear", "sqrt"]
@@ -95,12 +95,13 @@ class ABSSGDOptions:
     ``MPICH_ASYNC_PROGRESS=1``, refused otherwise; it busy-polls a core).
 
     ``micro_batch`` (what a training loop gets from :meth:`ABSSGD.local_batch_size`):
-    ``"speed"`` (default): each rank's micro-batch is the configured size scaled by its
-    speed relative to the fastest rank (measured with the loop's probe, ``measure_batches``
-    timed micro-batches, as ``lb-bsp`` measures), so every micro-batch takes about as long
-    as the fastest rank's: the slowest rank, which paces the rounds, ends a round after a
-    short micro-batch instead of a long one (the paper computes "without specifying batch
-    size in advance"). ``"fixed"``: every rank uses the configured size.
+    ``"speed"`` (default): the ranks split ``ranks * configured`` samples by their speeds
+    (measured with the loop's probe, ``measure_batches`` timed micro-batches), as
+    ``lb-bsp`` splits its batch, so every rank's micro-batch takes about as long: the
+    slowest rank, which paces the rounds, ends a round after a short micro-batch instead of
+    a long one (the paper computes "without specifying batch size in advance"), and one
+    micro-batch per rank holds the global batch synchronous SGD would use, so one learning
+    rate means the same to both. ``"fixed"``: every rank uses the configured size.
 
     ``weight_prediction`` (``c``, default 1): micro-batches compute gradients at
     ``w + c * (last update)``, the weights their round's update will be applied to if the
@@ -212,7 +213,7 @@ class ABSSGD(Solver):
         if self.batch_sizes is None:
             who = "abs-sgd with micro_batch='speed' (or use micro_batch='fixed')"
             speeds = measure_speeds(self.comm, configured, probe, self.options.measure_batches, who=who)
-            self.batch_sizes = [max(1, round(configured * speed / max(speeds))) for speed in speeds]
+            self.batch_sizes = proportional_batches(speeds, configured * self.comm.size)
         return self.batch_sizes[self.comm.rank]
 
     # ---------------------------------------------------------------- gradients

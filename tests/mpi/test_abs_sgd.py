@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import mpisolve
+from mpisolve.solvers.lb_bsp import proportional_batches
 from mpisolve.train.config import TrainConfig
 from mpisolve.train.loop import train
 
@@ -119,7 +120,10 @@ def test_micro_batches_follow_the_measured_speed(comm):
     def probe(n):  # rank r takes r + 1 ms per sample
         return n * (comm.rank + 1) * 1e-3
 
-    assert comm.allgather_object(by_speed.local_batch_size(24, probe)) == [round(24 / (r + 1)) for r in range(comm.size)]
+    batches = comm.allgather_object(by_speed.local_batch_size(24, probe))
+    assert batches == proportional_batches(tuple(1 / (r + 1) for r in range(comm.size)), 24 * comm.size)
+    assert sum(batches) == 24 * comm.size  # the global batch of synchronous SGD, split by speed
+    assert batches == sorted(batches, reverse=True) and batches[0] > batches[-1]
     assert fixed.local_batch_size(24, probe) == 24
     by_speed.close()
     fixed.close()
