@@ -37,8 +37,10 @@ trains; :meth:`ABSSGD.evaluating`, ``close`` and checkpoints keep the true ones.
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -56,7 +58,10 @@ from .lb_bsp import measure_speeds, proportional_batches
 Trigger = Literal["collective", "window", "samples"]
 LRScaling = Literal["none", "linear", "sqrt"]
 ProgressMode = Literal["poll", "thread", "mpich"]
-MicroBatch = Literal["speed", "fixed"]
+MicroBatch = Literal["adaptive", "speed", "fixed"]
+
+#: Rounds of measured speeds whose per-rank median sets the adaptive split.
+SPEED_ROUNDS = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,13 +100,21 @@ class ABSSGDOptions:
     ``MPICH_ASYNC_PROGRESS=1``, refused otherwise; it busy-polls a core).
 
     ``micro_batch`` (what a training loop gets from :meth:`ABSSGD.local_batch_size`):
-    ``"speed"`` (default): the ranks split ``ranks * configured`` samples by their speeds
-    (measured with the loop's probe, ``measure_batches`` timed micro-batches), as
-    ``lb-bsp`` splits its batch, so every rank's micro-batch takes about as long: the
-    slowest rank, which paces the rounds, ends a round after a short micro-batch instead of
-    a long one (the paper computes "without specifying batch size in advance"), and one
-    micro-batch per rank holds the global batch synchronous SGD would use, so one learning
-    rate means the same to both. ``"fixed"``: every rank uses the configured size.
+    ``"speed"``: the ranks split ``ranks * configured`` samples by their speeds (measured
+    with the loop's probe, ``measure_batches`` timed micro-batches), as ``lb-bsp`` splits
+    its batch, so every rank's micro-batch takes about as long: the slowest rank, which
+    paces the rounds, ends a round after a short micro-batch instead of a long one (the
+    paper computes "without specifying batch size in advance"), and one micro-batch per
+    rank holds the global batch synchronous SGD would use, so one learning rate means the
+    same to both. ``"adaptive"`` (default): that split, then split again whenever the
+    speeds change: every rank times its own micro-batches (the time from one ``step`` to
+    the next, per sample) and sends its speed with the round's sums, so every rank learns
+    every speed with no collective of its own and computes the same split, from the
+    median of each rank's last ``SPEED_ROUNDS`` rounds (one slow round, an evaluation say,
+    does not move it). A step that changes this rank's size says so in
+    ``StepInfo.next_batch_size``, which the loop follows. Speeds measured once go stale
+    when load moves between nodes; these do not. ``"fixed"``: every rank uses the
+    configured size.
 
     ``weight_prediction`` (``c``, default 1): micro-batches compute gradients at
     ``w + c * (last update)``, the weights their round's update will be applied to if the
@@ -116,7 +129,7 @@ class ABSSGDOptions:
     reference_batch: int | None = None
     progress: ProgressMode = "thread"
     progress_ms: float = 1.0
-    micro_batch: MicroBatch = "speed"
+    micro_batch: MicroBatch = "adaptive"
     measure_batches: int = 3
     weight_prediction: float = 1.0
 
@@ -171,9 +184,10 @@ class ABSSGD(Solver):
         self.grads = FusedBuffer([p.shape for p in self.params], dtype, device)
         self._point_grads_at_views()
         wire = wire_dtype(dtype)
-        numel = self.grads.numel
-        #: Two rounds' sums (gradients, then the sample count), one accumulating, one in flight.
-        self._sums = [torch.zeros(numel + 1, dtype=wire, device=device) for _ in range(2)]
+        numel = self._numel = self.grads.numel
+        #: Two rounds' sums, one accumulating, one in flight: the gradients, the sample count, then
+        #: one slot per rank for its measured speed (a sum of one nonzero term: exact everywhere).
+        self._sums = [torch.zeros(numel + 1 + self.comm.size, dtype=wire, device=device) for _ in range(2)]
         self._rounds = [self.comm.persistent_allreduce(s) for s in self._sums]
         self._carry = torch.zeros(numel + 1, dtype=wire, device=device) if self.options.trigger == "samples" else None
         shapes = self.grads.shapes
@@ -190,12 +204,19 @@ class ABSSGD(Solver):
         self._posted_at = 0.0
         self._round_samples = 0
         self._round_micro_batches = 0
+        # This round's timed micro-batches (the first step of a process has no start time).
+        self._stepped_at: float | None = None
+        self._timed_samples = 0
+        self._timed_s = 0.0
+        self._speeds: deque[list[float]] = deque(maxlen=SPEED_ROUNDS)
+        self._next_batch_size: int | None = None
         #: Rounds this rank has posted, updates it has applied.
         self.rounds = 0
         self.updates = 0
         self.reference_batch: float | None = self.options.reference_batch
-        #: Every rank's micro-batch size, once ``local_batch_size`` decided it by speed.
+        #: Every rank's micro-batch size, once ``local_batch_size`` decided it by speed (and as re-split).
         self.batch_sizes: list[int] | None = None
+        self._global_micro_batch = 0
         self._watch_lock = threading.Lock()
         self._watched: Any = None  # the PersistentAllreduce the progress thread tests
         self._done = threading.Event()
@@ -213,7 +234,8 @@ class ABSSGD(Solver):
         if self.batch_sizes is None:
             who = "abs-sgd with micro_batch='speed' (or use micro_batch='fixed')"
             speeds = measure_speeds(self.comm, configured, probe, self.options.measure_batches, who=who)
-            self.batch_sizes = proportional_batches(speeds, configured * self.comm.size)
+            self._global_micro_batch = configured * self.comm.size
+            self.batch_sizes = proportional_batches(speeds, self._global_micro_batch)
         return self.batch_sizes[self.comm.rank]
 
     # ---------------------------------------------------------------- gradients
@@ -237,15 +259,25 @@ class ABSSGD(Solver):
         n = self.take_samples(batch_size)
         if n == 0:  # no micro-batch: nothing to add, and a round needs one
             return StepInfo(applied=False, global_samples=0, local_samples=0)
+        if self._stepped_at is not None:  # the loop's time since the last step: this micro-batch's
+            self._timed_s += time.perf_counter() - self._stepped_at
+            self._timed_samples += n
+        try:
+            return self._add(n)
+        finally:
+            self._stepped_at = time.perf_counter()
+
+    def _add(self, n: int) -> StepInfo:
         self._point_grads_at_views()  # gradients set to None by the user come back into the buffer
-        self._sums[self._acc][:-1].add_(self.grads.flat, alpha=n)  # the mean gradient, summed over the batch
+        self._sums[self._acc][: self._numel].add_(self.grads.flat, alpha=n)  # the mean gradient, summed
         self._round_samples += n
         self._round_micro_batches += 1
         if self._in_flight and not self._round_over():
             return StepInfo(applied=False, global_samples=0, local_samples=n)
         applied, samples = self._finish_round() if self._in_flight else (False, 0)
         self._post()
-        return StepInfo(applied=applied, global_samples=samples, local_samples=n)
+        resized, self._next_batch_size = self._next_batch_size, None
+        return StepInfo(applied=applied, global_samples=samples, local_samples=n, next_batch_size=resized)
 
     def _round_over(self) -> bool:
         """Whether the round in flight has completed and this rank's round may end."""
@@ -283,7 +315,8 @@ class ABSSGD(Solver):
         index = 1 - self._acc
         self._rounds[index].wait("abs-sgd round")  # completed already: brings staged results back
         self._in_flight = False
-        reduced = self._sums[index]
+        self._resplit(self._sums[index][self._numel + 1 :].tolist())
+        reduced = self._sums[index][: self._numel + 1]
         if self._carry is not None:
             reduced = self._carry.add_(reduced)
         total = int(round(reduced[-1].item()))
@@ -302,6 +335,18 @@ class ABSSGD(Solver):
             self._carry.zero_()
         self.updates += 1
         return True, total
+
+    def _resplit(self, speeds: list[float]) -> None:
+        """Adaptive micro-batches: split the batch again by every rank's recent speed (the same on every rank)."""
+        if self.options.micro_batch != "adaptive" or self.batch_sizes is None or min(speeds) <= 0:
+            return  # sizes not chosen by speed, or a rank timed nothing this round
+        self._speeds.append(speeds)
+        recent = tuple(statistics.median(rank_speeds) for rank_speeds in zip(*self._speeds))
+        sizes = proportional_batches(recent, self._global_micro_batch)
+        if sizes != self.batch_sizes:
+            if sizes[self.comm.rank] != self.batch_sizes[self.comm.rank]:
+                self._next_batch_size = sizes[self.comm.rank]
+            self.batch_sizes = sizes
 
     def _optimizer_step(self, global_samples: int) -> None:
         """The user's optimizer steps from the true weights; the model then holds the next prediction."""
@@ -362,7 +407,9 @@ class ABSSGD(Solver):
     def _post(self) -> None:
         """Start this round's allreduce and a new round in the other buffer."""
         index = self._acc
-        self._sums[index][-1].fill_(self._round_samples)
+        sums, count_at = self._sums[index], self._numel
+        sums[count_at].fill_(self._round_samples)
+        sums[count_at + 1 + self.comm.rank].fill_(self._timed_samples / self._timed_s if self._timed_s > 0 else 0.0)
         self._rounds[index].start()
         if self._thread is not None:
             with self._watch_lock:
@@ -372,7 +419,8 @@ class ABSSGD(Solver):
         self._sums[self._acc].zero_()
         self._in_flight, self._known_done = True, False
         self._posted_at = time.perf_counter()
-        self._round_samples = self._round_micro_batches = 0
+        self._round_samples = self._round_micro_batches = self._timed_samples = 0
+        self._timed_s = 0.0
         self.rounds += 1
 
     def _complete_in_flight(self, what: str) -> None:
@@ -429,10 +477,10 @@ class ABSSGD(Solver):
             "updates": self.updates,
             "reference_batch": self.reference_batch,
             "batch_sizes": self.batch_sizes,
-            "accumulating": self._sums[self._acc][:-1].clone(),
+            "accumulating": self._sums[self._acc][: self._numel].clone(),
             "round_samples": self._round_samples,
             "round_micro_batches": self._round_micro_batches,
-            "completed": self._sums[1 - self._acc].clone() if self._in_flight else None,
+            "completed": self._sums[1 - self._acc][: self._numel + 1].clone() if self._in_flight else None,
             "carry": self._carry.clone() if self._carry is not None else None,
             # The model's own state holds the predicted weights; these are the true ones.
             "weights": self._weights.flat.clone() if self._weights is not None else None,
@@ -444,13 +492,15 @@ class ABSSGD(Solver):
         super().load_state_dict(state)
         self._complete_in_flight("abs-sgd round before loading a state")
         self._acc = 0
-        self._sums[0][:-1].copy_(state["accumulating"])
+        self._sums[0].zero_()
+        self._sums[0][: self._numel].copy_(state["accumulating"])
         self._round_samples = int(state["round_samples"])
         self._round_micro_batches = int(state["round_micro_batches"])
         completed = state["completed"]
         self._in_flight = self._known_done = completed is not None
         if completed is not None:
-            self._sums[1].copy_(completed)
+            self._sums[1].zero_()  # no speeds: the resumed run measures its own
+            self._sums[1][: self._numel + 1].copy_(completed)
         if self._carry is not None:
             self._carry.copy_(state["carry"])
         if self._weights is not None:
@@ -463,3 +513,6 @@ class ABSSGD(Solver):
         reference = state["reference_batch"]
         self.reference_batch = None if reference is None else float(reference)
         self.batch_sizes = None if state["batch_sizes"] is None else list(state["batch_sizes"])
+        self._global_micro_batch = sum(self.batch_sizes or ())
+        self._stepped_at, self._timed_samples, self._timed_s = None, 0, 0.0  # speeds are measured afresh
+        self._speeds.clear()

@@ -38,12 +38,15 @@ class StepInfo:
 
     ``applied``: an update reached the model. ``global_samples``: samples the applied
     update covers over all ranks (0 when none was applied). ``local_samples``: this
-    rank's samples consumed by this step.
+    rank's samples consumed by this step. ``next_batch_size``: the micro-batch size this
+    rank should draw from now on, when the solver has just changed it (a solver that
+    re-splits the batch by speed as it goes); None: keep the one you have.
     """
 
     applied: bool
     global_samples: int
     local_samples: int
+    next_batch_size: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,7 +141,8 @@ class Solver(ABC):
 
     # ----------------------------------------------------------- interface
     def local_batch_size(self, configured: int, probe: Callable[[int], float] | None = None) -> int:
-        """This rank's micro-batch size; a training loop asks once, on every rank, before drawing data.
+        """This rank's micro-batch size; a training loop asks once, on every rank, before drawing data
+        (and follows ``StepInfo.next_batch_size`` when a step changes it).
 
         ``configured``: the batch size the run was given. ``probe(n)``: the seconds one
         training micro-batch of ``n`` samples takes on this rank (forward, backward and any

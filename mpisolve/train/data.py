@@ -156,17 +156,27 @@ class ShardStream:
         self.passes = 0
         self.offset = 0
         self._order = self._pass_order(0)
+        self._x_buffer = torch.empty((0, *split.x.shape[1:]), dtype=split.x.dtype)
+        self._y_buffer = torch.empty(0, dtype=split.y.dtype)
+        self._index_buffer = torch.empty(0, dtype=torch.long)
         self.resize(batch_size)
 
     def resize(self, batch_size: int) -> None:
-        """Draw batches of ``batch_size`` from here on (the position in the stream is kept)."""
+        """Draw batches of ``batch_size`` from here on (the position in the stream is kept).
+
+        The buffers only grow: a smaller size views the ones it has, so a batch size that
+        changes as training goes (adaptive ABS-SGD) allocates nothing once it has peaked.
+        """
         if batch_size < 1:
             raise InputError(f"the batch size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
-        self._x = torch.empty((batch_size, *self.split.x.shape[1:]), dtype=self.split.x.dtype)
-        self._y = torch.empty(batch_size, dtype=self.split.y.dtype)
+        if batch_size > len(self._y_buffer):
+            self._x_buffer = torch.empty((batch_size, *self.split.x.shape[1:]), dtype=self.split.x.dtype)
+            self._y_buffer = torch.empty(batch_size, dtype=self.split.y.dtype)
+            self._index_buffer = torch.empty(batch_size, dtype=torch.long)
+        self._x, self._y = self._x_buffer[:batch_size], self._y_buffer[:batch_size]
         #: Training-set indices of the latest batch.
-        self.last_indices = torch.empty(batch_size, dtype=torch.long)
+        self.last_indices = self._index_buffer[:batch_size]
 
     def _pass_order(self, p: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(derive_seed(self.seed, self.rank, p))

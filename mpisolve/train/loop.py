@@ -171,16 +171,20 @@ class Trainer:
             start_s = self.ctrl.bcast_object(time.time())  # the moves count from rank 0's clock, now
             factor = functools.partial(moving_factor, config.hetero, rank, config.hetero_every, start_s)
         self.slowdown = Slowdown(factor, self._device_seconds_per_sample())
-        batch_size = self.solver.local_batch_size(config.batch_size, self._probe)
-        self.shard.resize(batch_size)
-        self._pred = torch.empty(batch_size, dtype=torch.long)
-        self._hit = torch.empty(batch_size, dtype=torch.bool)
+        self._resize(self.solver.local_batch_size(config.batch_size, self._probe))
         resume_step = self.counter.now.steps if config.resume else None
         self.log = self.ctrl.agree(
             lambda: RunLog(config.log, resume_step=resume_step) if rank == 0 and config.log is not None else None
         )
         self.clock = TimeAccount(self.comm, wall_s=wall_s, blocked_s=blocked_s)
         self._mark = (self.clock.wall_s(), self.clock.blocked_s())
+
+    def _resize(self, batch_size: int) -> None:
+        """Draw micro-batches of ``batch_size`` from here on (the buffers only grow)."""
+        self.shard.resize(batch_size)
+        if batch_size > len(self._pred):
+            self._pred = torch.empty(batch_size, dtype=torch.long)
+            self._hit = torch.empty(batch_size, dtype=torch.bool)
 
     def _compute_seconds(self, n: int) -> float:
         """Seconds of real compute (forward and backward, MPI waits excluded) on ``n`` training samples.
@@ -252,6 +256,8 @@ class Trainer:
             slowdown.stretch(perf_counter() - start - (comm.blocked_s - blocked), y.shape[0])
             info = solver.step()
             self._tally(loss, out, y)
+            if info.next_batch_size is not None:  # the solver split the batch again (adaptive ABS-SGD)
+                self._resize(info.next_batch_size)
             if info.applied:
                 self.last_update_samples = info.global_samples
             now = counter.advance(info)
@@ -268,9 +274,10 @@ class Trainer:
         n = y.shape[0]
         self._samples += n
         self._loss_sum += loss.item() * n
-        torch.argmax(out.detach(), 1, out=self._pred)
-        torch.eq(self._pred, y, out=self._hit)
-        self._correct += int(self._hit.sum())
+        pred, hit = self._pred[:n], self._hit[:n]
+        torch.argmax(out.detach(), 1, out=pred)
+        torch.eq(pred, y, out=hit)
+        self._correct += int(hit.sum())
         self._count += n
 
     def _milestone(self, now: Progress, due: Due) -> None:

@@ -223,3 +223,32 @@ def test_other_triggers_keep_ranks_in_lockstep(comm, trigger, options):
     gathered = comm.allgather_object(parameters(model).tolist())
     assert all(g == gathered[0] for g in gathered)
     solver.close()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_adaptive_micro_batches_follow_speeds_that_move(comm):
+    """Rank 0 computes 4x slower than the others, then the last rank does: the split follows."""
+    model = net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    solver = mpisolve.make_solver("abs-sgd", model, optimizer, comm, measure_batches=1, progress="poll")
+    last = comm.size - 1
+
+    def seconds_per_sample(moved):
+        slow = last if moved else 0
+        return 4e-3 if comm.rank == slow else 1e-3
+
+    n = solver.local_batch_size(8, lambda k: k * seconds_per_sample(False))
+    before = list(solver.batch_sizes)
+    i = 0
+    while solver.updates < 16:
+        time.sleep(n * seconds_per_sample(solver.updates >= 4))  # the emulated device
+        g = torch.Generator().manual_seed(i)
+        info = train_step(model, solver, torch.randn(n, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g))
+        n = info.next_batch_size or n
+        i += 1
+    after = list(solver.batch_sizes)
+    solver.close()
+    assert before[0] < before[last] and after[0] > after[last], (before, after)
+    assert sum(after) == 8 * comm.size  # still synchronous SGD's global batch, split again
+    assert n == after[comm.rank]  # each rank was told its new size
+    assert comm.allgather_object(after) == [after] * comm.size  # and every rank computed the same split

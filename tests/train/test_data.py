@@ -104,3 +104,20 @@ def test_test_shards_partition_the_test_split():
     parts = [eval_shard(data.test, r, 4) for r in range(4)]
     assert sum(len(p) for p in parts) == len(data.test)
     assert torch.equal(torch.cat([p.y for p in parts]), data.test.y)
+
+
+def test_a_resized_stream_keeps_its_place_and_grows_its_buffers_only():
+    data = load_dataset("digits")
+    whole = ShardStream(data.train, rank=0, size=2, seed=0, batch_size=12)
+    resized = ShardStream(data.train, rank=0, size=2, seed=0, batch_size=7)
+    expected = whole.next_batch()[1].tolist()
+    drawn = resized.next_batch()[1].tolist()
+    buffer = resized.last_indices.data_ptr()
+    resized.resize(5)
+    x, y = resized.next_batch()
+    drawn += y.tolist()
+    assert drawn == expected  # the same stream, cut at another size
+    assert y.shape == (5,) and torch.equal(x, data.train.x[resized.last_indices])
+    assert resized.last_indices.data_ptr() == buffer  # a smaller size views the buffer it has
+    resized.resize(9)
+    assert resized.next_batch()[1].shape == (9,)
