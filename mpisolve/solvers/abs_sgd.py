@@ -18,11 +18,11 @@ In the user's loop this is one ``step()`` per micro-batch: it adds the micro-bat
 round's sums, tests the previous round's allreduce (which is what moves it along between
 micro-batches), and when that has completed applies its mean through the user's
 optimizer, posts this round's sums and starts a new round. Two fused buffers alternate
-(one accumulating, one in flight), each with its own persistent allreduce, so a round
-costs no allocation and no copy.
+(one accumulating, one in flight), each with its own persistent allreduce, so a round's
+gradients are never allocated or copied (the adaptive split reads ranks + 1 numbers back).
 
-The paper's full text was not available: the rule above is reconstructed (see
-``ALGORITHMS.md``), and its open choices are the options below.
+The paper's full text was not available: the rule above is reconstructed from its
+abstract (README, ABS-SGD), and its open choices are the options below.
 
 The one-round delay is compensated by weight prediction (``weight_prediction``, on by
 default): a round's micro-batches compute their gradients at the weights predicted for
@@ -107,14 +107,15 @@ class ABSSGDOptions:
     paper computes "without specifying batch size in advance"), and one micro-batch per
     rank holds the global batch synchronous SGD would use, so one learning rate means the
     same to both. ``"adaptive"`` (default): that split, then split again whenever the
-    speeds change: every rank times its own micro-batches (the time from one ``step`` to
-    the next, per sample) and sends its speed with the round's sums, so every rank learns
-    every speed with no collective of its own and computes the same split, from the
-    median of each rank's last ``SPEED_ROUNDS`` rounds (one slow round, an evaluation say,
-    does not move it). A step that changes this rank's size says so in
-    ``StepInfo.next_batch_size``, which the loop follows. Speeds measured once go stale
-    when load moves between nodes; these do not. ``"fixed"``: every rank uses the
-    configured size.
+    speeds change: every rank times its own micro-batches (from the first training
+    forward after a ``step`` to the next ``step``: forward, backward, whatever the loop
+    does between them, not evaluations or checkpoints) and sends its speed with the
+    round's sums, so every rank learns every speed with no collective of its own and
+    computes the same split, from the median of each rank's last ``SPEED_ROUNDS`` rounds
+    (one slow round does not move it). A step that changes this rank's size says so in
+    ``StepInfo.next_batch_size``, which the loop follows (a loop that does not keeps its
+    size; the weighting by samples stays exact). Speeds measured once go stale when load
+    moves between nodes; these do not. ``"fixed"``: every rank uses the configured size.
 
     ``weight_prediction`` (``c``, default 1): micro-batches compute gradients at
     ``w + c * (last update)``, the weights their round's update will be applied to if the
@@ -203,11 +204,12 @@ class ABSSGD(Solver):
         self._known_done = False  # ... whose allreduce is known to have completed
         self._posted_at = 0.0
         self._round_samples = 0
-        self._round_micro_batches = 0
-        # This round's timed micro-batches (the first step of a process has no start time).
-        self._stepped_at: float | None = None
+        # This round's timed micro-batches: each from its first training forward to its step.
+        self._started_at: float | None = None
+        self._clock_hook = self.model.register_forward_pre_hook(self._start_clock)
         self._timed_samples = 0
         self._timed_s = 0.0
+        #: The last rounds' speeds of every rank (samples/s), the same on every rank.
         self._speeds: deque[list[float]] = deque(maxlen=SPEED_ROUNDS)
         self._next_batch_size: int | None = None
         #: Rounds this rank has posted, updates it has applied.
@@ -216,7 +218,6 @@ class ABSSGD(Solver):
         self.reference_batch: float | None = self.options.reference_batch
         #: Every rank's micro-batch size, once ``local_batch_size`` decided it by speed (and as re-split).
         self.batch_sizes: list[int] | None = None
-        self._global_micro_batch = 0
         self._watch_lock = threading.Lock()
         self._watched: Any = None  # the PersistentAllreduce the progress thread tests
         self._done = threading.Event()
@@ -228,14 +229,14 @@ class ABSSGD(Solver):
         )
 
     def local_batch_size(self, configured: int, probe: Callable[[int], float] | None = None) -> int:
-        """This rank's micro-batch: ``configured``, or by speed (collective, decided once; see the options)."""
+        """This rank's micro-batch: ``configured``, or by speed (collective, the first time; see the options)."""
         if self.options.micro_batch == "fixed":
             return configured
         if self.batch_sizes is None:
-            who = "abs-sgd with micro_batch='speed' (or use micro_batch='fixed')"
+            who = f"abs-sgd with micro_batch={self.options.micro_batch!r} (or use micro_batch='fixed')"
             speeds = measure_speeds(self.comm, configured, probe, self.options.measure_batches, who=who)
-            self._global_micro_batch = configured * self.comm.size
-            self.batch_sizes = proportional_batches(speeds, self._global_micro_batch)
+            self.batch_sizes = proportional_batches(speeds, configured * self.comm.size)
+            self._started_at = None  # the probe's forwards are not a micro-batch
         return self.batch_sizes[self.comm.rank]
 
     # ---------------------------------------------------------------- gradients
@@ -259,25 +260,24 @@ class ABSSGD(Solver):
         n = self.take_samples(batch_size)
         if n == 0:  # no micro-batch: nothing to add, and a round needs one
             return StepInfo(applied=False, global_samples=0, local_samples=0)
-        if self._stepped_at is not None:  # the loop's time since the last step: this micro-batch's
-            self._timed_s += time.perf_counter() - self._stepped_at
+        if self._started_at is not None:
+            self._timed_s += time.perf_counter() - self._started_at
             self._timed_samples += n
-        try:
-            return self._add(n)
-        finally:
-            self._stepped_at = time.perf_counter()
-
-    def _add(self, n: int) -> StepInfo:
+            self._started_at = None
         self._point_grads_at_views()  # gradients set to None by the user come back into the buffer
         self._sums[self._acc][: self._numel].add_(self.grads.flat, alpha=n)  # the mean gradient, summed
         self._round_samples += n
-        self._round_micro_batches += 1
         if self._in_flight and not self._round_over():
             return StepInfo(applied=False, global_samples=0, local_samples=n)
         applied, samples = self._finish_round() if self._in_flight else (False, 0)
         self._post()
         resized, self._next_batch_size = self._next_batch_size, None
         return StepInfo(applied=applied, global_samples=samples, local_samples=n, next_batch_size=resized)
+
+    def _start_clock(self, module: torch.nn.Module, args: tuple) -> None:
+        """A micro-batch starts at its first training forward (evaluation runs without grad)."""
+        if self._started_at is None and torch.is_grad_enabled():
+            self._started_at = time.perf_counter()
 
     def _round_over(self) -> bool:
         """Whether the round in flight has completed and this rank's round may end."""
@@ -315,7 +315,8 @@ class ABSSGD(Solver):
         index = 1 - self._acc
         self._rounds[index].wait("abs-sgd round")  # completed already: brings staged results back
         self._in_flight = False
-        self._resplit(self._sums[index][self._numel + 1 :].tolist())
+        if self.options.micro_batch == "adaptive" and self.batch_sizes is not None:
+            self._resplit(self._sums[index][self._numel + 1 :].tolist())
         reduced = self._sums[index][: self._numel + 1]
         if self._carry is not None:
             reduced = self._carry.add_(reduced)
@@ -337,12 +338,12 @@ class ABSSGD(Solver):
         return True, total
 
     def _resplit(self, speeds: list[float]) -> None:
-        """Adaptive micro-batches: split the batch again by every rank's recent speed (the same on every rank)."""
-        if self.options.micro_batch != "adaptive" or self.batch_sizes is None or min(speeds) <= 0:
-            return  # sizes not chosen by speed, or a rank timed nothing this round
+        """Split the batch again by every rank's recent speed (the same on every rank)."""
+        if min(speeds) <= 0:
+            return  # a rank timed nothing this round
         self._speeds.append(speeds)
         recent = tuple(statistics.median(rank_speeds) for rank_speeds in zip(*self._speeds))
-        sizes = proportional_batches(recent, self._global_micro_batch)
+        sizes = proportional_batches(recent, sum(self.batch_sizes))
         if sizes != self.batch_sizes:
             if sizes[self.comm.rank] != self.batch_sizes[self.comm.rank]:
                 self._next_batch_size = sizes[self.comm.rank]
@@ -419,7 +420,7 @@ class ABSSGD(Solver):
         self._sums[self._acc].zero_()
         self._in_flight, self._known_done = True, False
         self._posted_at = time.perf_counter()
-        self._round_samples = self._round_micro_batches = self._timed_samples = 0
+        self._round_samples = self._timed_samples = 0
         self._timed_s = 0.0
         self.rounds += 1
 
@@ -459,6 +460,7 @@ class ABSSGD(Solver):
             self._complete_in_flight("abs-sgd closing round")
         for round_ in self._rounds:
             round_.free()
+        self._clock_hook.remove()
         if self._weights is not None:
             self._hold_true_weights()  # the user's model ends at the true weights
         super().close()
@@ -479,8 +481,9 @@ class ABSSGD(Solver):
             "batch_sizes": self.batch_sizes,
             "accumulating": self._sums[self._acc][: self._numel].clone(),
             "round_samples": self._round_samples,
-            "round_micro_batches": self._round_micro_batches,
-            "completed": self._sums[1 - self._acc][: self._numel + 1].clone() if self._in_flight else None,
+            "completed": self._sums[1 - self._acc].clone() if self._in_flight else None,  # with its speeds
+            "speeds": [list(speeds) for speeds in self._speeds],
+            "timed": (self._timed_samples, self._timed_s),
             "carry": self._carry.clone() if self._carry is not None else None,
             # The model's own state holds the predicted weights; these are the true ones.
             "weights": self._weights.flat.clone() if self._weights is not None else None,
@@ -495,12 +498,10 @@ class ABSSGD(Solver):
         self._sums[0].zero_()
         self._sums[0][: self._numel].copy_(state["accumulating"])
         self._round_samples = int(state["round_samples"])
-        self._round_micro_batches = int(state["round_micro_batches"])
         completed = state["completed"]
         self._in_flight = self._known_done = completed is not None
         if completed is not None:
-            self._sums[1].zero_()  # no speeds: the resumed run measures its own
-            self._sums[1][: self._numel + 1].copy_(completed)
+            self._sums[1].copy_(completed)
         if self._carry is not None:
             self._carry.copy_(state["carry"])
         if self._weights is not None:
@@ -513,6 +514,7 @@ class ABSSGD(Solver):
         reference = state["reference_batch"]
         self.reference_batch = None if reference is None else float(reference)
         self.batch_sizes = None if state["batch_sizes"] is None else list(state["batch_sizes"])
-        self._global_micro_batch = sum(self.batch_sizes or ())
-        self._stepped_at, self._timed_samples, self._timed_s = None, 0, 0.0  # speeds are measured afresh
         self._speeds.clear()
+        self._speeds.extend(state["speeds"])
+        self._timed_samples, self._timed_s = state["timed"]
+        self._started_at = None

@@ -44,14 +44,19 @@ def proportional_batches(speeds: tuple[float, ...], total: int) -> list[int]:
     finish it soonest. This minimises the step's time,
     ``max(batch / speed)``; rounding shares of the spare samples does not (with speeds
     1, 1, 1, 0.25 and 16 samples it gives 5, 5, 4, 2: a step of 2 / 0.25 = 8 units, not 5).
+    The greedy part starts from one sample under each rank's share of the spare ones,
+    which it would have given anyway, so it places about one sample per rank, not the
+    whole batch (ABS-SGD splits again every round).
     """
     if total < len(speeds):
         raise OptionError(f"a global batch of {total} cannot give each of {len(speeds)} ranks a sample")
     require(all(math.isfinite(s) and s > 0 for s in speeds), f"every speed must be finite and > 0, got {speeds}")
-    batches = [1] * len(speeds)
-    finish = [(2 / speed, rank) for rank, speed in enumerate(speeds)]  # when each rank's next sample would end
-    heapq.heapify(finish)
-    for _ in range(total - len(speeds)):
+    # The last spare sample ends at time >= spare / sum(speeds): every k / speed below that is taken.
+    per_speed = (total - len(speeds)) / sum(speeds)
+    batches = [max(1, math.floor(per_speed * speed) - 1) for speed in speeds]
+    finish = [((batch + 1) / speed, rank) for rank, (batch, speed) in enumerate(zip(batches, speeds))]
+    heapq.heapify(finish)  # when each rank's next sample would end
+    for _ in range(total - sum(batches)):
         _, rank = heapq.heappop(finish)
         batches[rank] += 1
         heapq.heappush(finish, ((batches[rank] + 1) / speeds[rank], rank))

@@ -148,8 +148,8 @@ class Trainer:
         self.log: RunLog | None = None
         self.display = Display(config.solver) if rank == 0 and show else None
         # Hot-path buffers (sized by prepare()) and the running interval (since the previous record).
-        self._pred = torch.empty(0, dtype=torch.long)
-        self._hit = torch.empty(0, dtype=torch.bool)
+        self._pred = self._pred_buffer = torch.empty(0, dtype=torch.long)
+        self._hit = self._hit_buffer = torch.empty(0, dtype=torch.bool)
         self._samples = 0  # this rank's training samples in this process
         self._loss_sum = 0.0
         self._correct = 0
@@ -182,9 +182,10 @@ class Trainer:
     def _resize(self, batch_size: int) -> None:
         """Draw micro-batches of ``batch_size`` from here on (the buffers only grow)."""
         self.shard.resize(batch_size)
-        if batch_size > len(self._pred):
-            self._pred = torch.empty(batch_size, dtype=torch.long)
-            self._hit = torch.empty(batch_size, dtype=torch.bool)
+        if batch_size > len(self._pred_buffer):
+            self._pred_buffer = torch.empty(batch_size, dtype=torch.long)
+            self._hit_buffer = torch.empty(batch_size, dtype=torch.bool)
+        self._pred, self._hit = self._pred_buffer[:batch_size], self._hit_buffer[:batch_size]
 
     def _compute_seconds(self, n: int) -> float:
         """Seconds of real compute (forward and backward, MPI waits excluded) on ``n`` training samples.
@@ -274,10 +275,9 @@ class Trainer:
         n = y.shape[0]
         self._samples += n
         self._loss_sum += loss.item() * n
-        pred, hit = self._pred[:n], self._hit[:n]
-        torch.argmax(out.detach(), 1, out=pred)
-        torch.eq(pred, y, out=hit)
-        self._correct += int(hit.sum())
+        torch.argmax(out.detach(), 1, out=self._pred)
+        torch.eq(self._pred, y, out=self._hit)
+        self._correct += int(self._hit.sum())
         self._count += n
 
     def _milestone(self, now: Progress, due: Due) -> None:

@@ -226,11 +226,13 @@ def test_other_triggers_keep_ranks_in_lockstep(comm, trigger, options):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_adaptive_micro_batches_follow_speeds_that_move(comm):
-    """Rank 0 computes 4x slower than the others, then the last rank does: the split follows."""
+@pytest.mark.parametrize("mode", ["adaptive", "speed"])
+def test_adaptive_micro_batches_follow_speeds_that_move(comm, mode):
+    """Rank 0 computes 4x slower than the others, then the last rank does: the adaptive split follows,
+    one slow round in between does not move it, and a loaded state splits as the saved one."""
     model = net()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    solver = mpisolve.make_solver("abs-sgd", model, optimizer, comm, measure_batches=1, progress="poll")
+    solver = mpisolve.make_solver("abs-sgd", model, optimizer, comm, measure_batches=1, progress="poll", micro_batch=mode)
     last = comm.size - 1
 
     def seconds_per_sample(moved):
@@ -239,16 +241,34 @@ def test_adaptive_micro_batches_follow_speeds_that_move(comm):
 
     n = solver.local_batch_size(8, lambda k: k * seconds_per_sample(False))
     before = list(solver.batch_sizes)
-    i = 0
-    while solver.updates < 16:
-        time.sleep(n * seconds_per_sample(solver.updates >= 4))  # the emulated device
+    i, hiccup, after_hiccup = 0, False, None
+    while solver.updates < 20:
         g = torch.Generator().manual_seed(i)
-        info = train_step(model, solver, torch.randn(n, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g))
+        x, y = torch.randn(n, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g)
+        solver.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        time.sleep(n * seconds_per_sample(solver.updates >= 10))  # the emulated device
+        if solver.updates == 4 and not hiccup and comm.rank == last:
+            time.sleep(0.05)  # one slow micro-batch on a fast rank
+            hiccup = True
+        info = solver.step()
+        assert info.next_batch_size != n  # said only when this rank's size changes
         n = info.next_batch_size or n
+        if solver.updates == 9:
+            after_hiccup = list(solver.batch_sizes)
         i += 1
     after = list(solver.batch_sizes)
-    solver.close()
-    assert before[0] < before[last] and after[0] > after[last], (before, after)
-    assert sum(after) == 8 * comm.size  # still synchronous SGD's global batch, split again
-    assert n == after[comm.rank]  # each rank was told its new size
+    state = solver.state_dict()
+    assert n == after[comm.rank]  # each rank was told its size
     assert comm.allgather_object(after) == [after] * comm.size  # and every rank computed the same split
+    assert before[0] < before[last]
+    if mode == "speed":
+        assert after == before
+    else:
+        assert after_hiccup == before  # the median of 3 rounds ignores one slow round
+        assert after[0] > after[last] and sum(after) == 8 * comm.size  # split again: synchronous SGD's batch
+        resumed = mpisolve.make_solver("abs-sgd", net(), torch.optim.SGD(net().parameters(), lr=LR), comm)
+        resumed.load_state_dict(state)
+        assert resumed.batch_sizes == after and resumed.state_dict()["speeds"] == state["speeds"]
+        resumed.close()
+    solver.close()

@@ -100,9 +100,22 @@ class StallingLocalSolver(LocalSolver):
         return super().step(batch_size)
 
 
+class ResizingLocalSolver(LocalSolver):
+    """test-local that tells the loop, at its third step, to draw micro-batches of rank + 2 samples."""
+
+    name = "test-local-resize"
+
+    def step(self, batch_size=None):
+        info = super().step(batch_size)
+        if self.updates == 3:
+            return StepInfo(applied=True, global_samples=info.global_samples, local_samples=info.local_samples,
+                            next_batch_size=self.comm.rank + 2)
+        return info
+
+
 @pytest.fixture
 def test_solvers(monkeypatch):
-    for cls in (DelayedSolver, LocalSolver, StallingLocalSolver):
+    for cls in (DelayedSolver, LocalSolver, StallingLocalSolver, ResizingLocalSolver):
         monkeypatch.setitem(base._REGISTRY, cls.name, cls)
     BUILT.clear()
 
@@ -201,6 +214,15 @@ def test_delayed_rounds_let_fast_ranks_compute_more(comm, test_solvers):
     counts = comm.allgather_object(solver.micro_batches)
     assert summary["steps"] == 8 and max(counts) > counts[slow]
     assert len(set(parameter_sums(comm, solver.model))) == 1  # every rank applied the same rounds
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+def test_the_loop_draws_the_micro_batch_size_a_step_asks_for(comm, test_solvers):
+    summary = train(config(solver="test-local-resize", steps=8 * comm.size, log_every=100), comm, show=False)
+    steps = BUILT[-1].updates
+    assert summary["batch_sizes"] == [r + 2 for r in range(comm.size)]
+    assert summary["samples_by_rank"][comm.rank] == 3 * 16 + (steps - 3) * (comm.rank + 2)
 
 
 @pytest.mark.mpi(min_size=2)

@@ -1,6 +1,8 @@
 """LB-BSP's batch split and speed parsing (no MPI)."""
 
+import heapq
 import itertools
+import random
 
 import pytest
 
@@ -29,6 +31,27 @@ def test_the_split_minimises_the_slowest_ranks_step(speeds, total, split):
     others = [(a, b, c, total - a - b - c) for a, b, c in itertools.product(range(1, total), repeat=3) if a + b + c < total]
     assert len(others) == 455
     assert min(max(b / s for b, s in zip(other, speeds)) for other in others) >= step - 1e-12
+
+
+def one_sample_at_a_time(speeds, total):
+    """The split's definition: one sample each, then every further one to the rank that would finish it soonest."""
+    batches = [1] * len(speeds)
+    finish = [(2 / speed, rank) for rank, speed in enumerate(speeds)]
+    heapq.heapify(finish)
+    for _ in range(total - len(speeds)):
+        _, rank = heapq.heappop(finish)
+        batches[rank] += 1
+        heapq.heappush(finish, ((batches[rank] + 1) / speeds[rank], rank))
+    return batches
+
+
+def test_the_split_starting_from_shares_is_the_one_sample_at_a_time_split():
+    rng = random.Random(0)
+    for _ in range(500):
+        ranks = rng.randint(1, 64)
+        speeds = tuple(rng.choice([1.0, 0.5, 0.25, rng.uniform(1e-3, 10.0)]) for _ in range(ranks))
+        total = rng.randint(ranks, ranks * 200)
+        assert proportional_batches(speeds, total) == one_sample_at_a_time(speeds, total), (speeds, total)
 
 
 def test_bad_speeds_are_named():
