@@ -15,7 +15,7 @@
 # Every rank computes on an emulated device (--device-ms 10: a micro-batch of n samples
 # takes factor x n x 10 ms, real compute included), so 4 ranks sharing 2 cores behave as
 # 4 devices; the summaries count the micro-batches whose real compute overran it. 4 samples
-# per rank and micro-batch, lr 0.02 with momentum 0.9; evaluation every 0.1 epoch (time to
+# per rank and micro-batch (lb-bsp and abs-sgd split those 16 by speed), lr 0.02 with momentum 0.9; evaluation every 0.1 epoch (time to
 # target is read there). async-sgd diverges at lr 0.02 (4 workers' pushes add up) and runs
 # in a job of its own at lr 0.005, pushing every step (ASYNC_SGD): on straggler, the faster
 # of lr 0.005 and 0.01 with tau 1 over seeds 0-4 (tau 4 was slower or missed in seed 0).
