@@ -241,7 +241,7 @@ def test_adaptive_micro_batches_follow_speeds_that_move(comm, mode):
 
     n = solver.local_batch_size(8, lambda k: k * seconds_per_sample(False))
     before = list(solver.batch_sizes)
-    i, hiccup, after_hiccup = 0, False, None
+    i, hiccup, sizes_before_the_move = 0, False, set()
     while solver.updates < 20:
         g = torch.Generator().manual_seed(i)
         x, y = torch.randn(n, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g)
@@ -254,8 +254,8 @@ def test_adaptive_micro_batches_follow_speeds_that_move(comm, mode):
         info = solver.step()
         assert info.next_batch_size != n  # said only when this rank's size changes
         n = info.next_batch_size or n
-        if solver.updates == 9:
-            after_hiccup = list(solver.batch_sizes)
+        if solver.updates < 10:
+            sizes_before_the_move.add(solver.batch_sizes[last])
         i += 1
     after = list(solver.batch_sizes)
     state = solver.state_dict()
@@ -265,7 +265,8 @@ def test_adaptive_micro_batches_follow_speeds_that_move(comm, mode):
     if mode == "speed":
         assert after == before
     else:
-        assert after_hiccup == before  # the median of 3 rounds ignores one slow round
+        # The median of 3 rounds ignores the one slow round (ranks of one speed may trade a sample).
+        assert min(sizes_before_the_move) >= before[last] - 1, (sizes_before_the_move, before)
         assert after[0] > after[last] and sum(after) == 8 * comm.size  # split again: synchronous SGD's batch
         resumed = mpisolve.make_solver("abs-sgd", net(), torch.optim.SGD(net().parameters(), lr=LR), comm)
         resumed.load_state_dict(state)
