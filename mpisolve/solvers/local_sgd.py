@@ -40,7 +40,7 @@ class LocalSGD(Solver):
         self.flat = flatten_parameters(self.params, who="local-sgd", extra=1)  # parameters, then a sample count
         self._average = self.comm.persistent_allreduce(self.flat)
         self.steps = 0
-        self._samples = 0  # this rank's samples since the last average
+        self._since_average = 0  # this rank's samples since the last average
 
     def step(self, batch_size: int | None = None) -> StepInfo:
         """One local step; every ``tau``-th also averages the models (the applied global update)."""
@@ -51,24 +51,24 @@ class LocalSGD(Solver):
         if self.nonfinite.ok([p.grad for p in self.params if p.grad is not None], "local gradients"):
             self.optimizer.step()
         self.steps += 1  # a skipped step still counts towards tau: averages stay on schedule
-        self._samples += local
+        self._since_average += local
         if self.steps % self.options.tau:
             return StepInfo(applied=False, global_samples=0, local_samples=local)
-        self.flat[-1] = self._samples
+        self.flat[-1] = self._since_average
         self._average.start()
         self._average.wait("local-sgd average")
         global_samples = int(round(self.flat[-1].item()))
         self.flat[:-1].mul_(1.0 / self.comm.size)
-        self._samples = 0
+        self._since_average = 0
         return StepInfo(applied=True, global_samples=global_samples, local_samples=local)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "steps": self.steps, "samples_since_average": self._samples}
+        return {**super().state_dict(), "steps": self.steps, "samples_since_average": self._since_average}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.steps = int(state["steps"])
-        self._samples = int(state["samples_since_average"])
+        self._since_average = int(state["samples_since_average"])
 
     def close(self) -> None:
         if not self.closed:

@@ -8,7 +8,8 @@ import mpisolve
 
 
 @pytest.mark.mpi(min_size=2)
-def test_every_tau_steps_the_models_are_averaged():
+@pytest.mark.parametrize("explicit_batch", [False, True])
+def test_every_tau_steps_the_models_are_averaged(explicit_batch):
     comm = mpisolve.init()
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
@@ -21,7 +22,8 @@ def test_every_tau_steps_the_models_are_averaged():
         x, y = torch.randn(5, 4, generator=g), torch.randint(0, 2, (5,), generator=g)
         solver.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
-        info = solver.step()
+        info = solver.step(5 if explicit_batch else None)
+        assert info.local_samples == 5  # this step's, whether counted by forward or given
         shadow_opt.zero_grad()
         nn.functional.cross_entropy(shadow(x), y).backward()
         shadow_opt.step()
