@@ -205,8 +205,6 @@ class ABSSGD(Solver):
         self._posted_at = 0.0
         self._round_samples = 0
         # This round's timed micro-batches: each from its first training forward to its step.
-        self._started_at: float | None = None
-        self._clock_hook = self.model.register_forward_pre_hook(self._start_clock)
         self._timed_samples = 0
         self._timed_s = 0.0
         #: The last rounds' speeds of every rank (samples/s), the same on every rank.
@@ -236,7 +234,6 @@ class ABSSGD(Solver):
             who = f"abs-sgd with micro_batch={self.options.micro_batch!r} (or use micro_batch='fixed')"
             speeds = measure_speeds(self.comm, configured, probe, self.options.measure_batches, who=who)
             self.batch_sizes = proportional_batches(speeds, configured * self.comm.size)
-            self._started_at = None  # the probe's forwards are not a micro-batch
         return self.batch_sizes[self.comm.rank]
 
     # ---------------------------------------------------------------- gradients
@@ -257,13 +254,13 @@ class ABSSGD(Solver):
         """Add this micro-batch to the round; apply last round's mean if its allreduce has completed."""
         if self.closed:
             raise RuntimeError("solver 'abs-sgd' is closed")
+        started_at = self._forward_at  # this micro-batch's first training forward
         n = self.take_samples(batch_size)
         if n == 0:  # no micro-batch: nothing to add, and a round needs one
             return StepInfo(applied=False, global_samples=0, local_samples=0)
-        if self._started_at is not None:
-            self._timed_s += time.perf_counter() - self._started_at
+        if started_at is not None:
+            self._timed_s += time.perf_counter() - started_at
             self._timed_samples += n
-            self._started_at = None
         self._point_grads_at_views()  # gradients set to None by the user come back into the buffer
         self._sums[self._acc][: self._numel].add_(self.grads.flat, alpha=n)  # the mean gradient, summed
         self._round_samples += n
@@ -273,11 +270,6 @@ class ABSSGD(Solver):
         self._post()
         resized, self._next_batch_size = self._next_batch_size, None
         return StepInfo(applied=applied, global_samples=samples, local_samples=n, next_batch_size=resized)
-
-    def _start_clock(self, module: torch.nn.Module, args: tuple) -> None:
-        """A micro-batch starts at its first training forward (evaluation runs without grad)."""
-        if self._started_at is None and torch.is_grad_enabled():
-            self._started_at = time.perf_counter()
 
     def _round_over(self) -> bool:
         """Whether the round in flight has completed and this rank's round may end."""
@@ -460,7 +452,6 @@ class ABSSGD(Solver):
             self._complete_in_flight("abs-sgd closing round")
         for round_ in self._rounds:
             round_.free()
-        self._clock_hook.remove()
         if self._weights is not None:
             self._hold_true_weights()  # the user's model ends at the true weights
         super().close()
@@ -517,4 +508,3 @@ class ABSSGD(Solver):
         self._speeds.clear()
         self._speeds.extend(state["speeds"])
         self._timed_samples, self._timed_s = state["timed"]
-        self._started_at = None

@@ -17,6 +17,7 @@ Every solver also takes :class:`CommonOptions` (``nonfinite``).
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -109,6 +110,8 @@ class Solver(ABC):
         #: Checks updates for NaN/Inf before they reach the model (``nonfinite`` option).
         self.nonfinite = NonFiniteGuard(self.options.nonfinite, self.comm, self.name)
         self._samples = 0
+        #: When the first training forward since the last step began (perf_counter), or None.
+        self._forward_at: float | None = None
         self._sample_hook = model.register_forward_pre_hook(self._count_samples)
         self.closed = False
         self.setup()
@@ -124,7 +127,11 @@ class Solver(ABC):
     # ------------------------------------------------------------- samples
     def _count_samples(self, module: torch.nn.Module, args: tuple) -> None:
         # Only training passes count: evaluation under no_grad/inference_mode does not.
-        if torch.is_grad_enabled() and args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
+        if not torch.is_grad_enabled():
+            return
+        if self._forward_at is None:
+            self._forward_at = time.perf_counter()
+        if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
             self._samples += args[0].shape[0]
 
     def samples_seen(self) -> int:
@@ -134,7 +141,7 @@ class Solver(ABC):
     def take_samples(self, batch_size: int | None) -> int:
         """This step's local sample count: ``batch_size`` if given, else what forward saw."""
         n = self._samples if batch_size is None else batch_size
-        self._samples = 0
+        self._samples, self._forward_at = 0, None
         if n < 0:
             raise ValueError(f"batch_size must be >= 0, got {n}")
         return n
