@@ -12,7 +12,8 @@ from mpisolve.kernels.triangle import bench_cases, pack_triu, triangle_numel, un
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_pack_unpack_round_trip(n, dtype):
     x = torch.randn(n, n + 3, dtype=dtype)
-    symmetric = x @ x.T
+    gram = x @ x.T  # not bit-symmetric on every CPU: its BLAS kernel varies (AVX2, AVX-512)
+    symmetric = gram + gram.T  # bit-symmetric: addition commutes
     packed = torch.empty(triangle_numel(n), dtype=dtype)
     assert pack_triu(symmetric, packed) is packed
     rows, cols = torch.triu_indices(n, n)
@@ -58,7 +59,9 @@ def test_pack_and_unpack_torch_cuda_tensors_on_a_side_stream():
         packed = pack_triu(doubled, torch.empty(triangle_numel(n), dtype=torch.float64, device="cuda"))
         out = unpack_triu_(packed, torch.empty_like(doubled))
     stream.synchronize()
-    assert torch.equal(packed.cpu(), pack_triu(symmetric.cpu() * 2, torch.empty(triangle_numel(n), dtype=torch.float64)))
+    assert torch.equal(
+        packed.cpu(), pack_triu(symmetric.cpu() * 2, torch.empty(triangle_numel(n), dtype=torch.float64))
+    )
     assert torch.equal(out.cpu(), symmetric.cpu() * 2)
 
 
