@@ -19,7 +19,11 @@ def test_an_uncaught_exception_reports_its_line_first_and_ends_the_job():
     mpiexec = Path(sys.executable).parent / "mpiexec"
     env = dict(os.environ, MPIEXEC_TIMEOUT="90")
     job = subprocess.run(
-        [str(mpiexec), "-n", "2", sys.executable, "-c", RAISE_ON_RANK_1], env=env, capture_output=True, text=True, timeout=120
+        [str(mpiexec), "-n", "2", sys.executable, "-c", RAISE_ON_RANK_1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert job.returncode != 0, job.stderr
     line = job.stderr.find("ValueError: boom on purpose (rank 1; traceback below)")

@@ -1,4 +1,4 @@
-"""The model-consistency message (single process; the collective check is in tests/mpi)."""
+"""The model-consistency message (single process; the collective check is in test_model_mismatch.py)."""
 
 from mpisolve.comm.state import describe_mismatch
 

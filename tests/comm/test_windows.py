@@ -89,7 +89,9 @@ def test_a_rank_stalled_in_a_window_lock_ends_the_job(path):
     job = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     ended = time.time()
     assert job.returncode != 0, job.stderr
-    assert "CommTimeout: mpisolve: MPI_Win_lock (target rank 1) did not complete within 2 s on rank 0 of 2" in job.stderr
+    assert (
+        "CommTimeout: mpisolve: MPI_Win_lock (target rank 1) did not complete within 2 s on rank 0 of 2" in job.stderr
+    )
     reading_at = float(next(line for line in job.stderr.splitlines() if line.startswith("reading at")).split()[-1])
     print(f"{path}: exit {job.returncode}, ended {ended - reading_at:.1f} s after the wait began")
     assert ended - reading_at < 30  # the bound for a failing rank

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from slurm_cluster import SlurmCluster, ensure_slurm
+
+from .slurm_cluster import SlurmCluster, ensure_slurm
 
 
 @pytest.fixture(scope="module")

@@ -91,8 +91,10 @@ def ensure_slurm() -> None:
         pytest.skip("the Slurm test installs Slurm with apt-get, which this machine lacks")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     lock = ["-o", "DPkg::Lock::Timeout=120"]
-    for cmd, timeout_s in ((["apt-get", "update", "-qq"], 120),
-                           (["apt-get", "install", "-y", "-qq", "--no-install-recommends", *lock, *PACKAGES], 240)):
+    for cmd, timeout_s in (
+        (["apt-get", "update", "-qq"], 120),
+        (["apt-get", "install", "-y", "-qq", "--no-install-recommends", *lock, *PACKAGES], 240),
+    ):
         done = _run(cmd, timeout=timeout_s, env=env)
         assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}"
 
@@ -121,7 +123,9 @@ class BatchJob:
         self.output = output
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO
+        )
 
     def result(self) -> JobResult:
         """Wait for the job (until ``timeout_s`` after submission); its exit status and everything printed."""
@@ -151,10 +155,17 @@ class SlurmCluster:
         self._start_munge()
         for i in range(4):
             (self.root / f"gpu{i}").touch()
-        (self.root / "gres.conf").write_text(f"AutoDetect=off\nNodeName={self.host} Name=gpu File={self.root}/gpu[0-3]\n")
+        (self.root / "gres.conf").write_text(
+            f"AutoDetect=off\nNodeName={self.host} Name=gpu File={self.root}/gpu[0-3]\n"
+        )
         self.conf.write_text(
-            SLURM_CONF.format(host=self.host, root=self.root, ctld_port=_free_port(), slurmd_port=_free_port(),
-                              first_job_id=random.randrange(10**5, 6 * 10**7))
+            SLURM_CONF.format(
+                host=self.host,
+                root=self.root,
+                ctld_port=_free_port(),
+                slurmd_port=_free_port(),
+                first_job_id=random.randrange(10**5, 6 * 10**7),
+            )
         )
         self._spawn([self._sbin("slurmctld"), "-D", "-i", "-f", str(self.conf)])
         self._spawn([self._sbin("slurmd"), "-D", "-f", str(self.conf)])
@@ -173,9 +184,17 @@ class SlurmCluster:
         for path in (munge, key):
             os.chown(path, uid, gid)
         self._spawn(
-            [self._sbin("munged"), "--foreground", f"--socket={munge}/munge.socket", f"--key-file={key}",
-             f"--pid-file={munge}/munged.pid", f"--log-file={munge}/munged.log", f"--seed-file={munge}/munged.seed"],
-            user="munge", group="munge",
+            [
+                self._sbin("munged"),
+                "--foreground",
+                f"--socket={munge}/munge.socket",
+                f"--key-file={key}",
+                f"--pid-file={munge}/munged.pid",
+                f"--log-file={munge}/munged.log",
+                f"--seed-file={munge}/munged.seed",
+            ],
+            user="munge",
+            group="munge",
         )
         self._wait_for(lambda: (munge / "munge.socket").exists(), 15, "munged's socket")
 
@@ -186,8 +205,15 @@ class SlurmCluster:
     def _spawn(self, cmd: list[str], **kwargs) -> None:  # noqa: ANN003
         log = open(self.root / "log" / f"{Path(cmd[0]).name}.console", "w")  # noqa: SIM115 (the daemon keeps it)
         # SLURM_CONF in the daemons' environment marks them and their job steps as this cluster's.
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env(),
-                                preexec_fn=_die_with_parent, **kwargs)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env(),
+            preexec_fn=_die_with_parent,
+            **kwargs,
+        )
         log.close()
         self.daemons[Path(cmd[0]).name] = proc
         time.sleep(0.2)
@@ -199,7 +225,9 @@ class SlurmCluster:
         while not ready():
             dead = [name for name, p in self.daemons.items() if p.poll() is not None]
             if dead or time.monotonic() > deadline:
-                raise RuntimeError(f"gave up waiting for {what} ({'exited: ' + ', '.join(dead) if dead else 'timeout'}):\n{self.logs()}")
+                raise RuntimeError(
+                    f"gave up waiting for {what} ({'exited: ' + ', '.join(dead) if dead else 'timeout'}):\n{self.logs()}"
+                )
             time.sleep(0.2)
 
     # ------------------------------------------------------------------ use
@@ -215,8 +243,9 @@ class SlurmCluster:
         done = _run(cmd, timeout=20, env=self.env())
         return done.stdout.strip() if done.returncode == 0 else ""
 
-    def submit(self, script: Path, *args: str, env: dict[str, str], sbatch: tuple[str, ...] = (),
-               timeout_s: float = 150) -> BatchJob:
+    def submit(
+        self, script: Path, *args: str, env: dict[str, str], sbatch: tuple[str, ...] = (), timeout_s: float = 150
+    ) -> BatchJob:
         """``sbatch --wait [sbatch options] script args`` from the repository root, in the background."""
         self._submitted += 1
         output = self.root / f"job-{self._submitted}.out"
@@ -224,7 +253,9 @@ class SlurmCluster:
         return BatchJob(cmd, output, self.env(**env), timeout_s)
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted((self.root / "log").glob("*")))
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted((self.root / "log").glob("*"))
+        )
 
     # ----------------------------------------------------------------- stop
     def stop(self) -> None:

@@ -21,8 +21,14 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 30) -> subprocess.
 
 def test_every_script_parses():
     assert {p.name for p in SCRIPTS} >= {
-        "single-node-cpu.sbatch", "multi-node-cpu.sbatch", "single-node-gpu.sbatch", "multi-node-gpu.sbatch",
-        "launch.sh", "site.sh", "gpu-bind.sh", "workstation.sh",
+        "single-node-cpu.sbatch",
+        "multi-node-cpu.sbatch",
+        "single-node-gpu.sbatch",
+        "multi-node-gpu.sbatch",
+        "launch.sh",
+        "site.sh",
+        "gpu-bind.sh",
+        "workstation.sh",
     }
     for script in SCRIPTS:
         done = run(["bash", "-n", str(script)], env={})
@@ -55,7 +61,11 @@ def test_gpu_bind_without_a_local_rank_fails_clearly():
     [
         ([], {"SLURM_NTASKS": "4"}, "no training options given"),
         (["--solver", "allreduce"], {}, "not inside a Slurm allocation"),
-        (["--solver", "allreduce"], {"SLURM_NTASKS": "4", "MPISOLVE_LAUNCHER": "aprun"}, "must be srun, mpiexec or mpirun, not 'aprun'"),
+        (
+            ["--solver", "allreduce"],
+            {"SLURM_NTASKS": "4", "MPISOLVE_LAUNCHER": "aprun"},
+            "must be srun, mpiexec or mpirun, not 'aprun'",
+        ),
     ],
 )
 def test_launch_refuses_bad_use(args, env, message):
@@ -65,8 +75,12 @@ def test_launch_refuses_bad_use(args, env, message):
 
 
 def test_workstation_script_trains_on_every_rank(tmp_path):
-    env = {"NP": "2", "PYTHON": sys.executable, "MPIEXEC": str(Path(sys.executable).with_name("mpiexec")),
-           "MPIEXEC_TIMEOUT": "90"}
+    env = {
+        "NP": "2",
+        "PYTHON": sys.executable,
+        "MPIEXEC": str(Path(sys.executable).with_name("mpiexec")),
+        "MPIEXEC_TIMEOUT": "90",
+    }
     log = tmp_path / "run.jsonl"
     done = run([str(JOBS / "workstation.sh"), "--model", "mlp", "--steps", "4", "--log", str(log)], env, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from slurm_cluster import REPO, JobResult, SlurmCluster
+
+from .slurm_cluster import REPO, JobResult, SlurmCluster
 
 CPU_TEMPLATE = REPO / "jobs" / "single-node-cpu.sbatch"
 GPU_TEMPLATE = REPO / "jobs" / "single-node-gpu.sbatch"

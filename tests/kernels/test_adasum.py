@@ -16,7 +16,9 @@ def layout(lengths):
 def reference_stats(a, b, bounds):
     a, b = a.double().numpy(), b.double().numpy()
     edges = bounds.tolist()
-    return np.array([[a[lo:hi] @ b[lo:hi], a[lo:hi] @ a[lo:hi], b[lo:hi] @ b[lo:hi]] for lo, hi in zip(edges, edges[1:])]).reshape(-1, 3)
+    return np.array(
+        [[a[lo:hi] @ b[lo:hi], a[lo:hi] @ a[lo:hi], b[lo:hi] @ b[lo:hi]] for lo, hi in zip(edges, edges[1:])]
+    ).reshape(-1, 3)
 
 
 def reference_combine(a, b, bounds, stats):
@@ -76,7 +78,9 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="stats must be float64 of shape"):
         adasum.segment_stats(a, a, layout([4]), torch.zeros(2, 3, dtype=torch.float64))
     with pytest.raises(ValueError, match="a and b must be flat tensors"):
-        adasum.segment_stats(a, torch.zeros(4, dtype=torch.float64), layout([4]), torch.zeros(1, 3, dtype=torch.float64))
+        adasum.segment_stats(
+            a, torch.zeros(4, dtype=torch.float64), layout([4]), torch.zeros(1, 3, dtype=torch.float64)
+        )
 
 
 def test_bench_cases_run():

@@ -21,7 +21,6 @@ def test_exchange_matches_the_equations(dtype):
     torch.testing.assert_close(x + center, want_x + want_center)
 
 
-
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="one shape and dtype"):
         elastic_exchange_(torch.zeros(3), torch.zeros(4), 0.1)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from mpisolve.kernels.inverse import FAILED, OK, RECOVERED, bench_cases, eigh_psd, eigh_psd_, invert_spd, inverse_spd_
+from mpisolve.kernels.inverse import FAILED, OK, RECOVERED, bench_cases, eigh_psd, eigh_psd_, inverse_spd_, invert_spd
 from mpisolve.kernels.inverse_cuda import XpLinalg
 
 
@@ -105,6 +105,8 @@ def test_cuda_tensors_are_inverted_on_torch_s_current_stream():
     expected = source * 2
     assert cpu_inverse(expected.clone(), [1e-3] * 3).tolist() == status.tolist() == [OK, FAILED, OK]
     for i in (0, 2):
-        torch.testing.assert_close(stack[i].cpu(), torch.linalg.inv(expected[i] + 1e-3 * torch.eye(40, dtype=torch.float64)))
+        torch.testing.assert_close(
+            stack[i].cpu(), torch.linalg.inv(expected[i] + 1e-3 * torch.eye(40, dtype=torch.float64))
+        )
         torch.testing.assert_close((vectors[i] @ torch.diag(values[i]) @ vectors[i].T).cpu(), expected[i])
     assert eigh_status.tolist() == [OK, FAILED, OK]

@@ -63,11 +63,24 @@ def test_bad_sweeps_fail_clearly(tmp_path):
 def window_rows(nets: dict, *, noise: float = 0.0) -> list[dict]:
     """bench windows rows an exchange priced by ``nets`` (per mode) would give, both layouts."""
     rows = []
-    for i, (p, n, mode, layout) in enumerate((p, n, m, lay) for p in (2, 4, 8) for n in (2**18, 2**21, 2**23)
-                                              for m in ("wild", "locked") for lay in ("sharded", "server")):
+    for i, (p, n, mode, layout) in enumerate(
+        (p, n, m, lay)
+        for p in (2, 4, 8)
+        for n in (2**18, 2**21, 2**23)
+        for m in ("wild", "locked")
+        for lay in ("sharded", "server")
+    ):
         t = window_exchange(nets[mode], p, n, locked=mode == "locked", layout=layout)
-        rows.append({"ranks": p, "path": "shared", "mode": mode, "layout": layout, "bytes": float(n),
-                     "seconds": t * (1 + noise * (-1) ** i)})
+        rows.append(
+            {
+                "ranks": p,
+                "path": "shared",
+                "mode": mode,
+                "layout": layout,
+                "bytes": float(n),
+                "seconds": t * (1 + noise * (-1) ** i),
+            }
+        )
     return rows
 
 
@@ -80,14 +93,21 @@ def test_window_fit_recovers_each_modes_alpha_and_beta(tmp_path):
         writer.writerows({**r, "numel": int(r["bytes"]) // 4, "bytes": int(r["bytes"])} for r in window_rows(truth))
     fits = fit_window(read_window_bench([path]))
     for mode, net in truth.items():
-        assert fits[mode].alpha == pytest.approx(net.alpha, rel=1e-6) and fits[mode].beta == pytest.approx(net.beta, rel=1e-6)
+        assert fits[mode].alpha == pytest.approx(net.alpha, rel=1e-6) and fits[mode].beta == pytest.approx(
+            net.beta, rel=1e-6
+        )
     noisy = fit_window(window_rows(truth, noise=0.05))
-    assert noisy["locked"].alpha == pytest.approx(400e-6, rel=0.1) and noisy["wild"].beta == pytest.approx(0.2e-9, rel=0.1)
+    assert noisy["locked"].alpha == pytest.approx(400e-6, rel=0.1) and noisy["wild"].beta == pytest.approx(
+        0.2e-9, rel=0.1
+    )
 
 
 def test_bad_window_benches_fail_clearly(tmp_path):
     with pytest.raises(InputError, match="too few locked sharded rows on the internode path"):
-        fit_window(window_rows({"wild": Network(alpha=1e-6, beta=1e-9), "locked": Network(alpha=1e-6, beta=1e-9)}), path="internode")
+        fit_window(
+            window_rows({"wild": Network(alpha=1e-6, beta=1e-9), "locked": Network(alpha=1e-6, beta=1e-9)}),
+            path="internode",
+        )
     bad = tmp_path / "bad.csv"
     bad.write_text("ranks,op,bytes,latency_us\n2,mpi,4,1.0\n")
     with pytest.raises(InputError, match="not a bench windows CSV"):

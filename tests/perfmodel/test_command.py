@@ -8,7 +8,9 @@ import pytest
 
 
 def model(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mpisolve", "model", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "mpisolve", "model", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_projects_every_rank_count(tmp_path):
@@ -16,7 +18,9 @@ def test_projects_every_rank_count(tmp_path):
     done = model("--solver", "allreduce,ea-wild", "--model", "resnet18", "--ranks", "1,16,1024", "--csv", str(out))
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(out.open()))
-    assert [(r["solver"], int(r["ranks"])) for r in rows] == [(s, p) for s in ("allreduce", "ea-wild") for p in (1, 16, 1024)]
+    assert [(r["solver"], int(r["ranks"])) for r in rows] == [
+        (s, p) for s in ("allreduce", "ea-wild") for p in (1, 16, 1024)
+    ]
     first = rows[0]
     assert float(first["efficiency"]) == pytest.approx(1.0) and float(first["samples_per_s"]) == pytest.approx(6000)
     allreduce = [float(r["efficiency"]) for r in rows if r["solver"] == "allreduce"]

@@ -37,8 +37,12 @@ def test_oversubscribed_cores_slow_compute():
 
 
 def test_adasum_easgd_and_windows():
-    assert iteration("adasum", case(4)).comm == pytest.approx(adasum_allreduce(NET, 4, 4e6, tensors=4, gamma_adasum=1e-10))
-    assert iteration("easgd", case(4), model_options("easgd", {"tau": 8})).comm == pytest.approx(ring_allreduce(NET, 4, 4e6) / 8)
+    assert iteration("adasum", case(4)).comm == pytest.approx(
+        adasum_allreduce(NET, 4, 4e6, tensors=4, gamma_adasum=1e-10)
+    )
+    assert iteration("easgd", case(4), model_options("easgd", {"tau": 8})).comm == pytest.approx(
+        ring_allreduce(NET, 4, 4e6) / 8
+    )
     # ea-wild, sharded: get and accumulate of n from 3 remote shards, every tau=4 steps
     wild = iteration("ea-wild", case(4)).comm
     assert wild == pytest.approx((6 * 2e-6 + 2 * 4e6 * 3 / 4 * 1e-9) / 4)
@@ -55,7 +59,8 @@ def test_window_solvers_are_priced_by_their_own_networks_and_schedule():
     assert iteration("ea-wild", priced).comm == pytest.approx((6 * 1e-4 + 2 * 4e6 * 3 / 4 * 3e-9) / 4)
     assert iteration("async-sgd", priced).comm == pytest.approx(12 * 5e-3 + 2 * 4e6 * 3 / 4 * 4e-9)  # tau=1, locked
     assert iteration("async-easgd", priced, model_options("async-easgd", {"tau": 8})).comm == pytest.approx(
-        (12 * 5e-3 + 2 * 4e6 * 3 / 4 * 4e-9) / 8)
+        (12 * 5e-3 + 2 * 4e6 * 3 / 4 * 4e-9) / 8
+    )
     assert iteration("allreduce", priced).comm == iteration("allreduce", case(4)).comm  # collectives keep the network
     assert iteration("local-sgd", priced).comm == pytest.approx(ring_allreduce(NET, 4, 4e6) / 4)
 
@@ -74,7 +79,10 @@ def test_kfac_adds_factor_and_inverse_traffic_and_inversions():
     factor_s = sum(2 * 32 * (a * a + g * g) for a, g in ((101, 50), (51, 10))) / 1e12
     precondition_s = sum(2 * a * g * (a + g) for a, g in ((101, 50), (51, 10))) / 1e12
     assert it.compute == pytest.approx(0.01 + inverse_s + factor_s + precondition_s)
-    assert iteration("kfac", case(2), model_options("kfac", {"variant": "spd-kfac"})).comm < iteration("kfac", case(2), model_options("kfac", {"variant": "mpd-kfac"})).comm
+    assert (
+        iteration("kfac", case(2), model_options("kfac", {"variant": "spd-kfac"})).comm
+        < iteration("kfac", case(2), model_options("kfac", {"variant": "mpd-kfac"})).comm
+    )
 
 
 def test_workloads_match_known_sizes():

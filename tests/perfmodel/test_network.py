@@ -34,9 +34,13 @@ def test_halving_doubling_power_of_two_and_fold():
     n = 1e6
     assert halving_doubling_allreduce(NET, 8, n) == pytest.approx(2 * 3 * 1e-6 + 2 * 7 / 8 * n * 1e-9)
     # 6 ranks: 2 extra ranks fold in and out (2 messages of n), then halving-doubling over 4
-    assert halving_doubling_allreduce(NET, 6, n) == pytest.approx(2 * (1e-6 + n * 1e-9) + 2 * 2 * 1e-6 + 2 * 3 / 4 * n * 1e-9)
+    assert halving_doubling_allreduce(NET, 6, n) == pytest.approx(
+        2 * (1e-6 + n * 1e-9) + 2 * 2 * 1e-6 + 2 * 3 / 4 * n * 1e-9
+    )
     assert NET.allreduce(8, n) == ring_allreduce(NET, 8, n)
-    assert Network(alpha=1e-6, beta=1e-9, algorithm="halving-doubling").allreduce(8, n) == halving_doubling_allreduce(NET, 8, n)
+    assert Network(alpha=1e-6, beta=1e-9, algorithm="halving-doubling").allreduce(8, n) == halving_doubling_allreduce(
+        NET, 8, n
+    )
 
 
 def test_other_collectives():

@@ -28,7 +28,9 @@ def test_the_split_minimises_the_slowest_ranks_step(speeds, total, split):
     assert proportional_batches(speeds, total) == split
     step = max(b / s for b, s in zip(split, speeds))
     # no split of the total, one sample or more each, is faster (every one of the 455 is tried)
-    others = [(a, b, c, total - a - b - c) for a, b, c in itertools.product(range(1, total), repeat=3) if a + b + c < total]
+    others = [
+        (a, b, c, total - a - b - c) for a, b, c in itertools.product(range(1, total), repeat=3) if a + b + c < total
+    ]
     assert len(others) == 455
     assert min(max(b / s for b, s in zip(other, speeds)) for other in others) >= step - 1e-12
 

@@ -55,7 +55,9 @@ def test_directory_generations(tmp_path):
     write_generation(tmp_path, 5, 2)
     write_generation(tmp_path, 9, 2)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        MANIFEST, "step-00000009-rank-00000.ckpt", "step-00000009-rank-00001.ckpt"
+        MANIFEST,
+        "step-00000009-rank-00000.ckpt",
+        "step-00000009-rank-00001.ckpt",
     ]
     step, state = CheckpointDir(tmp_path, rank=1, size=2).read_rank(IDENTITY)
     assert step == 9 and state == {"rank": 1, "step": 9}

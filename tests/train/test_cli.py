@@ -10,12 +10,30 @@ import pytest
 
 BIN = Path(sys.executable).parent
 RECORD = {
-    "step", "epoch", "wall_s", "loss", "train_accuracy", "test_accuracy", "test_loss",
-    "global_samples", "samples_per_s", "busy", "comm", "idle", "skipped_steps",
+    "step",
+    "epoch",
+    "wall_s",
+    "loss",
+    "train_accuracy",
+    "test_accuracy",
+    "test_loss",
+    "global_samples",
+    "samples_per_s",
+    "busy",
+    "comm",
+    "idle",
+    "skipped_steps",
 }
 SUMMARY = {
-    "solver", "options", "ranks", "mpi_library_version", "versions", "git_commit",
-    "time_to_target_s", "epochs_to_target", "final_accuracy",
+    "solver",
+    "options",
+    "ranks",
+    "mpi_library_version",
+    "versions",
+    "git_commit",
+    "time_to_target_s",
+    "epochs_to_target",
+    "final_accuracy",
 }
 
 
@@ -30,10 +48,16 @@ def mpisolve(*args, ranks=2, cwd=None):
     [
         (["--lr", "-1"], "mpisolve train: error: --lr must be > 0, got -1.0"),
         (["--lr", "abc"], "mpisolve train: error: argument --lr: invalid float value: 'abc'"),
-        (["--hetero", "1,2,4"], "mpisolve train: error: --hetero gives 3 factors for 2 ranks (give one per rank, or a preset)"),
+        (
+            ["--hetero", "1,2,4"],
+            "mpisolve train: error: --hetero gives 3 factors for 2 ranks (give one per rank, or a preset)",
+        ),
         (["--model", "vgg"], "mpisolve train: error: unknown model 'vgg' (known: mlp, cnn, resnet18)"),
         (["--batch-size", "0"], "mpisolve train: error: --batch-size must be >= 1, got 0"),
-        (["--set", "tau=2"], "mpisolve train: error: solver 'allreduce' does not take option 'tau' (it takes: bucket_mb, nonfinite)"),
+        (
+            ["--set", "tau=2"],
+            "mpisolve train: error: solver 'allreduce' does not take option 'tau' (it takes: bucket_mb, nonfinite)",
+        ),
     ],
 )
 def test_bad_values_exit_2_with_one_line_on_every_rank(args, line):
@@ -45,14 +69,29 @@ def test_bad_values_exit_2_with_one_line_on_every_rank(args, line):
 
 def test_train_writes_records_and_summary(tmp_path):
     log = tmp_path / "run.jsonl"
-    result = mpisolve("--steps", "6", "--log-every", "2", "--eval-every", "0.3", "--target-accuracy", "0.05",
-                      "--hetero", "1,2", "--log", str(log))
+    result = mpisolve(
+        "--steps",
+        "6",
+        "--log-every",
+        "2",
+        "--eval-every",
+        "0.3",
+        "--target-accuracy",
+        "0.05",
+        "--hetero",
+        "1,2",
+        "--log",
+        str(log),
+    )
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["step"] for r in records] == [2, 4, 6] and all(set(r) == RECORD for r in records)
     assert [r["test_accuracy"] is not None for r in records] == [False, False, True]  # 0.3 epochs: 431 samples
-    assert all(len(r["busy"]) == 2 and abs(r["busy"][i] + r["comm"][i] + r["idle"][i] - 1) < 1e-6
-               for r in records for i in range(2))
+    assert all(
+        len(r["busy"]) == 2 and abs(r["busy"][i] + r["comm"][i] + r["idle"][i] - 1) < 1e-6
+        for r in records
+        for i in range(2)
+    )
     summary = json.loads((tmp_path / "run.summary.json").read_text())
     assert SUMMARY <= set(summary) and summary["ranks"] == 2 and summary["steps"] == 6
     assert summary["time_to_target_s"] is not None and summary["final_accuracy"] == records[-1]["test_accuracy"]

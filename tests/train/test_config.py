@@ -28,7 +28,7 @@ def test_defaults_and_flags():
 
 
 def test_flags_override_the_config_file(tmp_path):
-    path = toml(tmp_path, 'lr = 0.2\nbatch-size = 16\nepochs = 2\nhetero = [1, 3]\n[options]\nbucket_mb = 4\n')
+    path = toml(tmp_path, "lr = 0.2\nbatch-size = 16\nepochs = 2\nhetero = [1, 3]\n[options]\nbucket_mb = 4\n")
     cfg = settings.train_config(parse(["--config", path, "--lr", "0.3", "--steps", "7", "--set", "bucket_mb=2"]), 2)
     assert cfg.lr == 0.3 and cfg.batch_size == 16  # flag over file, file over default
     assert cfg.steps == 7 and cfg.epochs is None  # a flag's length replaces the file's
@@ -73,7 +73,10 @@ def test_flags_override_the_config_file(tmp_path):
         (["--hetero-every", "5"], "--hetero-every needs --hetero"),
         (["--hetero", "1,4", "--hetero-every", "0"], "--hetero-every must be > 0 seconds, got 0.0"),
         (["--hetero", "1,4", "--hetero-every", "inf"], "--hetero-every must be > 0 seconds, got inf"),
-        (["--set", "nonfinite=maybe"], "option 'nonfinite' of solver 'allreduce' must be one of 'raise', 'skip', 'ignore'"),
+        (
+            ["--set", "nonfinite=maybe"],
+            "option 'nonfinite' of solver 'allreduce' must be one of 'raise', 'skip', 'ignore'",
+        ),
         (["--solver", "async-sgd", "--set", "tau=0"], "tau must be >= 1, got 0"),
         (["--solver", "easgd", "--set", "bucket_mb=4"], "solver 'easgd' does not take option 'bucket_mb'"),
     ],

@@ -119,7 +119,20 @@ def run_failing_job(fault: str, *args: str) -> tuple[int, str, float]:
 
 def long_run(solver: str) -> list[str]:
     """A run that would last far longer than the tests: it ends only by the failure."""
-    return ["--solver", solver, "--model", "mlp", "--batch-size", "16", "--momentum", "0", "--steps", "100000", "--log-every", "5"]
+    return [
+        "--solver",
+        solver,
+        "--model",
+        "mlp",
+        "--batch-size",
+        "16",
+        "--momentum",
+        "0",
+        "--steps",
+        "100000",
+        "--log-every",
+        "5",
+    ]
 
 
 RESUMED_RUN = ["--solver", "allreduce", "--model", "mlp", "--batch-size", "16", "--momentum", "0.9", "--steps", "12"]
@@ -131,14 +144,20 @@ def resume_jobs(tmp_path: Path) -> dict[str, object]:
     outcome: dict[str, object] = {"dir": tmp_path}
     outcome["whole"] = subprocess.run(
         train_command(*RESUMED_RUN, "--checkpoint-dir", str(tmp_path / "whole")),
-        env=env, capture_output=True, text=True, timeout=180,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     parts = ["--checkpoint-dir", str(tmp_path / "parts"), "--checkpoint-every", "4"]
     outcome["killed"] = run_failing_job(f"{FAILING_RANK}:10:kill", *RESUMED_RUN, *parts)
     outcome["checkpoint_step"] = CheckpointDir(tmp_path / "parts", rank=0, size=RANKS).read_rank({})[0]
     outcome["resumed"] = subprocess.run(
         train_command(*RESUMED_RUN, *parts, "--resume"),
-        env=env, capture_output=True, text=True, timeout=180,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     return outcome
 
@@ -179,7 +198,7 @@ def test_failing_rank_ends_the_job(solver, kind, jobs, request):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("solver", ["async-easgd"])  # blocking collectives: tests/mpi/test_communicator.py
+@pytest.mark.parametrize("solver", ["async-easgd"])  # blocking collectives: tests/comm/test_communicator.py
 def test_stalled_rank_is_caught_by_the_watchdog(solver, jobs, request):
     status, stderr, ended = jobs[request.node.nodeid].result()
     assert status != 0, stderr

@@ -55,7 +55,10 @@ def test_an_emulated_device_takes_factor_times_samples_times_its_time_whatever_t
 def test_a_moving_cluster_passes_each_factor_to_the_next_rank_every_period_from_the_start():
     straggler = PRESETS["straggler"]  # rank 3 is 4x slower at the start
     start = 1000.0
-    at = [[moving_factor(straggler, rank, 2.0, start, now_s=start + t) for rank in range(4)] for t in (0.0, 1.9, 2.0, 5.0, 7.5)]
+    at = [
+        [moving_factor(straggler, rank, 2.0, start, now_s=start + t) for rank in range(4)]
+        for t in (0.0, 1.9, 2.0, 5.0, 7.5)
+    ]
     assert at == [[1, 1, 1, 4], [1, 1, 1, 4], [4, 1, 1, 1], [1, 4, 1, 1], [1, 1, 4, 1]]
     assert moving_factor(straggler, 3, 2.0, start, now_s=start + 8.0) == 4  # round again
     assert moving_factor(straggler, 3, 2.0, time.time()) == 4  # from now: the preset as given

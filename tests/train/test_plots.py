@@ -11,7 +11,12 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def write_log(path, accuracies):
     with open(path, "w") as f:
         for i, acc in enumerate(accuracies):
-            f.write(json.dumps({"step": 10 * (i + 1), "epoch": 0.5 * (i + 1), "wall_s": 1.5 * (i + 1), "test_accuracy": acc}) + "\n")
+            f.write(
+                json.dumps(
+                    {"step": 10 * (i + 1), "epoch": 0.5 * (i + 1), "wall_s": 1.5 * (i + 1), "test_accuracy": acc}
+                )
+                + "\n"
+            )
         f.write('{"step": 99, "ep')  # a torn last line, as a crash leaves it
 
 
@@ -42,7 +47,9 @@ def test_plot_runs_where_mpi_cannot_start(tmp_path):
     blocker = "import sys; sys.modules['mpi4py'] = None; import runpy; sys.argv = ['mpisolve'] + sys.argv[1:]; runpy.run_module('mpisolve', run_name='__main__')"
     done = subprocess.run(
         [sys.executable, "-c", blocker, "plot", str(tmp_path / "run.jsonl"), "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "accuracy_vs_time.png").exists()

@@ -8,7 +8,9 @@ from mpisolve.train.schedule import Progress, Schedule
 
 
 def schedule(**kw):
-    settings = dict(train_size=100, epochs=2.0, steps=None, eval_every=0.5, log_every=3, checkpoint_every=4, checkpoints=True)
+    settings = dict(
+        train_size=100, epochs=2.0, steps=None, eval_every=0.5, log_every=3, checkpoint_every=4, checkpoints=True
+    )
     return Schedule(**{**settings, **kw})
 
 

@@ -290,8 +290,13 @@ def test_all_variants_agree_in_one_process():
         torch.manual_seed(6)
         model = Net()
         solver = mpisolve.make_solver(
-            "kfac", model, torch.optim.SGD(model.parameters(), lr=0.1), comm=Communicator().comm, variant=variant,
-            factor_update_steps=1, inv_update_steps=1,
+            "kfac",
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            comm=Communicator().comm,
+            variant=variant,
+            factor_update_steps=1,
+            inv_update_steps=1,
         )
         g = torch.Generator().manual_seed(0)
         for _ in range(3):

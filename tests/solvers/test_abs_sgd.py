@@ -103,7 +103,9 @@ def test_update_is_the_sample_weighted_mean_of_the_previous_round(comm, progress
 def test_fast_ranks_contribute_more_samples_under_emulated_heterogeneity(comm):
     slow = comm.size - 1
     hetero = tuple(4.0 if r == slow else 1.0 for r in range(comm.size))
-    config = TrainConfig(model="cnn", dataset="digits", batch_size=16, lr=0.05, seed=1, steps=8, hetero=hetero, solver="abs-sgd")
+    config = TrainConfig(
+        model="cnn", dataset="digits", batch_size=16, lr=0.05, seed=1, steps=8, hetero=hetero, solver="abs-sgd"
+    )
     summary = train(config, comm, show=False)
     samples = summary["samples_by_rank"]
     assert summary["steps"] == 8
@@ -160,7 +162,9 @@ def test_resumed_solver_applies_the_same_update(comm):
         applied += train_step(model, solver, *micro_batch(comm.rank, i)).applied
         i += 1
     # A deep copy, as a checkpoint on disk is: the optimizer's state would alias its buffers.
-    state = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "solver": solver.state_dict()})
+    state = copy.deepcopy(
+        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "solver": solver.state_dict()}
+    )
     twin_model, twin_optimizer, twin = build(1)
     twin_model.load_state_dict(state["model"])
     twin_optimizer.load_state_dict(state["optimizer"])
@@ -209,7 +213,13 @@ def test_bad_options_are_refused_on_every_rank(comm, options, message):
 def test_other_triggers_keep_ranks_in_lockstep(comm, trigger, options):
     model = net()
     solver = mpisolve.make_solver(
-        "abs-sgd", model, torch.optim.SGD(model.parameters(), lr=LR), comm, trigger=trigger, lr_scaling="linear", **options
+        "abs-sgd",
+        model,
+        torch.optim.SGD(model.parameters(), lr=LR),
+        comm,
+        trigger=trigger,
+        lr_scaling="linear",
+        **options,
     )
     i, sizes = 0, []
     while len(sizes) < 3:
@@ -232,7 +242,9 @@ def test_adaptive_micro_batches_follow_speeds_that_move(comm, mode):
     one slow round in between does not move it, and a loaded state splits as the saved one."""
     model = net()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    solver = mpisolve.make_solver("abs-sgd", model, optimizer, comm, measure_batches=1, progress="poll", micro_batch=mode)
+    solver = mpisolve.make_solver(
+        "abs-sgd", model, optimizer, comm, measure_batches=1, progress="poll", micro_batch=mode
+    )
     last = comm.size - 1
 
     def seconds_per_sample(moved):

@@ -48,7 +48,9 @@ def train_digits(comm, name, steps, extra_steps=0, **options):
     x, y = x[comm.rank :: comm.size], y[comm.rank :: comm.size]
     lr, settings = SETTINGS[name]
     model = mlp()
-    solver = mpisolve.make_solver(name, model, torch.optim.SGD(model.parameters(), lr=lr), comm.comm, **settings, **options)
+    solver = mpisolve.make_solver(
+        name, model, torch.optim.SGD(model.parameters(), lr=lr), comm.comm, **settings, **options
+    )
     gen = torch.Generator().manual_seed(comm.rank)
     loss_fn = nn.CrossEntropyLoss()
     for _ in range(steps + extra_steps):
@@ -85,7 +87,9 @@ def test_synchronous_easgd_follows_the_update_equations(tau):
 
     def batch(rank, step):
         gen = torch.Generator().manual_seed(1000 * rank + step)
-        return torch.randn(5, 3, generator=gen, dtype=torch.float64), torch.randn(5, 2, generator=gen, dtype=torch.float64)
+        return torch.randn(5, 3, generator=gen, dtype=torch.float64), torch.randn(
+            5, 2, generator=gen, dtype=torch.float64
+        )
 
     def grad(w, b, x, t):
         w = w.clone().requires_grad_(True)
@@ -95,7 +99,9 @@ def test_synchronous_easgd_follows_the_update_equations(tau):
 
     torch.manual_seed(3)
     model = nn.Linear(3, 2).double()
-    solver = mpisolve.make_solver("easgd", model, torch.optim.SGD(model.parameters(), lr=lr), comm.comm, tau=tau, alpha=alpha)
+    solver = mpisolve.make_solver(
+        "easgd", model, torch.optim.SGD(model.parameters(), lr=lr), comm.comm, tau=tau, alpha=alpha
+    )
     workers = [(model.weight.detach().clone(), model.bias.detach().clone()) for _ in range(p)]
     center = [t.clone() for t in workers[0]]
     for step in range(steps):
@@ -203,8 +209,15 @@ def test_easgd_under_the_trainer_evaluates_and_stops_with_every_rank():
     comm = mpisolve.init()
     slowdown = tuple(2.0 if r == comm.size - 1 else 1.0 for r in range(comm.size))
     config = TrainConfig(
-        solver="easgd", model="mlp", dataset="digits", batch_size=16, epochs=0.5, eval_every=0.1,
-        log_every=2, hetero=slowdown, options={"tau": 3},
+        solver="easgd",
+        model="mlp",
+        dataset="digits",
+        batch_size=16,
+        epochs=0.5,
+        eval_every=0.1,
+        log_every=2,
+        hetero=slowdown,
+        options={"tau": 3},
     )
     summary = train(config, comm, show=False)
     samples_per_round = 3 * 16 * comm.size

@@ -14,7 +14,9 @@ def test_every_tau_steps_the_models_are_averaged(explicit_batch):
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
     shadow = nn.Linear(4, 2)  # the same local steps, never averaged
-    solver = mpisolve.make_solver("local-sgd", model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), comm, tau=3)
+    solver = mpisolve.make_solver(
+        "local-sgd", model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), comm, tau=3
+    )
     shadow.load_state_dict(model.state_dict())
     shadow_opt = torch.optim.SGD(shadow.parameters(), lr=0.1, momentum=0.9)
     g = torch.Generator().manual_seed(comm.rank)
@@ -27,7 +29,9 @@ def test_every_tau_steps_the_models_are_averaged(explicit_batch):
         shadow_opt.zero_grad()
         nn.functional.cross_entropy(shadow(x), y).backward()
         shadow_opt.step()
-        assert info.applied == (step == 3) and info.global_samples == (15 * comm.size if step == 3 else 0)  # all since the last average
+        assert info.applied == (step == 3) and info.global_samples == (
+            15 * comm.size if step == 3 else 0
+        )  # all since the last average
     flat = lambda m: torch.cat([p.detach().reshape(-1) for p in m.parameters()])  # noqa: E731
     local = torch.tensor(comm.allgather_object(flat(shadow).tolist()))
     torch.testing.assert_close(flat(model), local.mean(0), rtol=1e-6, atol=1e-7)

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 import torch
-from adasum_reference import tree
 
 import mpisolve
 from mpisolve.comm.adasum import Adasum
 from mpisolve.comm.communicator import CommTimeout, Communicator
+from tests.adasum_reference import tree
 
 # Sizes 0, 1 and below every rank count the suite runs, odd sizes that put VHDD's cuts
 # inside tensors, and one large enough for every rank to hold a piece of it.
@@ -97,7 +97,10 @@ def test_zero_tensors_pass_through_as_a_plain_sum():
     g = torch.Generator().manual_seed(11)
     others = torch.randn(9, generator=g, dtype=torch.float64)
     # Tensor 0 is zero everywhere; tensor 1 is zero except on the last rank.
-    mine = [torch.zeros(5, dtype=torch.float64), others if comm.rank == comm.size - 1 else torch.zeros(9, dtype=torch.float64)]
+    mine = [
+        torch.zeros(5, dtype=torch.float64),
+        others if comm.rank == comm.size - 1 else torch.zeros(9, dtype=torch.float64),
+    ]
     zero, one = mpisolve.allreduce(mine, op="adasum", comm=comm)
     assert torch.equal(zero, torch.zeros(5, dtype=torch.float64))
     assert torch.equal(one, others)

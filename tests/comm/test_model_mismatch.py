@@ -16,9 +16,15 @@ def models(rank, odd):
     if rank == odd:
         dtype = dtype.double()
     return [
-        (shape, r"parameter 2 \('1.weight'\): rank 0 has '1.weight' shape \[2, 4\] float32, rank\(s\) {odd} have '1.weight' shape \[3, 4\]"),
+        (
+            shape,
+            r"parameter 2 \('1.weight'\): rank 0 has '1.weight' shape \[2, 4\] float32, rank\(s\) {odd} have '1.weight' shape \[3, 4\]",
+        ),
         (count, r"parameter 4 \('2.weight'\): rank 0 has no such parameter, rank\(s\) {odd} have '2.weight'"),
-        (dtype, r"parameter 0 \('0.weight'\): rank 0 has '0.weight' shape \[4, 3\] float32, rank\(s\) {odd} have .* float64"),
+        (
+            dtype,
+            r"parameter 0 \('0.weight'\): rank 0 has '0.weight' shape \[4, 3\] float32, rank\(s\) {odd} have .* float64",
+        ),
     ]
 
 

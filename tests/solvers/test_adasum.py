@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-from adasum_reference import tree
 from torch import nn
 
 import mpisolve
 from mpisolve.comm.communicator import Communicator
+from tests.adasum_reference import tree
 
 
 class Net(nn.Module):
@@ -30,13 +30,17 @@ class Net(nn.Module):
 
 def shard(step, rank):
     g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(3 + rank, 1, 6, 6, generator=g, dtype=torch.float64), torch.randint(0, 2, (3 + rank,), generator=g)
+    return torch.randn(3 + rank, 1, 6, 6, generator=g, dtype=torch.float64), torch.randint(
+        0, 2, (3 + rank,), generator=g
+    )
 
 
 def combine(per_rank):
     """Adasum (the numpy reference) of each parameter's tensors across the simulated ranks."""
     return [
-        torch.from_numpy(tree([r[i].detach().double().numpy() for r in per_rank]).reshape(per_rank[0][i].shape)).to(per_rank[0][i].dtype)
+        torch.from_numpy(tree([r[i].detach().double().numpy() for r in per_rank]).reshape(per_rank[0][i].shape)).to(
+            per_rank[0][i].dtype
+        )
         for i in range(len(per_rank[0]))
     ]
 
@@ -133,7 +137,9 @@ def test_gradient_mode_combines_gradients_then_steps():
 @pytest.mark.ranks(2, 3)
 def test_bad_options_are_named():
     model = Net()
-    with pytest.raises(mpisolve.OptionError, match="option 'mode' of solver 'adasum' must be one of 'delta', 'gradient'"):
+    with pytest.raises(
+        mpisolve.OptionError, match="option 'mode' of solver 'adasum' must be one of 'delta', 'gradient'"
+    ):
         mpisolve.make_solver("adasum", model, make_adam(model), mode="grad")
     with pytest.raises(mpisolve.OptionError, match="bucket_mb must be > 0"):
         mpisolve.make_solver("adasum", model, make_adam(model), bucket_mb=0)

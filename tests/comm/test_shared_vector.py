@@ -49,7 +49,9 @@ def test_locked_read_modify_write_is_atomic_per_shard(force_internode, layout):
     """Under the exclusive lock a plain (non-atomic) add in the update function loses nothing."""
     comm = Communicator()
     rounds = 25
-    with SharedVector(comm, N, torch.float32, layout=layout, locked=True, force_internode=force_internode, chunk_bytes=4096) as v:
+    with SharedVector(
+        comm, N, torch.float32, layout=layout, locked=True, force_internode=force_internode, chunk_bytes=4096
+    ) as v:
         v.store_(torch.zeros(N))
         mine = contribution(comm.rank)
         for _ in range(rounds):
@@ -133,6 +135,7 @@ def test_time_waiting_for_a_window_lock_counts_as_blocked(force_internode):
     hold_s = 0.5
     with SharedVector(comm, N, torch.float32, locked=True, force_internode=force_internode) as v:
         if comm.rank == 1:
+
             def hold(center, start, stop):
                 if start == v.bounds[1][0]:  # rank 1's own shard, locked first
                     comm.barrier("holding")

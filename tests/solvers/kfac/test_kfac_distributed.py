@@ -30,7 +30,10 @@ class Net(nn.Module):
 def batches(steps, ranks, per_rank=3):
     g = torch.Generator().manual_seed(11)
     return [
-        (torch.randn(per_rank * ranks, 2, 4, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (per_rank * ranks,), generator=g))
+        (
+            torch.randn(per_rank * ranks, 2, 4, 4, generator=g, dtype=torch.float64),
+            torch.randint(0, 3, (per_rank * ranks,), generator=g),
+        )
         for _ in range(steps)
     ]
 
@@ -59,11 +62,15 @@ def test_variants_equal_one_process_on_the_global_batch(method):
     alone = comm.split(comm.rank)  # a one-rank communicator: the single-process reference
     shard = slice(comm.rank * 3, (comm.rank + 1) * 3)
     data = batches(4, comm.size)
-    options = dict(method=method, factor_decay=0.9, kl_clip=0.01, factor_update_steps=1, inv_update_steps=2, fusion_profile_steps=1)
+    options = dict(
+        method=method, factor_decay=0.9, kl_clip=0.01, factor_update_steps=1, inv_update_steps=2, fusion_profile_steps=1
+    )
     torch.manual_seed(0)
     reference = Net().double()
     initial = copy.deepcopy(reference.state_dict())
-    solver = mpisolve.make_solver("kfac", reference, torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9), comm=alone, **options)
+    solver = mpisolve.make_solver(
+        "kfac", reference, torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9), comm=alone, **options
+    )
     train(reference, solver, data, slice(None))
     solver.close()
     for variant in VARIANTS:
@@ -72,7 +79,12 @@ def test_variants_equal_one_process_on_the_global_batch(method):
         if comm.rank == 0:
             model.load_state_dict(initial)
         solver = mpisolve.make_solver(
-            "kfac", model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), comm=comm.comm, variant=variant, **options
+            "kfac",
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+            comm=comm.comm,
+            variant=variant,
+            **options,
         )
         train(model, solver, data, shard)
         if variant == "spd-kfac":
@@ -91,7 +103,13 @@ def test_applied_direction_is_the_damped_kronecker_solve_of_the_global_factors()
     reference = copy.deepcopy(model)  # rank 0's parameters everywhere: torch seeds alike
     damping = 0.02
     solver = mpisolve.make_solver(
-        "kfac", model, torch.optim.SGD(model.parameters(), lr=1.0), comm=comm.comm, method="eigen", damping=damping, **EXACT
+        "kfac",
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        comm=comm.comm,
+        method="eigen",
+        damping=damping,
+        **EXACT,
     )
     g = torch.Generator().manual_seed(5)
     n = 2 * comm.size
@@ -121,7 +139,9 @@ def test_applied_direction_is_the_damped_kronecker_solve_of_the_global_factors()
         v = torch.cat([reference[i].weight.grad, reference[i].bias.grad[:, None]], dim=1)
         dense = torch.kron(a, gf) + damping * torch.eye(a.shape[0] * gf.shape[0], dtype=torch.float64)
         expected = torch.linalg.solve(dense, v.T.reshape(-1)).view(v.shape[1], v.shape[0]).T
-        applied = torch.cat([before[2 * k] - model[i].weight.detach(), (before[2 * k + 1] - model[i].bias.detach())[:, None]], dim=1)
+        applied = torch.cat(
+            [before[2 * k] - model[i].weight.detach(), (before[2 * k + 1] - model[i].bias.detach())[:, None]], dim=1
+        )
         torch.testing.assert_close(applied, expected, rtol=1e-9, atol=1e-12)
     solver.close()
 
@@ -146,11 +166,18 @@ def test_placement_is_shared_balanced_and_replicates_only_what_is_cheap():
     shared = sum(c for c, o in zip(costs, solver.owners) if o == EVERY_RANK)
     owned = sum(costs) - shared
     assert max(loads) <= shared + max(max(costs), 4 / 3 * owned / len(workers)) + 1e-9  # greedy's bound
-    mpd = mpisolve.make_solver("kfac", model, torch.optim.SGD(model.parameters(), lr=0.1), comm=comm.comm, variant="mpd-kfac")
+    mpd = mpisolve.make_solver(
+        "kfac", model, torch.optim.SGD(model.parameters(), lr=0.1), comm=comm.comm, variant="mpd-kfac"
+    )
     assert mpd.owners == [f % comm.size for f in range(len(dims))]  # MPD-KFAC: round-robin
     mpd.close()
     measured = mpisolve.make_solver(
-        "kfac", model, torch.optim.SGD(model.parameters(), lr=0.1), comm=comm.comm, placement_cost="measured", replicate="never"
+        "kfac",
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        comm=comm.comm,
+        placement_cost="measured",
+        replicate="never",
     )
     assert EVERY_RANK not in measured.owners and all(c > 0 for c in measured.inversion_costs)
     assert same_on_every_rank(comm, torch.tensor(measured.owners + measured.inversion_costs))
@@ -193,8 +220,15 @@ def test_a_factor_that_cannot_be_inverted_falls_back_alike_everywhere(variant):
     torch.manual_seed(0)
     model = Net()
     solver = mpisolve.make_solver(
-        "kfac", model, torch.optim.SGD(model.parameters(), lr=0.1), comm=comm.comm, variant=variant,
-        method="inverse", factor_update_steps=1, inv_update_steps=1, factor_decay=0.5,
+        "kfac",
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        comm=comm.comm,
+        variant=variant,
+        method="inverse",
+        factor_update_steps=1,
+        inv_update_steps=1,
+        factor_decay=0.5,
     )
     data = [(x.float(), y) for x, y in batches(2, comm.size)]
     shard = slice(comm.rank * 3, (comm.rank + 1) * 3)

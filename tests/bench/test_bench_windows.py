@@ -21,11 +21,24 @@ def windows_args(*argv: str) -> argparse.Namespace:
 def test_rows_per_size_and_csv_for_the_model(tmp_path_factory):
     comm = Communicator()
     path = comm.bcast_object(str(tmp_path_factory.mktemp("windows") / "w.csv") if comm.rank == 0 else None)
-    args = windows_args("--numel", "64,4096", "--paths", "shared", "--no-progress-overhead", "--repeats", "2",
-                        "--warmup", "0", "--csv", path)
+    args = windows_args(
+        "--numel",
+        "64,4096",
+        "--paths",
+        "shared",
+        "--no-progress-overhead",
+        "--repeats",
+        "2",
+        "--warmup",
+        "0",
+        "--csv",
+        path,
+    )
     result = windows.run(args, comm)
     assert "progress_overhead" not in result
-    expected = [(n, mode, layout) for n in (64, 4096) for mode in ("wild", "locked") for layout in ("sharded", "server")]
+    expected = [
+        (n, mode, layout) for n in (64, 4096) for mode in ("wild", "locked") for layout in ("sharded", "server")
+    ]
     assert [(r["numel"], r["mode"], r["layout"]) for r in result["rows"]] == expected
     assert all(r["path"] == "shared" and r["bytes"] == 4 * r["numel"] and r["seconds"] > 0 for r in result["rows"])
     comm.barrier()

@@ -14,7 +14,9 @@ def test_weighted_update_matches_one_process_on_the_global_batch():
     torch.manual_seed(comm.rank)
     model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3))
     speeds = ",".join(str(r + 1) for r in range(comm.size))
-    solver = mpisolve.make_solver("lb-bsp", model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), comm, speeds=speeds)
+    solver = mpisolve.make_solver(
+        "lb-bsp", model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), comm, speeds=speeds
+    )
     reference = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3))
     reference.load_state_dict(model.state_dict())  # rank 0's, broadcast by the solver
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)

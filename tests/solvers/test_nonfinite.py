@@ -12,7 +12,6 @@ from mpisolve.solvers.base import solver_class
 from mpisolve.solvers.elastic import _LocalSteps
 from mpisolve.solvers.nonfinite import NonFiniteError
 
-
 #: Solvers whose steps do not each apply an update (delayed rounds, periodic averages): the
 #: checks below assume one update per step. They check non-finite values too (abs-sgd the
 #: round's mean, local-sgd each local step), untested here.
@@ -102,6 +101,8 @@ def test_adasum_with_one_rank_contributing_nothing(mode):
     assert moved > 0 and len(set(comm.allgather_object(tuple(p.sum().item() for p in after)))) == 1
     if comm.size == 2:  # the combination is the busy rank's own update, unscaled
         mine = torch.cat([(a - b).reshape(-1) for a, b in zip(after, before)])
-        update = comm.bcast_object(None if idle else (torch.cat([p.grad.reshape(-1) for p in model.parameters()]) * -0.1).tolist(), root=0)
+        update = comm.bcast_object(
+            None if idle else (torch.cat([p.grad.reshape(-1) for p in model.parameters()]) * -0.1).tolist(), root=0
+        )
         torch.testing.assert_close(mine, torch.tensor(update), rtol=1e-5, atol=1e-7)
     solver.close()

@@ -25,7 +25,10 @@ class Net(nn.Module):
 
 def batches(steps, size):
     g = torch.Generator().manual_seed(7)
-    return [(torch.randn(4 * size, 1, 6, 6, generator=g), torch.randint(0, 2, (4 * size,), generator=g)) for _ in range(steps)]
+    return [
+        (torch.randn(4 * size, 1, 6, 6, generator=g), torch.randint(0, 2, (4 * size,), generator=g))
+        for _ in range(steps)
+    ]
 
 
 @pytest.mark.mpi(min_size=2)
@@ -97,7 +100,9 @@ def test_user_zero_grad_to_none_still_works():
 def test_mismatched_models_raise_on_every_rank():
     comm = Communicator()
     odd = comm.size - 1
-    model = nn.Sequential(nn.Linear(3, 5 if comm.rank == odd else 4), nn.Linear(4, 2) if comm.rank != odd else nn.Linear(5, 2))
+    model = nn.Sequential(
+        nn.Linear(3, 5 if comm.rank == odd else 4), nn.Linear(4, 2) if comm.rank != odd else nn.Linear(5, 2)
+    )
     with pytest.raises(ModelMismatchError, match=rf"parameter 0 \('0.weight'\).*rank\(s\) {odd} have"):
         mpisolve.make_solver("allreduce", model, torch.optim.SGD(model.parameters(), lr=0.1), comm=comm.comm)
 

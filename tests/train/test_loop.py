@@ -108,8 +108,12 @@ class ResizingLocalSolver(LocalSolver):
     def step(self, batch_size=None):
         info = super().step(batch_size)
         if self.updates == 3:
-            return StepInfo(applied=True, global_samples=info.global_samples, local_samples=info.local_samples,
-                            next_batch_size=self.comm.rank + 2)
+            return StepInfo(
+                applied=True,
+                global_samples=info.global_samples,
+                local_samples=info.local_samples,
+                next_batch_size=self.comm.rank + 2,
+            )
         return info
 
 
@@ -170,7 +174,13 @@ def test_resumed_run_ends_with_the_uninterrupted_parameters(comm, shared_dir):
     train(whole, comm, show=False)
     first = config(steps=5, momentum=0.9, checkpoint_dir=str(shared_dir / "parts"), log=str(shared_dir / "parts.jsonl"))
     train(first, comm, show=False)
-    rest = config(steps=12, momentum=0.9, checkpoint_dir=str(shared_dir / "parts"), log=str(shared_dir / "parts.jsonl"), resume=True)
+    rest = config(
+        steps=12,
+        momentum=0.9,
+        checkpoint_dir=str(shared_dir / "parts"),
+        log=str(shared_dir / "parts.jsonl"),
+        resume=True,
+    )
     summary = train(rest, comm, show=False)
     assert summary["steps"] == 12
     states = []
@@ -181,7 +191,9 @@ def test_resumed_run_ends_with_the_uninterrupted_parameters(comm, shared_dir):
     for name, value in states[0]["model"].items():
         assert torch.equal(value, states[1]["model"][name]), name  # bit for bit
     assert states[0]["data"] == states[1]["data"]
-    assert states[0]["optimizer"]["state"][0]["momentum_buffer"].equal(states[1]["optimizer"]["state"][0]["momentum_buffer"])
+    assert states[0]["optimizer"]["state"][0]["momentum_buffer"].equal(
+        states[1]["optimizer"]["state"][0]["momentum_buffer"]
+    )
     if comm.rank == 0:
         steps = [json.loads(line)["step"] for line in (shared_dir / "parts.jsonl").read_text().splitlines()]
         assert steps == [4, 5, 8, 12]  # the first run's records, then the resumed run's
@@ -247,8 +259,13 @@ def test_asynchronous_throughput_counts_the_samples_trained_in_each_interval(com
     more than ranks / (ms per sample) samples/s.
     """
     log = shared_dir / "stall.jsonl"
-    summary = train(config(solver="test-local-stall", model="mlp", steps=120, batch_size=8, device_ms="1",
-                           log_every=1, log=str(log)), comm, show=False)
+    summary = train(
+        config(
+            solver="test-local-stall", model="mlp", steps=120, batch_size=8, device_ms="1", log_every=1, log=str(log)
+        ),
+        comm,
+        show=False,
+    )
     most = comm.size / 1e-3  # samples/s: every rank's device flat out
     assert summary["samples_per_s"] <= most
     if comm.rank == 0:
@@ -277,7 +294,9 @@ def test_emulated_devices_pace_every_rank_by_its_factor(comm, shared_dir):
     runs = tuple(config(solver=name, steps=2, device_ms="auto") for name in names)
     compare(CompareConfig(names, str(shared_dir / "auto"), runs), comm, show=False)
     if comm.rank == 0:
-        used = [json.loads((shared_dir / "auto" / f"{n}.summary.json").read_text())["device_ms_per_sample"] for n in names]
+        used = [
+            json.loads((shared_dir / "auto" / f"{n}.summary.json").read_text())["device_ms_per_sample"] for n in names
+        ]
         assert used[0] > 0 and used[0] == pytest.approx(used[1], rel=1e-12)
 
 
