@@ -19,7 +19,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("mpisolve.train.loop", "train a built-in model with one solver (under MPI)"),
     "compare": ("mpisolve.train.compare", "train with several solvers on one workload; table, JSON, plots"),
     "plot": ("mpisolve.train.plots", "plot test accuracy from run logs (no mpiexec needed)"),
-    "model": ("mpisolve.perfmodel.command", "project solvers' iteration time and efficiency to many GPUs (no mpiexec needed)"),
+    "model": (
+        "mpisolve.perfmodel.command",
+        "project solvers' iteration time and efficiency to many GPUs (no mpiexec needed)",
+    ),
     "advise": ("mpisolve.advise", "measure a model's computation/communication ratio; recommend a solver"),
 }
 
@@ -48,7 +51,10 @@ def _fail(line: str, *, every_rank: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import __version__
+
     parser = OneLineParser(prog="mpisolve", description="MPI-native distributed training solvers")
+    parser.add_argument("--version", action="version", version=f"mpisolve {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="command")
     sub.required = True
     modules = {}
