@@ -79,11 +79,15 @@ def _segment_combine(a, b, bounds, stats, out):  # noqa: ANN001, ANN202 (Numba k
 
 def _check(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor) -> None:
     if a.shape != b.shape or a.dim() != 1 or a.dtype != b.dtype:
-        raise ValueError(f"a and b must be flat tensors of one shape and dtype, got {a.shape} {a.dtype} and {b.shape} {b.dtype}")
+        raise ValueError(
+            f"a and b must be flat tensors of one shape and dtype, got {a.shape} {a.dtype} and {b.shape} {b.dtype}"
+        )
     if bounds.dtype != torch.int64 or bounds.dim() != 1 or bounds.numel() < 1:
         raise ValueError("bounds must be a non-empty 1-D int64 tensor")
     if stats.dtype != torch.float64 or tuple(stats.shape) != (bounds.numel() - 1, 3):
-        raise ValueError(f"stats must be float64 of shape ({bounds.numel() - 1}, 3), got {stats.dtype} {tuple(stats.shape)}")
+        raise ValueError(
+            f"stats must be float64 of shape ({bounds.numel() - 1}, 3), got {stats.dtype} {tuple(stats.shape)}"
+        )
 
 
 def segment_stats_cpu(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -43,9 +43,7 @@ def layout(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> np.ndarray:
             raise ValueError(f"tensor {i} is not contiguous")
         offsets.append(offsets[-1] + t.numel() * itemsize)
     if offsets[-1] > flat.numel() * itemsize:
-        raise ValueError(
-            f"the tensors hold {offsets[-1] // itemsize} elements, the flat buffer only {flat.numel()}"
-        )
+        raise ValueError(f"the tensors hold {offsets[-1] // itemsize} elements, the flat buffer only {flat.numel()}")
     return np.array(offsets, dtype=np.int64)
 
 
@@ -156,8 +154,6 @@ def _bench_cases(sizes: list[int]) -> list[BenchCase]:
 
     label = f"{len(sizes)} tensors"
     return [
-        BenchCase(
-            f"pack {label}", kernel=lambda: pack(tensors, flat), reference=lambda: torch.cat(views, out=flat)
-        ),
+        BenchCase(f"pack {label}", kernel=lambda: pack(tensors, flat), reference=lambda: torch.cat(views, out=flat)),
         BenchCase(f"unpack {label}", kernel=lambda: unpack(flat, tensors), reference=torch_unpack),
     ]

@@ -138,7 +138,9 @@ def eigh_psd(stack: torch.Tensor, values: torch.Tensor, backend: LinalgBackend) 
     gets the identity (Q = I, d = 1).
     """
     if stack.dim() != 3 or stack.shape[1] != stack.shape[2] or tuple(values.shape) != tuple(stack.shape[:2]):
-        raise ValueError(f"need a [B, n, n] stack and [B, n] values, got {tuple(stack.shape)} and {tuple(values.shape)}")
+        raise ValueError(
+            f"need a [B, n, n] stack and [B, n] values, got {tuple(stack.shape)} and {tuple(values.shape)}"
+        )
     status = torch.full((stack.shape[0],), OK, dtype=torch.int32)
     finite = _finite(stack)
     try:

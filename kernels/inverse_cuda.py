@@ -27,7 +27,9 @@ class XpLinalg:
     raise (CuPy otherwise returns garbage without a word).
     """
 
-    def __init__(self, xp: Any, errstate: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> None:
+    def __init__(
+        self, xp: Any, errstate: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    ) -> None:
         self.xp = xp
         self.errstate = errstate
 
@@ -78,7 +80,10 @@ def _on_torch_stream(tensor: torch.Tensor) -> Iterator[None]:
     """CuPy's current device and stream set to torch's current ones for ``tensor``."""
     import cupy
 
-    with cupy.cuda.Device(tensor.device.index), cupy.cuda.ExternalStream(torch.cuda.current_stream(tensor.device).cuda_stream):
+    with (
+        cupy.cuda.Device(tensor.device.index),
+        cupy.cuda.ExternalStream(torch.cuda.current_stream(tensor.device).cuda_stream),
+    ):
         yield
 
 

@@ -39,7 +39,10 @@ if TYPE_CHECKING:
 #: ratios (ea-wild 1.96x allreduce's time to target at 0.74, median of 3 seeds; 0.76x at 31.8).
 EA_WILD_BELOW = 3.0
 #: The study's measured ratios (perf/results/easgd/*/advise.json), for the printed reason.
-STUDY_RATIOS = {"mlp on digits, batch 8, 2 ms/sample device": 0.74, "cnn on synthetic, batch 32, 6 ms/sample device": 31.8}
+STUDY_RATIOS = {
+    "mlp on digits, batch 8, 2 ms/sample device": 0.74,
+    "cnn on synthetic, batch 32, 6 ms/sample device": 31.8,
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,10 +59,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="take a step's computation as the emulated device's batch x MS ms (train --device-ms) instead of measuring it",
     )
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="the allreduce solver's bucket size (default 25)")
-    parser.add_argument("--repeats", type=int, default=20, help="timed repeats of each measurement (the median is used)")
+    parser.add_argument(
+        "--repeats", type=int, default=20, help="timed repeats of each measurement (the median is used)"
+    )
     parser.add_argument("--warmup", type=int, default=3, help="untimed repeats first")
     parser.add_argument(
-        "--threshold", type=float, default=EA_WILD_BELOW, help=f"recommend ea-wild below this ratio (default {EA_WILD_BELOW:g}, the study's)"
+        "--threshold",
+        type=float,
+        default=EA_WILD_BELOW,
+        help=f"recommend ea-wild below this ratio (default {EA_WILD_BELOW:g}, the study's)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
@@ -140,7 +148,8 @@ def explain(result: dict[str, Any]) -> str:
         [
             f"{result['model']} on {result['dataset']}, batch {result['batch_size']} per rank, {result['ranks']} ranks,"
             f" {result['parameters']:,} parameters",
-            f"computation: {result['compute_s'] * 1e3:.2f} ms per step " + (
+            f"computation: {result['compute_s'] * 1e3:.2f} ms per step "
+            + (
                 "(forward, backward, SGD step; all ranks at once)"
                 if result["device_ms"] is None
                 else f"(an emulated device: {result['batch_size']} samples x {result['device_ms']:g} ms)"

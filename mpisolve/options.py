@@ -41,9 +41,7 @@ def build_options(solver: str, cls: type, given: dict[str, Any]) -> Any:
     hints = typing.get_type_hints(cls)
     for key, value in given.items():
         if not _matches(value, hints[key]):
-            raise OptionError(
-                f"option {key!r} of solver {solver!r} must be {_type_name(hints[key])}, got {value!r}"
-            )
+            raise OptionError(f"option {key!r} of solver {solver!r} must be {_type_name(hints[key])}, got {value!r}")
     return cls(**given)
 
 

@@ -30,8 +30,19 @@ SETTINGS = (  # (delay, momentum, lr, weight prediction c, DC-ASGD lambda)
 )
 
 
-def updates_to_target(data, *, delay: int, momentum: float, lr: float, c: float, dc: float, batch: int, target: float,
-                      max_updates: int, seed: int) -> int | None:
+def updates_to_target(
+    data,
+    *,
+    delay: int,
+    momentum: float,
+    lr: float,
+    c: float,
+    dc: float,
+    batch: int,
+    target: float,
+    max_updates: int,
+    seed: int,
+) -> int | None:
     torch.manual_seed(seed)
     model = build_model("mlp", data.in_shape, data.classes)
     params = list(model.parameters())
@@ -77,11 +88,23 @@ def main() -> None:
     print(f"MLP on digits, batch {args.batch}: updates to {args.target} test accuracy, seeds 0..{args.seeds - 1}")
     for delay, momentum, lr, c, dc in SETTINGS:
         counts = [
-            updates_to_target(data, delay=delay, momentum=momentum, lr=lr, c=c, dc=dc, batch=args.batch, target=args.target,
-                              max_updates=args.max_updates, seed=seed)
+            updates_to_target(
+                data,
+                delay=delay,
+                momentum=momentum,
+                lr=lr,
+                c=c,
+                dc=dc,
+                batch=args.batch,
+                target=args.target,
+                max_updates=args.max_updates,
+                seed=seed,
+            )
             for seed in range(args.seeds)
         ]
-        print(f"delay {delay}, momentum {momentum}, lr {lr}, weight prediction {c}, DC lambda {dc}: {counts}", flush=True)
+        print(
+            f"delay {delay}, momentum {momentum}, lr {lr}, weight prediction {c}, DC lambda {dc}: {counts}", flush=True
+        )
 
 
 if __name__ == "__main__":

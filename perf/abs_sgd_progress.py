@@ -55,8 +55,10 @@ def main(interval_ms: float, floats: int) -> None:
     medians = comm.gather(statistics.median(times) * 1e3)
     if comm.rank == 0:
         library = " ".join(MPI.Get_library_version().split("\n")[0].split())
-        print(f"{floats} floats, {comm.size} ranks, a test every {interval_ms:g} ms ({library}): "
-              f"completed after {', '.join(f'{m:.1f}' for m in medians)} ms (median of {ROUNDS} per rank)")
+        print(
+            f"{floats} floats, {comm.size} ranks, a test every {interval_ms:g} ms ({library}): "
+            f"completed after {', '.join(f'{m:.1f}' for m in medians)} ms (median of {ROUNDS} per rank)"
+        )
 
 
 if __name__ == "__main__":

@@ -112,7 +112,9 @@ def verdicts(rows: list[dict]) -> dict:
         out[model] = {
             "presets": cells,
             "mean_speedup_heterogeneous": sum(hetero) / len(hetero) if len(hetero) == 3 else None,
-            "homogeneous_loss_vs_sync": (1 / cells["homogeneous"]["vs_sync"] - 1) if cells.get("homogeneous", {}).get("vs_sync") else None,
+            "homogeneous_loss_vs_sync": (1 / cells["homogeneous"]["vs_sync"] - 1)
+            if cells.get("homogeneous", {}).get("vs_sync")
+            else None,
         }
     return out
 
@@ -124,32 +126,77 @@ def _ratio(x: float | None) -> str:
 def write_csv(rows: list[dict], path: Path) -> None:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["model", "preset", "seed", "solver", "lr", "target_accuracy", "time_to_target_s", "epochs_to_target", "final_accuracy", "updates",
-                    "epochs", "samples_per_s", "busy_r0", "busy_r1", "busy_r2", "busy_r3", "samples_by_rank", "batch_sizes",
-                    "device_overruns"])
+        w.writerow(
+            [
+                "model",
+                "preset",
+                "seed",
+                "solver",
+                "lr",
+                "target_accuracy",
+                "time_to_target_s",
+                "epochs_to_target",
+                "final_accuracy",
+                "updates",
+                "epochs",
+                "samples_per_s",
+                "busy_r0",
+                "busy_r1",
+                "busy_r2",
+                "busy_r3",
+                "samples_by_rank",
+                "batch_sizes",
+                "device_overruns",
+            ]
+        )
         for r in rows:
             t, e = r["time_to_target_s"], r["epochs_to_target"]
-            w.writerow([r["model"], r["preset"], r["seed"], r["solver"], r["lr"], r["target_accuracy"], "" if t is None else f"{t:.2f}",
-                        "" if e is None else f"{e:.2f}",
-                        f"{r['final_accuracy']:.4f}", r["updates"], f"{r['epochs']:.2f}", f"{r['samples_per_s']:.0f}",
-                        *(f"{b:.3f}" for b in r["busy"]), " ".join(map(str, r["samples_by_rank"])),
-                        " ".join(map(str, r["batch_sizes"])), " ".join(f"{o:.2f}" for o in r["device_overruns"] or [])])
+            w.writerow(
+                [
+                    r["model"],
+                    r["preset"],
+                    r["seed"],
+                    r["solver"],
+                    r["lr"],
+                    r["target_accuracy"],
+                    "" if t is None else f"{t:.2f}",
+                    "" if e is None else f"{e:.2f}",
+                    f"{r['final_accuracy']:.4f}",
+                    r["updates"],
+                    f"{r['epochs']:.2f}",
+                    f"{r['samples_per_s']:.0f}",
+                    *(f"{b:.3f}" for b in r["busy"]),
+                    " ".join(map(str, r["samples_by_rank"])),
+                    " ".join(map(str, r["batch_sizes"])),
+                    " ".join(f"{o:.2f}" for o in r["device_overruns"] or []),
+                ]
+            )
 
 
 def write_table(summary: dict, path: Path) -> None:
     """The README's table: per cluster, every solver's median time to target, the speedup, ABS-SGD's busy fractions."""
     lines = []
     for v in summary.values():
-        lines.append("| cluster | seeds | " + " | ".join(SOLVERS)
-                     + " | abs-sgd vs best baseline (per seed) | abs-sgd busy per rank (least) | overruns (max) |")
+        lines.append(
+            "| cluster | seeds | "
+            + " | ".join(SOLVERS)
+            + " | abs-sgd vs best baseline (per seed) | abs-sgd busy per rank (least) | overruns (max) |"
+        )
         lines.append("| --- " * (len(SOLVERS) + 5) + "|")
         for preset, c in v["presets"].items():
-            times = ["-" if n not in c["times"] else "not reached" if c["times"][n] is None else f"{c['times'][n]:.2f}" for n in SOLVERS]
+            times = [
+                "-" if n not in c["times"] else "not reached" if c["times"][n] is None else f"{c['times'][n]:.2f}"
+                for n in SOLVERS
+            ]
             speedup = "-" if c["speedup"] is None else f"{c['speedup']:.2f}x ({c['best_baseline']})"
             if c["speedup_per_seed"]:
                 speedup += " (" + ", ".join(_ratio(x) for x in c["speedup_per_seed"]) + ")"
             busy = " ".join(f"{b:.2f}" for b in c["abs_sgd_busy"])
-            lines.append(f"| {preset} | {c['seeds']} | " + " | ".join(times) + f" | {speedup} | {busy} | {c['max_overrun']:.2f} |")
+            lines.append(
+                f"| {preset} | {c['seeds']} | "
+                + " | ".join(times)
+                + f" | {speedup} | {busy} | {c['max_overrun']:.2f} |"
+            )
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -159,7 +206,9 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(2, len(models), figsize=(6.5 * len(models), 7.5), squeeze=False)
     width = 0.16
     for col, (model, title) in enumerate(models.items()):
-        for row, (key, label) in enumerate((("time_to_target_s", "time to target (s)"), ("busy", "least busy rank's busy fraction"))):
+        for row, (key, label) in enumerate(
+            (("time_to_target_s", "time to target (s)"), ("busy", "least busy rank's busy fraction"))
+        ):
             ax = axes[row][col]
             for k, solver in enumerate(SOLVERS):
                 xs, ys, missed = [], [], []
@@ -167,7 +216,9 @@ def plot(rows: list[dict], path: Path) -> None:
                     match = [r for r in rows if (r["model"], r["preset"], r["solver"]) == (model, preset, solver)]
                     if not match:
                         continue
-                    value = min(min(r["busy"]) for r in match) if key == "busy" else median_time([r[key] for r in match])
+                    value = (
+                        min(min(r["busy"]) for r in match) if key == "busy" else median_time([r[key] for r in match])
+                    )
                     if value is None:
                         missed.append(i + (k - 2) * width)
                     else:
@@ -178,7 +229,9 @@ def plot(rows: list[dict], path: Path) -> None:
             ax.set_xticks(range(len(PRESETS)), PRESETS)
             ax.set_ylabel(label)
             target = next((r["target_accuracy"] for r in rows if r["model"] == model), None)
-            ax.set_title(f"{title}: median time to {target} accuracy (x: not reached)" if row == 0 else title, fontsize=10)
+            ax.set_title(
+                f"{title}: median time to {target} accuracy (x: not reached)" if row == 0 else title, fontsize=10
+            )
             if row == 1:
                 ax.axhline(0.95, color="grey", linestyle=":", linewidth=1)
                 ax.set_ylim(0, 1.05)
@@ -204,8 +257,10 @@ def main(out: str) -> int:
     plot(rows, root / "abs_sgd.png")
     for model, v in summary.items():
         print(f"== {MODELS[model]}")
-        print(f"{'preset':12} {'seeds':>5} {'abs-sgd (s)':>11} {'best baseline':>22} {'speedup':>8} "
-              f"{'per seed':>18}  abs-sgd busy per rank (least)")
+        print(
+            f"{'preset':12} {'seeds':>5} {'abs-sgd (s)':>11} {'best baseline':>22} {'speedup':>8} "
+            f"{'per seed':>18}  abs-sgd busy per rank (least)"
+        )
         for preset, c in v["presets"].items():
             abs_s = "-" if c["abs_sgd_s"] is None else f"{c['abs_sgd_s']:.2f}"
             best = "-" if c["best_baseline"] is None else f"{c['best_baseline']} {c['best_baseline_s']:.2f}"
@@ -214,8 +269,10 @@ def main(out: str) -> int:
             busy = " ".join(f"{b:.2f}" for b in c["abs_sgd_busy"])
             print(f"{preset:12} {c['seeds']:>5} {abs_s:>11} {best:>22} {speedup:>8} {per_seed:>18}  {busy}")
         mean, loss = v["mean_speedup_heterogeneous"], v["homogeneous_loss_vs_sync"]
-        print(f"mean speedup over the three heterogeneous presets: {'-' if mean is None else f'{mean:.2f}x'}; "
-              f"homogeneous, abs-sgd vs allreduce: {'-' if loss is None else f'{100 * loss:+.0f}% time'}")
+        print(
+            f"mean speedup over the three heterogeneous presets: {'-' if mean is None else f'{mean:.2f}x'}; "
+            f"homogeneous, abs-sgd vs allreduce: {'-' if loss is None else f'{100 * loss:+.0f}% time'}"
+        )
     return 0
 
 

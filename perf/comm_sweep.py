@@ -36,8 +36,11 @@ def run_sweep(ranks: int, out: Path, bench_args: list[str], timeout_s: float) ->
     result = json.loads(stdout.strip().splitlines()[-1])
     del result["rows"]  # they are in the CSV
     csv_path.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"  {result['mpi_library']}; load average {result['load_average'][0]:.1f} before, "
-          f"{result['load_average'][1]:.1f} after (this run's {ranks} ranks included)", flush=True)
+    print(
+        f"  {result['mpi_library']}; load average {result['load_average'][0]:.1f} before, "
+        f"{result['load_average'][1]:.1f} after (this run's {ranks} ranks included)",
+        flush=True,
+    )
     return csv_path
 
 
@@ -80,8 +83,10 @@ def plot(by_ranks: dict[int, list[dict[str, str]]], png: Path) -> None:
 
 def table(by_ranks: dict[int, list[dict[str, str]]]) -> str:
     """The README's table: latency at 4 B and 64 KiB, busbw at 4 MiB and 64 MiB, per rank count and op."""
-    lines = ["| ranks | op | latency 4 B (us) | latency 64 KiB (us) | busbw 4 MiB (GB/s) | busbw 64 MiB (GB/s) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| ranks | op | latency 4 B (us) | latency 64 KiB (us) | busbw 4 MiB (GB/s) | busbw 64 MiB (GB/s) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for ranks, rows in by_ranks.items():
         for op in dict.fromkeys(r["op"] for r in rows):
             at = {int(r["bytes"]): r for r in rows if r["op"] == op}

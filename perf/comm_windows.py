@@ -34,9 +34,16 @@ def table(out: Path) -> str:
     lines = [head, "| " + " | ".join(["---"] * (head.count("|") - 1)) + " |"]
     keys = dict.fromkeys((int(r["ranks"]), r["mode"], r["layout"]) for r in rows)
     for ranks, mode, layout in sorted(keys):
-        at = {int(r["numel"]): float(r["seconds"]) for r in rows
-              if (int(r["ranks"]), r["mode"], r["layout"]) == (ranks, mode, layout)}
-        lines.append(f"| {ranks} | {mode} | {layout} | " + " | ".join(f"{at[n] * 1e3:.2f}" if n in at else "" for n in sizes) + " |")
+        at = {
+            int(r["numel"]): float(r["seconds"])
+            for r in rows
+            if (int(r["ranks"]), r["mode"], r["layout"]) == (ranks, mode, layout)
+        }
+        lines.append(
+            f"| {ranks} | {mode} | {layout} | "
+            + " | ".join(f"{at[n] * 1e3:.2f}" if n in at else "" for n in sizes)
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -50,9 +57,25 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for ranks in args.ranks:
-        run_mpisolve(ranks, ["bench", "windows", "--numel", args.numel, "--paths", "shared", "--no-progress-overhead",
-                             "--repeats", str(args.repeats), "--warmup", "2", "--csv", str(args.out / f"windows_n{ranks}.csv")],
-                     timeout_s=args.timeout)
+        run_mpisolve(
+            ranks,
+            [
+                "bench",
+                "windows",
+                "--numel",
+                args.numel,
+                "--paths",
+                "shared",
+                "--no-progress-overhead",
+                "--repeats",
+                str(args.repeats),
+                "--warmup",
+                "2",
+                "--csv",
+                str(args.out / f"windows_n{ranks}.csv"),
+            ],
+            timeout_s=args.timeout,
+        )
     text = table(args.out)
     (args.out / "table.md").write_text(text)
     print(text)

@@ -20,8 +20,15 @@ import sys
 from pathlib import Path
 
 FIELDS = (
-    "workload", "seed", "solver", "time_to_target_s", "samples_per_s", "final_accuracy", "busy_fraction",
-    "max_device_overruns", "speedup_vs_allreduce",
+    "workload",
+    "seed",
+    "solver",
+    "time_to_target_s",
+    "samples_per_s",
+    "final_accuracy",
+    "busy_fraction",
+    "max_device_overruns",
+    "speedup_vs_allreduce",
 )
 
 
@@ -57,24 +64,32 @@ def merge(out: Path) -> dict:
                 tta = s["time_to_target_s"]
                 speedup = baseline / tta if baseline is not None and tta is not None else None
                 overruns = max(s.get("device_overruns") or [0.0])
-                rows.append({
-                    **s, "workload": directory.name, "seed": seed, "solver": name,
-                    "max_device_overruns": overruns, "speedup_vs_allreduce": speedup,
-                })
+                rows.append(
+                    {
+                        **s,
+                        "workload": directory.name,
+                        "seed": seed,
+                        "solver": name,
+                        "max_device_overruns": overruns,
+                        "speedup_vs_allreduce": speedup,
+                    }
+                )
         names = dict.fromkeys(r["solver"] for r in rows if r["workload"] == directory.name)
         for name in names:
             mine = [r for r in rows if r["workload"] == directory.name and r["solver"] == name]
             speedups = [r["speedup_vs_allreduce"] for r in mine]
-            medians.append({
-                "workload": directory.name,
-                "solver": name,
-                "seeds": [r["seed"] for r in mine],
-                "times_to_target_s": [r["time_to_target_s"] for r in mine],
-                "median_time_to_target_s": _median([r["time_to_target_s"] for r in mine]),
-                "speedups_vs_allreduce": speedups,
-                "median_speedup_vs_allreduce": _median([v for v in speedups if v is not None]),
-                "median_samples_per_s": statistics.median([r["samples_per_s"] for r in mine]),
-            })
+            medians.append(
+                {
+                    "workload": directory.name,
+                    "solver": name,
+                    "seeds": [r["seed"] for r in mine],
+                    "times_to_target_s": [r["time_to_target_s"] for r in mine],
+                    "median_time_to_target_s": _median([r["time_to_target_s"] for r in mine]),
+                    "speedups_vs_allreduce": speedups,
+                    "median_speedup_vs_allreduce": _median([v for v in speedups if v is not None]),
+                    "median_samples_per_s": statistics.median([r["samples_per_s"] for r in mine]),
+                }
+            )
         advise = directory / "advise.json"
         first = next(iter(pieces.values()))
         workloads[directory.name] = {

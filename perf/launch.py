@@ -25,7 +25,17 @@ def run_mpisolve(ranks: int, args: Sequence[str], *, timeout_s: float, env: Mapp
     that a shared machine runs one measurement at a time.
     """
     lock = os.environ.get("PERF_LOCK")
-    command = (["flock", lock] if lock else []) + [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "mpisolve", *args]
+    command = (["flock", lock] if lock else []) + [
+        mpiexec(),
+        "-n",
+        str(ranks),
+        sys.executable,
+        "-m",
+        "mpi4py",
+        "-m",
+        "mpisolve",
+        *args,
+    ]
     print("+", " ".join(command), flush=True)
     full_env = {**os.environ, "MPIEXEC_TIMEOUT": str(int(timeout_s)), **(env or {})}
     done = subprocess.run(command, check=True, timeout=timeout_s + 30, env=full_env, stdout=subprocess.PIPE, text=True)

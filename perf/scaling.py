@@ -56,13 +56,32 @@ from pathlib import Path
 from launch import RESULTS, run_mpisolve
 
 from mpisolve.solvers import solvers as registered
-from mpisolve.train.data import load_dataset
 from mpisolve.solvers.base import solver_class
+from mpisolve.train.data import load_dataset
 
 OUT = RESULTS / "scaling"
 SERIES = ("real", "emulated")
-FIELDS = ("series", "model", "solver", "ranks", "batch", "epochs", "steps", "device_ms", "iteration_s", "samples_per_s", "speedup",
-          "efficiency", "bound_efficiency", "busy", "comm", "idle", "device_overruns", "load_before", "load_after")
+FIELDS = (
+    "series",
+    "model",
+    "solver",
+    "ranks",
+    "batch",
+    "epochs",
+    "steps",
+    "device_ms",
+    "iteration_s",
+    "samples_per_s",
+    "speedup",
+    "efficiency",
+    "bound_efficiency",
+    "busy",
+    "comm",
+    "idle",
+    "device_overruns",
+    "load_before",
+    "load_after",
+)
 
 
 def piece_dir(out: Path, model: str, ranks: int, series: str) -> Path:
@@ -76,9 +95,25 @@ def device_ms(model: str, args: argparse.Namespace, cores: int) -> float:
     if model not in known:
         printed = run_mpisolve(
             1,
-            ["train", "--solver", "allreduce", "--model", model, "--dataset", "digits", "--batch-size", str(args.batch),
-             "--steps", "2", "--eval-every", "1000", "--device-ms", "auto"],
-            timeout_s=args.timeout, env={"OMP_NUM_THREADS": "1"},
+            [
+                "train",
+                "--solver",
+                "allreduce",
+                "--model",
+                model,
+                "--dataset",
+                "digits",
+                "--batch-size",
+                str(args.batch),
+                "--steps",
+                "2",
+                "--eval-every",
+                "1000",
+                "--device-ms",
+                "auto",
+            ],
+            timeout_s=args.timeout,
+            env={"OMP_NUM_THREADS": "1"},
         )
         solo = json.loads(printed.strip().splitlines()[-1])["device_ms_per_sample"]  # 2 x solo compute per sample
         sharing = math.ceil(args.device_for / cores)
@@ -104,10 +139,30 @@ def run_piece(model: str, ranks: int, series: str, args: argparse.Namespace, cor
         per_rank = 1 if lockstep else ranks  # an asynchronous solver's updates are every rank's
         run_mpisolve(
             ranks,
-            ["compare", "--solvers", ",".join(group), "--model", model, "--dataset", "digits", "--batch-size", str(args.batch),
-             "--momentum", "0", "--epochs", f"{epochs:.6g}", "--log-every", str(args.log_every * per_rank),
-             "--eval-every", "1000", "--out", str(out), *device],
-            timeout_s=args.timeout, env={"OMP_NUM_THREADS": "1"},
+            [
+                "compare",
+                "--solvers",
+                ",".join(group),
+                "--model",
+                model,
+                "--dataset",
+                "digits",
+                "--batch-size",
+                str(args.batch),
+                "--momentum",
+                "0",
+                "--epochs",
+                f"{epochs:.6g}",
+                "--log-every",
+                str(args.log_every * per_rank),
+                "--eval-every",
+                "1000",
+                "--out",
+                str(out),
+                *device,
+            ],
+            timeout_s=args.timeout,
+            env={"OMP_NUM_THREADS": "1"},
         )
     (out / "load.json").write_text(json.dumps({"before": load_before, "after": os.getloadavg()[0]}) + "\n")
 
@@ -136,15 +191,30 @@ def collect(out: Path, cores: int) -> list[dict[str, object]]:
     rows = []
     for summary_path in sorted(out.glob("*-n*/*.summary.json")):
         summary = json.loads(summary_path.read_text())
-        load = json.loads((summary_path.parent / "load.json").read_text()) if (summary_path.parent / "load.json").exists() else {}
+        load = (
+            json.loads((summary_path.parent / "load.json").read_text())
+            if (summary_path.parent / "load.json").exists()
+            else {}
+        )
         workload = summary["workload"]
         log = summary_path.with_name(summary_path.name.replace(".summary.json", ".jsonl"))
         overruns = summary.get("device_overruns") or []
-        rows.append({"series": "emulated" if workload.get("device_ms") else "real", "model": workload["model"],
-                     "solver": summary["solver"], "ranks": summary["ranks"], "batch": workload["batch_size"],
-                     "epochs": workload["epochs"], "steps": summary["steps"], "device_ms": workload.get("device_ms") or "", **steady(log),
-                     "device_overruns": sum(overruns) / len(overruns) if overruns and workload.get("device_ms") else "",
-                     "load_before": load.get("before", ""), "load_after": load.get("after", "")})
+        rows.append(
+            {
+                "series": "emulated" if workload.get("device_ms") else "real",
+                "model": workload["model"],
+                "solver": summary["solver"],
+                "ranks": summary["ranks"],
+                "batch": workload["batch_size"],
+                "epochs": workload["epochs"],
+                "steps": summary["steps"],
+                "device_ms": workload.get("device_ms") or "",
+                **steady(log),
+                "device_overruns": sum(overruns) / len(overruns) if overruns and workload.get("device_ms") else "",
+                "load_before": load.get("before", ""),
+                "load_after": load.get("after", ""),
+            }
+        )
     single = {(r["series"], r["model"], r["solver"]): r["samples_per_s"] for r in rows if r["ranks"] == 1}
     for r in rows:
         one = single.get((r["series"], r["model"], r["solver"]))
@@ -182,11 +252,15 @@ def plot(rows: list[dict[str, object]], out: Path, cores: int) -> list[Path]:
                 thr.plot(ranks, [one * p for p in ranks], "k--", lw=1, label=f"ideal (P x 1 rank, {solver})")
                 if not emulated:
                     thr.plot(ranks, [one * min(p, cores) for p in ranks], "k:", lw=1, label=f"{cores} cores' bound")
-        thr.set(xscale="log", yscale="log", xlabel="ranks", ylabel="samples/s (global, steady state)", title="throughput")
+        thr.set(
+            xscale="log", yscale="log", xlabel="ranks", ylabel="samples/s (global, steady state)", title="throughput"
+        )
         eff.axhline(1, color="k", ls="--", lw=1)
         if not emulated:
             eff.plot(ranks, [min(p, cores) / p for p in ranks], "k:", lw=1, label=f"{cores} cores' bound")
-        eff.set(xscale="log", xlabel="ranks", ylabel="throughput / (P x 1-rank throughput)", title="weak-scaling efficiency")
+        eff.set(
+            xscale="log", xlabel="ranks", ylabel="throughput / (P x 1-rank throughput)", title="weak-scaling efficiency"
+        )
         for ax in (thr, eff):
             ax.set_xticks(ranks, [str(p) for p in ranks])
             ax.minorticks_off()
@@ -204,10 +278,17 @@ def plot(rows: list[dict[str, object]], out: Path, cores: int) -> list[Path]:
             for x in xs:
                 brk.text(x, 1.01, str(p), ha="center", fontsize=6)
         brk.set_xticks(range(len(solvers)), solvers, rotation=30, ha="right", fontsize=8)
-        brk.set(ylim=(0, 1.08), ylabel="share of each rank's time", title=f"busy / comm / idle at {', '.join(map(str, ranks))} ranks (bar labels)")
+        brk.set(
+            ylim=(0, 1.08),
+            ylabel="share of each rank's time",
+            title=f"busy / comm / idle at {', '.join(map(str, ranks))} ranks (bar labels)",
+        )
         brk.legend(fontsize=8, loc="lower right")
-        how = (f"emulated device per rank ({float(mine[0]['device_ms']):.3g} ms per sample): communication and synchronisation"
-               if emulated else "real compute, 1 thread per rank: beyond 2 ranks, core contention")
+        how = (
+            f"emulated device per rank ({float(mine[0]['device_ms']):.3g} ms per sample): communication and synchronisation"
+            if emulated
+            else "real compute, 1 thread per rank: beyond 2 ranks, core contention"
+        )
         fig.suptitle(f"{model} on digits, {mine[0]['batch']} samples per rank per step, {cores}-core machine; {how}")
         fig.tight_layout()
         png = out / (f"scaling_{model}_emulated.png" if emulated else f"scaling_{model}.png")
@@ -224,11 +305,24 @@ def table(rows: list[dict[str, object]]) -> str:
     parts = []
     for series in [s for s in SERIES if any(r["series"] == s for r in rows)]:
         mine = [r for r in rows if r["series"] == series]
-        head = ("| model | solver | " + " | ".join(f"samples/s, {p}" for p in ranks) + " | "
-                + " | ".join(f"eff. {p}" for p in effs) + " | busy / comm / idle at 8 |")
-        lines = [f"**{series}**" + (" (emulated device per rank, `--device-ms`)" if series == "emulated" else
-                                    " (real compute, ranks share the cores)"), "", head,
-                 "| " + " | ".join(["---"] * (head.count("|") - 1)) + " |"]
+        head = (
+            "| model | solver | "
+            + " | ".join(f"samples/s, {p}" for p in ranks)
+            + " | "
+            + " | ".join(f"eff. {p}" for p in effs)
+            + " | busy / comm / idle at 8 |"
+        )
+        lines = [
+            f"**{series}**"
+            + (
+                " (emulated device per rank, `--device-ms`)"
+                if series == "emulated"
+                else " (real compute, ranks share the cores)"
+            ),
+            "",
+            head,
+            "| " + " | ".join(["---"] * (head.count("|") - 1)) + " |",
+        ]
         for model, solver in dict.fromkeys((r["model"], r["solver"]) for r in mine):
             at = {r["ranks"]: r for r in mine if r["model"] == model and r["solver"] == solver}
             cells = [f"{at[p]['samples_per_s']:.0f}" if p in at else "" for p in ranks]
@@ -244,11 +338,23 @@ def main() -> int:
     parser.add_argument("--models", default="mlp,cnn", help="models, comma-separated (default %(default)s)")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8], help="rank counts (default 1 2 4 8)")
     parser.add_argument("--series", default=",".join(SERIES), help="real, emulated or both (default %(default)s)")
-    parser.add_argument("--device-for", type=int, default=8, metavar="P",
-                        help="size the emulated device for P ranks sharing the cores (default %(default)s)")
+    parser.add_argument(
+        "--device-for",
+        type=int,
+        default=8,
+        metavar="P",
+        help="size the emulated device for P ranks sharing the cores (default %(default)s)",
+    )
     parser.add_argument("--solvers", default="all", help="solvers for compare (default: every registered one)")
-    parser.add_argument("--batches", type=int, default=40, help="micro-batches of each rank per solver (default %(default)s)")
-    parser.add_argument("--log-every", type=int, default=8, help="updates of each rank per record; the first is warm-up (default %(default)s)")
+    parser.add_argument(
+        "--batches", type=int, default=40, help="micro-batches of each rank per solver (default %(default)s)"
+    )
+    parser.add_argument(
+        "--log-every",
+        type=int,
+        default=8,
+        help="updates of each rank per record; the first is warm-up (default %(default)s)",
+    )
     parser.add_argument("--batch", type=int, default=32, help="samples per rank per step (default %(default)s)")
     parser.add_argument("--out", type=Path, default=OUT, help=f"output directory (default {OUT})")
     parser.add_argument("--plot-only", action="store_true", help="collect and plot what is there, run nothing")

@@ -36,7 +36,14 @@ from pathlib import Path
 
 from launch import RESULTS
 
-from mpisolve.perfmodel.calibrate import fit_adasum_gamma, fit_network, fit_window, read_sweep, read_window_bench, relative_errors
+from mpisolve.perfmodel.calibrate import (
+    fit_adasum_gamma,
+    fit_network,
+    fit_window,
+    read_sweep,
+    read_window_bench,
+    relative_errors,
+)
 from mpisolve.perfmodel.iteration import MODELS, Case, Compute, iteration, model_options
 from mpisolve.perfmodel.network import Network, window_exchange
 from mpisolve.perfmodel.workloads import workload
@@ -59,8 +66,10 @@ def calibrate(sweep_dir: Path) -> dict[int, tuple[Network, float, float]]:
         net = fit_network(mine, op="bucketed", algorithm="halving-doubling", name=f"this machine, {p} ranks")
         errors = [abs(e) for e in relative_errors(mine, net, op="bucketed")]
         fits[p] = (net, fit_adasum_gamma(mine, net), statistics.median(errors))
-        print(f"calibration at {p} ranks: alpha {net.alpha * 1e6:.1f} us, beta {net.beta * 1e9:.3f} ns/B, gamma_adasum "
-              f"{fits[p][1] * 1e9:.3f} ns/B; |error| over the bucketed rows: median {fits[p][2]:.0%}, max {max(errors):.0%}")
+        print(
+            f"calibration at {p} ranks: alpha {net.alpha * 1e6:.1f} us, beta {net.beta * 1e9:.3f} ns/B, gamma_adasum "
+            f"{fits[p][1] * 1e9:.3f} ns/B; |error| over the bucketed rows: median {fits[p][2]:.0%}, max {max(errors):.0%}"
+        )
     return fits
 
 
@@ -72,15 +81,25 @@ def calibrate_windows(windows_dir: Path) -> dict[int, dict[str, Network]]:
         mine = [r for r in rows if int(r["ranks"]) == p]
         fits[p] = fit_window(mine)
         for mode, net in fits[p].items():
-            errors = [abs(window_exchange(net, p, float(r["bytes"]), locked=mode == "locked") - float(r["seconds"])) / float(r["seconds"])
-                      for r in mine if r["mode"] == mode and r["layout"] == "sharded" and r["path"] == "shared"]
-            print(f"window calibration at {p} ranks, {mode}: alpha {net.alpha * 1e6:.1f} us, beta {net.beta * 1e9:.3f} ns/B; "
-                  f"|error| over its rows: max {max(errors):.0%}")
+            errors = [
+                abs(window_exchange(net, p, float(r["bytes"]), locked=mode == "locked") - float(r["seconds"]))
+                / float(r["seconds"])
+                for r in mine
+                if r["mode"] == mode and r["layout"] == "sharded" and r["path"] == "shared"
+            ]
+            print(
+                f"window calibration at {p} ranks, {mode}: alpha {net.alpha * 1e6:.1f} us, beta {net.beta * 1e9:.3f} ns/B; "
+                f"|error| over its rows: max {max(errors):.0%}"
+            )
     return fits
 
 
-def validate(fits: dict[int, tuple[Network, float, float]], window_fits: dict[int, dict[str, Network]],
-             scaling_csv: Path, cores: int) -> list[dict[str, object]]:
+def validate(
+    fits: dict[int, tuple[Network, float, float]],
+    window_fits: dict[int, dict[str, Network]],
+    scaling_csv: Path,
+    cores: int,
+) -> list[dict[str, object]]:
     with scaling_csv.open(newline="") as f:
         measured = list(csv.DictReader(f))
     single = {(r["series"], r["model"], r["solver"]): float(r["iteration_s"]) for r in measured if int(r["ranks"]) == 1}
@@ -95,18 +114,33 @@ def validate(fits: dict[int, tuple[Network, float, float]], window_fits: dict[in
         compute = Compute(step_s=single[key], batch=int(r["batch"]), cores=cores if r["series"] == "real" else None)
         options = model_options(r["solver"], {})
         it = iteration(r["solver"], Case(load, net, compute, p, 4, gamma_adasum, window_fits.get(p)), options)
-        plain = iteration(r["solver"], Case(load, net, compute, p, 4, gamma_adasum), options)  # windows priced as allreduce
+        plain = iteration(
+            r["solver"], Case(load, net, compute, p, 4, gamma_adasum), options
+        )  # windows priced as allreduce
         seen = float(r["iteration_s"])
-        out.append({"series": r["series"], "model": r["model"], "solver": r["solver"], "ranks": p, "measured_ms": seen * 1e3,
-                    "predicted_ms": it.total * 1e3, "compute_ms": it.compute * 1e3, "comm_ms": it.comm * 1e3,
-                    "error": (it.total - seen) / seen, "error_allreduce_priced": (plain.total - seen) / seen})
+        out.append(
+            {
+                "series": r["series"],
+                "model": r["model"],
+                "solver": r["solver"],
+                "ranks": p,
+                "measured_ms": seen * 1e3,
+                "predicted_ms": it.total * 1e3,
+                "compute_ms": it.compute * 1e3,
+                "comm_ms": it.comm * 1e3,
+                "error": (it.total - seen) / seen,
+                "error_allreduce_priced": (plain.total - seen) / seen,
+            }
+        )
     return out
 
 
 def validation_tables(validation: list[dict[str, object]]) -> list[str]:
     """The README's validation tables: every run, then the error per solver."""
-    lines = ["| series | model | solver | measured 2 / 4 / 8 ranks (ms) | model (ms) | error 2 | error 4 | error 8 |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| series | model | solver | measured 2 / 4 / 8 ranks (ms) | model (ms) | error 2 | error 4 | error 8 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for series, model, solver in dict.fromkeys((r["series"], r["model"], r["solver"]) for r in validation):
         at = {r["ranks"]: r for r in validation if (r["series"], r["model"], r["solver"]) == (series, model, solver)}
         measured = " / ".join(f"{at[p]['measured_ms']:.1f}" if p in at else "-" for p in (2, 4, 8))
@@ -114,18 +148,25 @@ def validation_tables(validation: list[dict[str, object]]) -> list[str]:
         errors = " | ".join(f"{at[p]['error']:+.0%}" if p in at else "" for p in (2, 4, 8))
         lines.append(f"| {series} | {model} | {solver} | {measured} | {predicted} | {errors} |")
     abs_errors = [abs(float(r["error"])) for r in validation]
-    lines.append(f"\n|error| over {len(abs_errors)} runs: median {statistics.median(abs_errors):.0%}, max {max(abs_errors):.0%}.\n")
-    lines += ["| solver | runs | median abs. error, real | median abs. error, emulated | median abs. error, all | "
-              "all, window solvers priced as allreduce |", "| --- | --- | --- | --- | --- | --- |"]
+    lines.append(
+        f"\n|error| over {len(abs_errors)} runs: median {statistics.median(abs_errors):.0%}, max {max(abs_errors):.0%}.\n"
+    )
+    lines += [
+        "| solver | runs | median abs. error, real | median abs. error, emulated | median abs. error, all | "
+        "all, window solvers priced as allreduce |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
 
     def median(rows: list[dict[str, object]], key: str = "error") -> str:
         return f"{statistics.median(abs(float(r[key])) for r in rows):.0%}" if rows else "-"
 
     for solver in sorted({r["solver"] for r in validation}):
         mine = [r for r in validation if r["solver"] == solver]
-        lines.append(f"| {solver} | {len(mine)} | {median([r for r in mine if r['series'] == 'real'])} | "
-                     f"{median([r for r in mine if r['series'] == 'emulated'])} | {median(mine)} | "
-                     f"{median(mine, 'error_allreduce_priced')} |")
+        lines.append(
+            f"| {solver} | {len(mine)} | {median([r for r in mine if r['series'] == 'real'])} | "
+            f"{median([r for r in mine if r['series'] == 'emulated'])} | {median(mine)} | "
+            f"{median(mine, 'error_allreduce_priced')} |"
+        )
     return lines
 
 
@@ -133,8 +174,20 @@ def project(out: Path) -> dict[str, Path]:
     written = {}
     for model in ("resnet18", "resnet50"):
         path = out / f"projection_{model}.csv"
-        command = [sys.executable, "-m", "mpisolve", "model", "--solver", ",".join(PROJECTED), "--model", model,
-                   "--ranks", PROJECTION_RANKS, "--csv", str(path)]
+        command = [
+            sys.executable,
+            "-m",
+            "mpisolve",
+            "model",
+            "--solver",
+            ",".join(PROJECTED),
+            "--model",
+            model,
+            "--ranks",
+            PROJECTION_RANKS,
+            "--csv",
+            str(path),
+        ]
         print("+", " ".join(command[1:]), flush=True)
         printed = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
         print(printed, end="")
@@ -145,8 +198,10 @@ def project(out: Path) -> dict[str, Path]:
 
 def projection_table(projections: dict[str, Path]) -> str:
     """The README's table: efficiency at 16, 128 and 1,024 GPUs and the iteration at 1,024, per model and solver."""
-    lines = ["| model | solver | efficiency 16 / 128 / 1,024 GPUs | iteration at 1,024 (ms): compute + exposed comm |",
-             "| --- | --- | --- | --- |"]
+    lines = [
+        "| model | solver | efficiency 16 / 128 / 1,024 GPUs | iteration at 1,024 (ms): compute + exposed comm |",
+        "| --- | --- | --- | --- |",
+    ]
     for model, path in projections.items():
         with path.open(newline="") as f:
             rows = list(csv.DictReader(f))
@@ -154,8 +209,10 @@ def projection_table(projections: dict[str, Path]) -> str:
             at = {int(r["ranks"]): r for r in rows if r["solver"] == solver}
             effs = " / ".join(f"{float(at[p]['efficiency']):.2f}" for p in (16, 128, 1024) if p in at)
             last = at[max(at)]
-            lines.append(f"| {model} | {solver} | {effs} | {float(last['iteration_ms']):.1f} = "
-                         f"{float(last['compute_ms']):.1f} + {float(last['exposed_ms']):.1f} |")
+            lines.append(
+                f"| {model} | {solver} | {effs} | {float(last['iteration_ms']):.1f} = "
+                f"{float(last['compute_ms']):.1f} + {float(last['exposed_ms']):.1f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -172,20 +229,36 @@ def plot(validation: list[dict[str, object]], projections: dict[str, Path], out:
         labelled = False
         for model, marker in (("mlp", "o"), ("cnn", "s")):
             for series in ("real", "emulated"):
-                mine = [r for r in validation if r["solver"] == solver and r["model"] == model and r["series"] == series]
+                mine = [
+                    r for r in validation if r["solver"] == solver and r["model"] == model and r["series"] == series
+                ]
                 if not mine:
                     continue
                 color = colors(i % 20)
-                ax.scatter([r["measured_ms"] for r in mine], [r["predicted_ms"] for r in mine], marker=marker, s=25,
-                           color=color if series == "real" else "none", edgecolors=color, label=None if labelled else solver)
+                ax.scatter(
+                    [r["measured_ms"] for r in mine],
+                    [r["predicted_ms"] for r in mine],
+                    marker=marker,
+                    s=25,
+                    color=color if series == "real" else "none",
+                    edgecolors=color,
+                    label=None if labelled else solver,
+                )
                 labelled = True
     values = [v for r in validation for v in (r["measured_ms"], r["predicted_ms"])]
     lo, hi = min(values) / 1.5, max(values) * 1.5
     ax.plot([lo, hi], [lo, hi], "k--", lw=1)
     ax.plot([lo, hi], [2 * lo, 2 * hi], "k:", lw=0.8)
     ax.plot([lo, hi], [lo / 2, hi / 2], "k:", lw=0.8)
-    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured iteration (ms)",
-           ylabel="model (ms)", title="model vs measured, 2-8 ranks\n(o mlp, s cnn; filled real, hollow emulated; dotted: 2x)")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlim=(lo, hi),
+        ylim=(lo, hi),
+        xlabel="measured iteration (ms)",
+        ylabel="model (ms)",
+        title="model vs measured, 2-8 ranks\n(o mlp, s cnn; filled real, hollow emulated; dotted: 2x)",
+    )
     ax.legend(fontsize=7)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
@@ -198,9 +271,21 @@ def plot(validation: list[dict[str, object]], projections: dict[str, Path], out:
             rows = list(csv.DictReader(f))
         for i, solver in enumerate(dict.fromkeys(r["solver"] for r in rows)):
             mine = [r for r in rows if r["solver"] == solver]
-            ax.plot([int(r["ranks"]) for r in mine], [float(r["efficiency"]) for r in mine], "-o", ms=4, color=f"C{i}", label=solver)
-        ax.set(xscale="log", ylim=(0, 1.05), xlabel="GPUs", ylabel="weak-scaling efficiency",
-               title=f"{model}: 100 Gb/s InfiniBand, H100-class GPUs")
+            ax.plot(
+                [int(r["ranks"]) for r in mine],
+                [float(r["efficiency"]) for r in mine],
+                "-o",
+                ms=4,
+                color=f"C{i}",
+                label=solver,
+            )
+        ax.set(
+            xscale="log",
+            ylim=(0, 1.05),
+            xlabel="GPUs",
+            ylabel="weak-scaling efficiency",
+            title=f"{model}: 100 Gb/s InfiniBand, H100-class GPUs",
+        )
         ax.set_xscale("log", base=2)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
@@ -213,7 +298,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", type=Path, default=RESULTS / "comm_sweep", help="directory of comm_sweep_n*.csv")
     parser.add_argument("--windows", type=Path, default=RESULTS / "comm_windows", help="directory of windows_n*.csv")
-    parser.add_argument("--scaling", type=Path, default=RESULTS / "scaling" / "scaling.csv", help="the scaling study's CSV")
+    parser.add_argument(
+        "--scaling", type=Path, default=RESULTS / "scaling" / "scaling.csv", help="the scaling study's CSV"
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -227,16 +314,40 @@ def main() -> int:
         writer.writerows(validation)
     with (args.out / "calibration.csv").open("w", newline="") as f:
         csv.writer(f).writerows(
-            [("ranks", "exchange", "alpha_s", "beta_s_per_byte", "gamma_adasum_s_per_byte", "median_abs_error", "cores")]
+            [
+                (
+                    "ranks",
+                    "exchange",
+                    "alpha_s",
+                    "beta_s_per_byte",
+                    "gamma_adasum_s_per_byte",
+                    "median_abs_error",
+                    "cores",
+                )
+            ]
             + [(p, "allreduce", net.alpha, net.beta, gamma, error, cores) for p, (net, gamma, error) in fits.items()]
-            + [(p, f"window {mode}", net.alpha, net.beta, "", "", cores) for p, nets in window_fits.items() for mode, net in nets.items()])
+            + [
+                (p, f"window {mode}", net.alpha, net.beta, "", "", cores)
+                for p, nets in window_fits.items()
+                for mode, net in nets.items()
+            ]
+        )
     lines = validation_tables(validation)
-    lines += ["", "| ranks | alpha (us) | beta (ns/B) | Adasum gamma (ns/B) | fit's median abs. error over the sweep | "
-              "window locked: alpha (us), beta (ns/B) | window wild: alpha (us), beta (ns/B) |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {p} | {net.alpha * 1e6:.1f} | {net.beta * 1e9:.3f} | {gamma * 1e9:.3f} | {error:.0%} | "
-              + " | ".join(f"{w[m].alpha * 1e6:.1f}, {w[m].beta * 1e9:.3f}" if (w := window_fits.get(p)) else "-" for m in ("locked", "wild")) + " |"
-              for p, (net, gamma, error) in fits.items()]
+    lines += [
+        "",
+        "| ranks | alpha (us) | beta (ns/B) | Adasum gamma (ns/B) | fit's median abs. error over the sweep | "
+        "window locked: alpha (us), beta (ns/B) | window wild: alpha (us), beta (ns/B) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {p} | {net.alpha * 1e6:.1f} | {net.beta * 1e9:.3f} | {gamma * 1e9:.3f} | {error:.0%} | "
+        + " | ".join(
+            f"{w[m].alpha * 1e6:.1f}, {w[m].beta * 1e9:.3f}" if (w := window_fits.get(p)) else "-"
+            for m in ("locked", "wild")
+        )
+        + " |"
+        for p, (net, gamma, error) in fits.items()
+    ]
     (args.out / "validation.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     projections = project(args.out)

@@ -50,7 +50,9 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
 
     bucket_bytes = int(args.bucket_mb * 1e6)
     adasum_grads = GradientBuckets(params, comm, bucket_bytes=bucket_bytes, reducer=AdasumReducer(comm))
-    sum_grads = GradientBuckets([torch.nn.Parameter(p.detach().clone()) for p in params], comm, bucket_bytes=bucket_bytes)
+    sum_grads = GradientBuckets(
+        [torch.nn.Parameter(p.detach().clone()) for p in params], comm, bucket_bytes=bucket_bytes
+    )
     for grads in (adasum_grads, sum_grads):
         for p in grads.params:
             p.grad.normal_(generator=generator)

@@ -64,7 +64,9 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         "tensors": len(params),
         "mpi_library": comm.library_version(),
     }
-    result["mpisolve_s"], result["buckets"] = solver_allreduce_seconds(params, comm, bucket_bytes, args.repeats, args.warmup)
+    result["mpisolve_s"], result["buckets"] = solver_allreduce_seconds(
+        params, comm, bucket_bytes, args.repeats, args.warmup
+    )
     result["mpi_contiguous_s"] = median_seconds(mpi_contiguous, comm, args.repeats, args.warmup)
     if not args.no_gloo:
         result["gloo_s"] = gloo_seconds(params, bucket_bytes, comm, args)
@@ -97,7 +99,9 @@ def solver_allreduce_seconds(
         grads.close()
 
 
-def gloo_seconds(params: list[torch.nn.Parameter], bucket_bytes: int, comm: Communicator, args: argparse.Namespace) -> float:
+def gloo_seconds(
+    params: list[torch.nn.Parameter], bucket_bytes: int, comm: Communicator, args: argparse.Namespace
+) -> float:
     """torch.distributed gloo on the same tensors, in DDP's buckets (flat, reduced async, averaged)."""
     import torch.distributed as dist
 
@@ -106,7 +110,9 @@ def gloo_seconds(params: list[torch.nn.Parameter], bucket_bytes: int, comm: Comm
     dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=comm.rank, world_size=comm.size)
     try:
         ordered = params[::-1]
-        flats = [torch.randn(sum(ordered[i].numel() for i in members)) for members in plan_buckets(ordered, bucket_bytes)]
+        flats = [
+            torch.randn(sum(ordered[i].numel() for i in members)) for members in plan_buckets(ordered, bucket_bytes)
+        ]
 
         def gloo_allreduce() -> None:
             works = [dist.all_reduce(flat, async_op=True) for flat in flats]

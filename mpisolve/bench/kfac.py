@@ -61,9 +61,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         "variants": {},
     }
     for variant in variants:
-        options = dict(
-            variant=variant, method=args.method, factor_update_steps=1, inv_update_steps=1, kl_clip=0.001
-        )
+        options = dict(variant=variant, method=args.method, factor_update_steps=1, inv_update_steps=1, kl_clip=0.001)
         if variant == "spd-kfac":
             options["fusion_profile_steps"] = args.profile_steps
         result["variants"][variant] = _time_kfac(args, comm, x, y, in_shape, classes, options)
@@ -117,6 +115,8 @@ def _time_kfac(args, comm, x, y, in_shape, classes, options) -> dict[str, Any]: 
         "packed_inverses": sum(solver.inverse_packed),
     }
     if solver.comm_models:
-        entry["comm_models"] = {k: {"alpha_s": m.alpha, "beta_s_per_elem": m.beta} for k, m in solver.comm_models.items()}
+        entry["comm_models"] = {
+            k: {"alpha_s": m.alpha, "beta_s_per_elem": m.beta} for k, m in solver.comm_models.items()
+        }
     solver.close()
     return entry

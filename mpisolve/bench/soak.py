@@ -27,7 +27,9 @@ from ..train.models import build_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--solvers", default="async", help="comma-separated names, or 'async': every non-lockstep solver")
+    parser.add_argument(
+        "--solvers", default="async", help="comma-separated names, or 'async': every non-lockstep solver"
+    )
     parser.add_argument("--steps", type=int, default=2000, help="training steps per rank and solver")
     parser.add_argument("--warmup-steps", type=int, default=200, help="steps before the first RSS reading")
     parser.add_argument("--batch-size", type=int, default=32)
@@ -50,13 +52,21 @@ def open_windows() -> int:
 
 
 def run(args: argparse.Namespace, comm: Communicator) -> dict:
-    names = [n for n in solvers() if not solver_class(n).lockstep] if args.solvers == "async" else args.solvers.split(",")
+    names = (
+        [n for n in solvers() if not solver_class(n).lockstep] if args.solvers == "async" else args.solvers.split(",")
+    )
     for name in names:
         solver_class(name)  # an unknown name fails here, naming the known ones
     if not 1 <= args.warmup_steps < args.steps or args.batch_size < 1:
         raise InputError("need 1 <= --warmup-steps < --steps and --batch-size >= 1")
     data = load_dataset("digits")
-    result: dict = {"ranks": comm.size, "model": args.model, "steps": args.steps, "warmup_steps": args.warmup_steps, "solvers": {}}
+    result: dict = {
+        "ranks": comm.size,
+        "model": args.model,
+        "steps": args.steps,
+        "warmup_steps": args.warmup_steps,
+        "solvers": {},
+    }
     for name in names:
         torch.manual_seed(0)
         model = build_model(args.model, data.in_shape, data.classes)

@@ -58,14 +58,21 @@ def parse_bytes(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ops", default=",".join(available_ops()),
-                        help=f"comma-separated operations (default: {','.join(available_ops())}; "
-                        "'adasum' needs mpisolve.allreduce(op='adasum'))")
+    parser.add_argument(
+        "--ops",
+        default=",".join(available_ops()),
+        help=f"comma-separated operations (default: {','.join(available_ops())}; "
+        "'adasum' needs mpisolve.allreduce(op='adasum'))",
+    )
     parser.add_argument("--min-bytes", type=parse_bytes, default=4, help="smallest message (default 4)")
     parser.add_argument("--max-bytes", type=parse_bytes, default=64 * 1024**2, help="largest message (default 64M)")
     parser.add_argument("--factor", type=int, default=4, help="size step: each message is this many times the last")
-    parser.add_argument("--small-repeats", type=int, default=100,
-                        help=f"timed repeats for messages up to {SMALL_BYTES // 1024} KiB (--repeats above)")
+    parser.add_argument(
+        "--small-repeats",
+        type=int,
+        default=100,
+        help=f"timed repeats for messages up to {SMALL_BYTES // 1024} KiB (--repeats above)",
+    )
     parser.add_argument("--csv", help="rank 0 also writes the rows to this CSV file")
 
 
@@ -90,7 +97,9 @@ def parse_ops(text: str) -> list[str]:
         if op not in BASE_OPS + ("adasum",):
             raise InputError(f"unknown op {op!r} in --ops (choose from {', '.join(available_ops())})")
         if op not in available_ops():
-            raise InputError("--ops adasum needs mpisolve.allreduce(op='adasum'), which this mpisolve does not have yet")
+            raise InputError(
+                "--ops adasum needs mpisolve.allreduce(op='adasum'), which this mpisolve does not have yet"
+            )
     return ops
 
 
@@ -164,15 +173,17 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
             finally:
                 case.close()
             algbw = nbytes / seconds / 1e9
-            rows.append({
-                "ranks": comm.size,
-                "op": op,
-                "bytes": nbytes,
-                "latency_us": seconds * 1e6,
-                "algbw_GBps": algbw,
-                "busbw_GBps": algbw * 2 * (comm.size - 1) / comm.size,
-                "repeats": repeats,
-            })
+            rows.append(
+                {
+                    "ranks": comm.size,
+                    "op": op,
+                    "bytes": nbytes,
+                    "latency_us": seconds * 1e6,
+                    "algbw_GBps": algbw,
+                    "busbw_GBps": algbw * 2 * (comm.size - 1) / comm.size,
+                    "repeats": repeats,
+                }
+            )
     if args.csv and comm.rank == 0:
         write_csv(args.csv, rows, CSV_FIELDS)
     # The machine's 1-minute load (this run's own ranks included) before and after: a

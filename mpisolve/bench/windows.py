@@ -18,7 +18,6 @@ import torch
 from ..comm.communicator import Communicator
 from ..comm.windows import SharedVector
 from ..kernels.elastic import elastic_exchange_
-
 from . import median_seconds, write_csv
 
 #: Columns of ``--csv`` (the rows of the result).
@@ -44,12 +43,26 @@ def _paths(text: str) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--numel", type=_sizes, default=[1_000_000], metavar="N[,M...]",
-                        help="elements of the float32 vector, one or several sizes (default 1000000)")
-    parser.add_argument("--paths", type=_paths, default=list(PATHS), metavar="P[,Q]",
-                        help="shared, internode or both (default both; internode is forced on one node)")
-    parser.add_argument("--progress-overhead", action=argparse.BooleanOptionalAction, default=True,
-                        help="also measure the progress thread's cost to compute (default: yes)")
+    parser.add_argument(
+        "--numel",
+        type=_sizes,
+        default=[1_000_000],
+        metavar="N[,M...]",
+        help="elements of the float32 vector, one or several sizes (default 1000000)",
+    )
+    parser.add_argument(
+        "--paths",
+        type=_paths,
+        default=list(PATHS),
+        metavar="P[,Q]",
+        help="shared, internode or both (default both; internode is forced on one node)",
+    )
+    parser.add_argument(
+        "--progress-overhead",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure the progress thread's cost to compute (default: yes)",
+    )
     parser.add_argument("--csv", help="rank 0 also writes the rows to this CSV file")
 
 
@@ -69,8 +82,17 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict:
                             v.update(lambda center, start, stop: elastic_exchange_(x[start:stop], center, 0.1))
 
                         seconds = median_seconds(exchange, comm, args.repeats, args.warmup)
-                        rows.append({"ranks": comm.size, "path": v.path, "mode": "locked" if locked else "wild",
-                                     "layout": layout, "numel": numel, "bytes": numel * 4, "seconds": seconds})
+                        rows.append(
+                            {
+                                "ranks": comm.size,
+                                "path": v.path,
+                                "mode": "locked" if locked else "wild",
+                                "layout": layout,
+                                "numel": numel,
+                                "bytes": numel * 4,
+                                "seconds": seconds,
+                            }
+                        )
     result["rows"] = rows
     if args.progress_overhead:
         result.update(_progress_overhead(args, comm))

@@ -192,7 +192,9 @@ class AdasumReduction:
         own, other = self.flat[lo:hi], self.scratch[: hi - lo]
         return (own, other) if lower else (other, own)
 
-    def _statistics(self, keep: tuple[int, int], lower: bool, bounds: torch.Tensor, stats: torch.Tensor) -> Callable[[], None]:
+    def _statistics(
+        self, keep: tuple[int, int], lower: bool, bounds: torch.Tensor, stats: torch.Tensor
+    ) -> Callable[[], None]:
         a, b = self._operands(*keep, lower)
         tensors = self._stats_tensors
         # The summed tail is left out: its row of statistics stays zero.

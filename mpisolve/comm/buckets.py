@@ -291,4 +291,3 @@ class GradientBuckets:
             h.remove()
         self._hooks.clear()
         self.reducer.close()
-

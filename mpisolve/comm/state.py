@@ -146,4 +146,3 @@ def _allocate(obj: Any, tensors: list[torch.Tensor]) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(_allocate(v, tensors) for v in obj)
     return obj
-

@@ -33,7 +33,10 @@ WINDOW_COLUMNS = ("ranks", "path", "mode", "layout", "bytes", "seconds")
 
 
 def _read_csv(
-    paths: Iterable[Path | str], columns: tuple[str, ...], kind: str, row_of: Callable[[dict[str, str]], dict[str, float | str]]
+    paths: Iterable[Path | str],
+    columns: tuple[str, ...],
+    kind: str,
+    row_of: Callable[[dict[str, str]], dict[str, float | str]],
 ) -> list[dict[str, float | str]]:
     """Every row of ``kind`` CSVs at ``paths``, converted by ``row_of``; a bad file is an :class:`InputError`."""
     rows: list[dict[str, float | str]] = []
@@ -59,7 +62,9 @@ def read_sweep(paths: Iterable[Path | str]) -> list[dict[str, float | str]]:
         SWEEP_COLUMNS,
         "sweep",
         lambda row: {
-            "ranks": int(row["ranks"]), "op": row["op"], "bytes": float(row["bytes"]),
+            "ranks": int(row["ranks"]),
+            "op": row["op"],
+            "bytes": float(row["bytes"]),
             "seconds": float(row["latency_us"]) * 1e-6,
         },
     )
@@ -72,8 +77,12 @@ def read_window_bench(paths: Iterable[Path | str]) -> list[dict[str, float | str
         WINDOW_COLUMNS,
         "bench windows",
         lambda row: {
-            "ranks": int(row["ranks"]), "path": row["path"], "mode": row["mode"], "layout": row["layout"],
-            "bytes": float(row["bytes"]), "seconds": float(row["seconds"]),
+            "ranks": int(row["ranks"]),
+            "path": row["path"],
+            "mode": row["mode"],
+            "layout": row["layout"],
+            "bytes": float(row["bytes"]),
+            "seconds": float(row["seconds"]),
         },
     )
 
@@ -95,18 +104,35 @@ def _nonnegative_lstsq(columns: np.ndarray, target: np.ndarray) -> np.ndarray:
     return best
 
 
-def fit_network(rows: Sequence[Mapping[str, float | str]], *, op: str = "mpi", algorithm: Algorithm = "ring",
-                name: str = "calibrated") -> Network:
+def fit_network(
+    rows: Sequence[Mapping[str, float | str]],
+    *,
+    op: str = "mpi",
+    algorithm: Algorithm = "ring",
+    name: str = "calibrated",
+) -> Network:
     """alpha and beta of ``algorithm`` fitted to the ``op`` rows at 2 ranks or more."""
     if algorithm == "auto":
         raise InputError("calibration fits one algorithm's formula: ring or halving-doubling, not auto")
     mine = [r for r in rows if r["op"] == op and int(r["ranks"]) >= 2]
     if len({(int(r["ranks"]), float(r["bytes"])) for r in mine}) < 2:
-        raise InputError(f"the sweep has too few '{op}' rows to fit alpha and beta (ops present: "
-                         f"{', '.join(sorted({str(r['op']) for r in rows})) or 'none'})")
-    unit_alpha, unit_beta = Network(alpha=1.0, beta=0.0, algorithm=algorithm), Network(alpha=0.0, beta=1.0, algorithm=algorithm)
-    design = np.array([[unit_alpha.allreduce(int(r["ranks"]), float(r["bytes"])),
-                        unit_beta.allreduce(int(r["ranks"]), float(r["bytes"]))] for r in mine])
+        raise InputError(
+            f"the sweep has too few '{op}' rows to fit alpha and beta (ops present: "
+            f"{', '.join(sorted({str(r['op']) for r in rows})) or 'none'})"
+        )
+    unit_alpha, unit_beta = (
+        Network(alpha=1.0, beta=0.0, algorithm=algorithm),
+        Network(alpha=0.0, beta=1.0, algorithm=algorithm),
+    )
+    design = np.array(
+        [
+            [
+                unit_alpha.allreduce(int(r["ranks"]), float(r["bytes"])),
+                unit_beta.allreduce(int(r["ranks"]), float(r["bytes"])),
+            ]
+            for r in mine
+        ]
+    )
     seconds = np.array([float(r["seconds"]) for r in mine])
     weights = 1 / seconds
     alpha, beta = _nonnegative_lstsq(design * weights[:, None], seconds * weights)
@@ -119,28 +145,50 @@ def fit_adasum_gamma(rows: Sequence[Mapping[str, float | str]], net: Network) ->
     mine = [r for r in rows if r["op"] == "adasum" and int(r["ranks"]) >= 2]
     if not mine:
         return 0.0
-    base = np.array([adasum_allreduce(net, int(r["ranks"]), float(r["bytes"]), tensors=1, gamma_adasum=0.0) for r in mine])
-    per_gamma = np.array([adasum_allreduce(net, int(r["ranks"]), float(r["bytes"]), tensors=1, gamma_adasum=1.0) for r in mine]) - base
+    base = np.array(
+        [adasum_allreduce(net, int(r["ranks"]), float(r["bytes"]), tensors=1, gamma_adasum=0.0) for r in mine]
+    )
+    per_gamma = (
+        np.array([adasum_allreduce(net, int(r["ranks"]), float(r["bytes"]), tensors=1, gamma_adasum=1.0) for r in mine])
+        - base
+    )
     seconds = np.array([float(r["seconds"]) for r in mine])
     weights = 1 / seconds
     (gamma,) = _nonnegative_lstsq((per_gamma * weights)[:, None], (seconds - base) * weights)
     return float(gamma)
 
 
-def fit_window(rows: Sequence[Mapping[str, float | str]], *, path: str = "shared",
-               layout: str = "sharded") -> dict[str, Network]:
+def fit_window(
+    rows: Sequence[Mapping[str, float | str]], *, path: str = "shared", layout: str = "sharded"
+) -> dict[str, Network]:
     """Per mode ("locked", "wild"): alpha and beta of :func:`.network.window_exchange`
     fitted to the ``path`` and ``layout`` rows at 2 ranks or more (weighted by 1/t)."""
     fits = {}
     for mode in ("locked", "wild"):
-        mine = [r for r in rows if r["path"] == path and r["layout"] == layout and r["mode"] == mode and int(r["ranks"]) >= 2]
+        mine = [
+            r
+            for r in rows
+            if r["path"] == path and r["layout"] == layout and r["mode"] == mode and int(r["ranks"]) >= 2
+        ]
         if len({(int(r["ranks"]), float(r["bytes"])) for r in mine}) < 2:
-            raise InputError(f"too few {mode} {layout} rows on the {path} path to fit a window exchange "
-                             f"(need two sizes or rank counts; paths present: {', '.join(sorted({str(r['path']) for r in rows})) or 'none'})")
+            raise InputError(
+                f"too few {mode} {layout} rows on the {path} path to fit a window exchange "
+                f"(need two sizes or rank counts; paths present: {', '.join(sorted({str(r['path']) for r in rows})) or 'none'})"
+            )
         locked = mode == "locked"
-        design = np.array([[window_exchange(Network(alpha=1.0, beta=0.0), int(r["ranks"]), float(r["bytes"]), locked=locked, layout=layout),
-                            window_exchange(Network(alpha=0.0, beta=1.0), int(r["ranks"]), float(r["bytes"]), locked=locked, layout=layout)]
-                           for r in mine])
+        design = np.array(
+            [
+                [
+                    window_exchange(
+                        Network(alpha=1.0, beta=0.0), int(r["ranks"]), float(r["bytes"]), locked=locked, layout=layout
+                    ),
+                    window_exchange(
+                        Network(alpha=0.0, beta=1.0), int(r["ranks"]), float(r["bytes"]), locked=locked, layout=layout
+                    ),
+                ]
+                for r in mine
+            ]
+        )
         seconds = np.array([float(r["seconds"]) for r in mine])
         weights = 1 / seconds
         alpha, beta = _nonnegative_lstsq(design * weights[:, None], seconds * weights)
@@ -150,5 +198,8 @@ def fit_window(rows: Sequence[Mapping[str, float | str]], *, path: str = "shared
 
 def relative_errors(rows: Sequence[Mapping[str, float | str]], net: Network, *, op: str) -> list[float]:
     """(model - measured) / measured for each ``op`` row at 2 ranks or more."""
-    return [(net.allreduce(int(r["ranks"]), float(r["bytes"])) - float(r["seconds"])) / float(r["seconds"])
-            for r in rows if r["op"] == op and int(r["ranks"]) >= 2]
+    return [
+        (net.allreduce(int(r["ranks"]), float(r["bytes"])) - float(r["seconds"])) / float(r["seconds"])
+        for r in rows
+        if r["op"] == op and int(r["ranks"]) >= 2
+    ]

@@ -30,39 +30,85 @@ GPU_THROUGHPUT = {"resnet18": 6000.0, "resnet50": 2800.0}
 GPU_GAMMA = 1e-12
 WIRE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_RANKS = (16, 32, 64, 128, 256, 512, 1024)
-FIELDS = ("solver", "model", "ranks", "iteration_ms", "compute_ms", "comm_ms", "exposed_ms", "efficiency", "samples_per_s")
+FIELDS = (
+    "solver",
+    "model",
+    "ranks",
+    "iteration_ms",
+    "compute_ms",
+    "comm_ms",
+    "exposed_ms",
+    "efficiency",
+    "samples_per_s",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--solver", default="all", metavar="A,B,...", help=f"solvers, or 'all' (modelled: {', '.join(MODELS)})")
-    parser.add_argument("--ranks", default=",".join(map(str, DEFAULT_RANKS)), metavar="P,Q,...",
-                        help="rank (GPU) counts (default %(default)s)")
+    parser.add_argument(
+        "--solver", default="all", metavar="A,B,...", help=f"solvers, or 'all' (modelled: {', '.join(MODELS)})"
+    )
+    parser.add_argument(
+        "--ranks",
+        default=",".join(map(str, DEFAULT_RANKS)),
+        metavar="P,Q,...",
+        help="rank (GPU) counts (default %(default)s)",
+    )
     parser.add_argument("--model", default="resnet50", help=f"workload: {', '.join(WORKLOADS)} (default %(default)s)")
     parser.add_argument("--batch", type=int, default=128, help="samples per GPU per iteration (default %(default)s)")
     speed = parser.add_mutually_exclusive_group()
-    speed.add_argument("--throughput", type=float, metavar="S/s",
-                       help="one GPU's training samples/s on this model (default: H100-class, "
-                       + ", ".join(f"{k} {v:g}" for k, v in GPU_THROUGHPUT.items()) + ")")
+    speed.add_argument(
+        "--throughput",
+        type=float,
+        metavar="S/s",
+        help="one GPU's training samples/s on this model (default: H100-class, "
+        + ", ".join(f"{k} {v:g}" for k, v in GPU_THROUGHPUT.items())
+        + ")",
+    )
     speed.add_argument("--step-time", type=float, metavar="SECONDS", help="one GPU's iteration time instead")
     parser.add_argument("--network", default="ib100", help=f"preset: {', '.join(NETWORKS)} (default %(default)s)")
     parser.add_argument("--bandwidth", type=float, metavar="GBIT_S", help="link speed, overriding the preset's")
     parser.add_argument("--latency-us", type=float, help="per-message latency, overriding the preset's")
-    parser.add_argument("--calibration", nargs="+", metavar="CSV", help="fit alpha and beta to these bench sweep CSVs instead")
+    parser.add_argument(
+        "--calibration", nargs="+", metavar="CSV", help="fit alpha and beta to these bench sweep CSVs instead"
+    )
     parser.add_argument("--calibration-op", default="bucketed", help="the sweep op to fit (default %(default)s)")
-    parser.add_argument("--window-calibration", nargs="+", metavar="CSV",
-                        help="price the window solvers' exchanges by alpha and beta fitted to these bench windows CSVs")
-    parser.add_argument("--window-path", default="internode", choices=("internode", "shared"),
-                        help="the bench windows rows to fit: internode (across nodes, default) or shared (one node)")
-    parser.add_argument("--algorithm", default="auto", choices=ALGORITHMS,
-                        help="large-message allreduce; auto: the cheaper of ring and halving-doubling (default %(default)s)")
-    parser.add_argument("--gamma", type=float, default=GPU_GAMMA, help="reduction seconds per byte (default %(default)g)")
-    parser.add_argument("--gamma-adasum", type=float, help="Adasum's seconds per byte (default: fitted, else 3 x gamma)")
+    parser.add_argument(
+        "--window-calibration",
+        nargs="+",
+        metavar="CSV",
+        help="price the window solvers' exchanges by alpha and beta fitted to these bench windows CSVs",
+    )
+    parser.add_argument(
+        "--window-path",
+        default="internode",
+        choices=("internode", "shared"),
+        help="the bench windows rows to fit: internode (across nodes, default) or shared (one node)",
+    )
+    parser.add_argument(
+        "--algorithm",
+        default="auto",
+        choices=ALGORITHMS,
+        help="large-message allreduce; auto: the cheaper of ring and halving-doubling (default %(default)s)",
+    )
+    parser.add_argument(
+        "--gamma", type=float, default=GPU_GAMMA, help="reduction seconds per byte (default %(default)g)"
+    )
+    parser.add_argument(
+        "--gamma-adasum", type=float, help="Adasum's seconds per byte (default: fitted, else 3 x gamma)"
+    )
     parser.add_argument("--gemm-tflops", type=float, default=50.0, help="K-FAC factor products (default %(default)g)")
     parser.add_argument("--inverse-tflops", type=float, default=2.0, help="K-FAC inversions (default %(default)g)")
     parser.add_argument("--wire-dtype", default="float32", choices=tuple(WIRE_BYTES), help="gradient dtype on the wire")
-    parser.add_argument("--overlap", type=float, default=0.0, help="share of backward that hides communication, 0-1 (default 0)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a model option for every solver that takes it (bucket_mb, tau, layout, factor_update_steps, ...)")
+    parser.add_argument(
+        "--overlap", type=float, default=0.0, help="share of backward that hides communication, 0-1 (default 0)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a model option for every solver that takes it (bucket_mb, tau, layout, factor_update_steps, ...)",
+    )
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     parser.add_argument("--csv", type=Path, help="also write the rows as CSV")
 
@@ -95,7 +141,9 @@ def build_network(args: argparse.Namespace) -> tuple[Network, float | None]:
     if not (math.isfinite(args.gamma) and args.gamma >= 0):
         raise InputError(f"--gamma must be >= 0, got {args.gamma}")
     name = f"{gbit_s:g} Gb/s, {latency_us:g} us"
-    return Network.from_link(gbit_s=gbit_s, latency_us=latency_us, gamma=args.gamma, algorithm=args.algorithm, name=name), None
+    return Network.from_link(
+        gbit_s=gbit_s, latency_us=latency_us, gamma=args.gamma, algorithm=args.algorithm, name=name
+    ), None
 
 
 def project(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -113,32 +161,63 @@ def project(args: argparse.Namespace) -> list[dict[str, Any]]:
             raise InputError(f"--set {item!r}: no chosen solver's model takes {item.partition('=')[0]!r}")
         for name in takers:
             given[name].append(item)
-    options = {name: model_options(name, dict(parse_model_option(name, item) for item in given[name])) for name in names}
+    options = {
+        name: model_options(name, dict(parse_model_option(name, item) for item in given[name])) for name in names
+    }
     load = workload(args.model)
     if args.step_time is not None:
         step_s = args.step_time
     else:
         throughput = args.throughput if args.throughput is not None else GPU_THROUGHPUT.get(args.model)
         if throughput is None:
-            raise InputError(f"give --throughput or --step-time for model {args.model!r} (defaults exist for {', '.join(GPU_THROUGHPUT)})")
+            raise InputError(
+                f"give --throughput or --step-time for model {args.model!r} (defaults exist for {', '.join(GPU_THROUGHPUT)})"
+            )
         if not throughput > 0:
             raise InputError(f"--throughput must be > 0, got {throughput}")
         step_s = args.batch / throughput
-    compute = Compute(step_s=step_s, batch=args.batch, gemm_flops=args.gemm_tflops * 1e12, inverse_flops=args.inverse_tflops * 1e12)
+    compute = Compute(
+        step_s=step_s, batch=args.batch, gemm_flops=args.gemm_tflops * 1e12, inverse_flops=args.inverse_tflops * 1e12
+    )
     net, fitted_gamma = build_network(args)
-    window = fit_window(read_window_bench(args.window_calibration), path=args.window_path) if args.window_calibration else None
-    gamma_adasum = args.gamma_adasum if args.gamma_adasum is not None else (fitted_gamma if fitted_gamma is not None else 3 * net.gamma)
+    window = (
+        fit_window(read_window_bench(args.window_calibration), path=args.window_path)
+        if args.window_calibration
+        else None
+    )
+    gamma_adasum = (
+        args.gamma_adasum
+        if args.gamma_adasum is not None
+        else (fitted_gamma if fitted_gamma is not None else 3 * net.gamma)
+    )
     rows = []
     for name in names:
-        single = iteration(name, Case(load, net, compute, 1, WIRE_BYTES[args.wire_dtype], gamma_adasum, window), options[name], overlap=args.overlap)
+        single = iteration(
+            name,
+            Case(load, net, compute, 1, WIRE_BYTES[args.wire_dtype], gamma_adasum, window),
+            options[name],
+            overlap=args.overlap,
+        )
         for p in ranks:
-            it = iteration(name, Case(load, net, compute, p, WIRE_BYTES[args.wire_dtype], gamma_adasum, window), options[name], overlap=args.overlap)
-            rows.append({
-                "solver": name, "model": args.model, "ranks": p,
-                "iteration_ms": it.total * 1e3, "compute_ms": it.compute * 1e3, "comm_ms": it.comm * 1e3,
-                "exposed_ms": it.exposed * 1e3, "efficiency": single.total / it.total,
-                "samples_per_s": p * args.batch / it.total,
-            })
+            it = iteration(
+                name,
+                Case(load, net, compute, p, WIRE_BYTES[args.wire_dtype], gamma_adasum, window),
+                options[name],
+                overlap=args.overlap,
+            )
+            rows.append(
+                {
+                    "solver": name,
+                    "model": args.model,
+                    "ranks": p,
+                    "iteration_ms": it.total * 1e3,
+                    "compute_ms": it.compute * 1e3,
+                    "comm_ms": it.comm * 1e3,
+                    "exposed_ms": it.exposed * 1e3,
+                    "efficiency": single.total / it.total,
+                    "samples_per_s": p * args.batch / it.total,
+                }
+            )
     return rows
 
 
@@ -152,8 +231,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = f"{'solver':<13} {'model':<9} {'ranks':>6} {'iter ms':>9} {'compute':>9} {'comm':>9} {'exposed':>9} {'eff':>6} {'samples/s':>11}"
     lines = [head]
     for r in rows:
-        lines.append(f"{r['solver']:<13} {r['model']:<9} {r['ranks']:>6} {r['iteration_ms']:>9.2f} {r['compute_ms']:>9.2f} "
-                     f"{r['comm_ms']:>9.2f} {r['exposed_ms']:>9.2f} {r['efficiency']:>6.1%} {r['samples_per_s']:>11.0f}")
+        lines.append(
+            f"{r['solver']:<13} {r['model']:<9} {r['ranks']:>6} {r['iteration_ms']:>9.2f} {r['compute_ms']:>9.2f} "
+            f"{r['comm_ms']:>9.2f} {r['exposed_ms']:>9.2f} {r['efficiency']:>6.1%} {r['samples_per_s']:>11.0f}"
+        )
     return "\n".join(lines)
 
 
@@ -173,8 +254,10 @@ def write_rows(rows: list[dict[str, Any]], *, json_path: Path | None, csv_path: 
 def run(args: argparse.Namespace) -> int:
     rows = project(args)
     net, _ = build_network(args)
-    print(f"# {args.model}, batch {args.batch}/GPU, network {net.name}: alpha {net.alpha * 1e6:.3g} us, "
-          f"beta {net.beta * 1e9:.4g} ns/B ({8 / max(net.beta, 1e-30) / 1e9:.3g} Gb/s), {net.algorithm} allreduce, overlap {args.overlap:g}")
+    print(
+        f"# {args.model}, batch {args.batch}/GPU, network {net.name}: alpha {net.alpha * 1e6:.3g} us, "
+        f"beta {net.beta * 1e9:.4g} ns/B ({8 / max(net.beta, 1e-30) / 1e9:.3g} Gb/s), {net.algorithm} allreduce, overlap {args.overlap:g}"
+    )
     print(table(rows))
     try:
         write_rows(rows, json_path=args.json, csv_path=args.csv)

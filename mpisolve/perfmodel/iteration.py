@@ -125,7 +125,10 @@ class KFACModelOptions(BucketOptions):
         super().__post_init__()
         require(self.factor_update_steps >= 1, f"factor_update_steps must be >= 1, got {self.factor_update_steps}")
         require(self.inv_update_steps >= 1, f"inv_update_steps must be >= 1, got {self.inv_update_steps}")
-        require(math.isfinite(self.inverse_cost) and self.inverse_cost > 0, f"inverse_cost must be > 0, got {self.inverse_cost}")
+        require(
+            math.isfinite(self.inverse_cost) and self.inverse_cost > 0,
+            f"inverse_cost must be > 0, got {self.inverse_cost}",
+        )
 
 
 @dataclass(frozen=True)
@@ -160,8 +163,11 @@ def _allreduce(case: Case, options: BucketOptions) -> tuple[float, float]:
 def _adasum(case: Case, options: BucketOptions) -> tuple[float, float]:
     share = case.workload.tensors / max(case.grad_bytes, 1.0)  # tensors per byte, spread over buckets
     return 0.0, _bucketed(
-        case, options.bucket_mb,
-        lambda n: adasum_allreduce(case.net, case.p, n, tensors=max(1, round(n * share)), gamma_adasum=case.gamma_adasum),
+        case,
+        options.bucket_mb,
+        lambda n: adasum_allreduce(
+            case.net, case.p, n, tensors=max(1, round(n * share)), gamma_adasum=case.gamma_adasum
+        ),
     )
 
 
@@ -201,7 +207,10 @@ def _kfac(case: Case, options: KFACModelOptions) -> tuple[float, float]:
     extra = factor_flops / compute.gemm_flops * share / options.factor_update_steps
     extra += inverse_s * share / options.inv_update_steps + precondition_flops / compute.gemm_flops * share
     comm = _bucketed(case, options.bucket_mb, lambda n: net.allreduce(p, n))
-    comm += net.allreduce(p, elements * case.wire_bytes) / options.factor_update_steps + inverse_comm / options.inv_update_steps
+    comm += (
+        net.allreduce(p, elements * case.wire_bytes) / options.factor_update_steps
+        + inverse_comm / options.inv_update_steps
+    )
     return extra, comm
 
 

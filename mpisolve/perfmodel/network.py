@@ -51,7 +51,9 @@ class Network:
         for key in ("alpha", "beta", "gamma"):
             value = getattr(self, key)
             require(math.isfinite(value) and value >= 0, f"{key} must be >= 0, got {value}")
-        require(self.algorithm in ALGORITHMS, f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+        require(
+            self.algorithm in ALGORITHMS, f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}"
+        )
 
     @classmethod
     def from_link(cls, *, gbit_s: float, latency_us: float, **kwargs: object) -> Network:

@@ -84,7 +84,9 @@ def _builtin(model: str, in_shape: tuple[int, ...], classes: int, name: str) -> 
         bias = 1 if layer.bias is not None else 0
         if isinstance(layer, nn.Conv2d):
             kh, kw = layer.kernel_size
-            found.append(Layer(layer.in_channels * kh * kw + bias, layer.out_channels, output.shape[2] * output.shape[3]))
+            found.append(
+                Layer(layer.in_channels * kh * kw + bias, layer.out_channels, output.shape[2] * output.shape[3])
+            )
         else:
             found.append(Layer(layer.in_features + bias, layer.out_features, 1))
 

@@ -8,14 +8,16 @@ importing a subpackage always binds its module to the parent's attribute of that
 import sys
 import types
 
-from . import abs_sgd  # noqa: F401  (registers "abs-sgd")
-from . import adasum  # noqa: F401  (registers "adasum")
-from . import allreduce  # noqa: F401  (registers "allreduce")
-from . import elastic  # noqa: F401  (registers the EASGD family and EA-wild)
-from . import lb_bsp  # noqa: F401  (registers "lb-bsp")
-from . import kfac  # noqa: F401  (registers "kfac")
-from . import local_sgd  # noqa: F401  (registers "local-sgd")
 from ..options import OptionError
+from . import (
+    abs_sgd,  # noqa: F401  (registers "abs-sgd")
+    adasum,  # noqa: F401  (registers "adasum")
+    allreduce,  # noqa: F401  (registers "allreduce")
+    elastic,  # noqa: F401  (registers the EASGD family and EA-wild)
+    kfac,  # noqa: F401  (registers "kfac")
+    lb_bsp,  # noqa: F401  (registers "lb-bsp")
+    local_sgd,  # noqa: F401  (registers "local-sgd")
+)
 from .base import Solver, StepInfo, make_solver, register, solvers
 
 __all__ = ["OptionError", "Solver", "StepInfo", "make_solver", "register", "solvers"]

@@ -179,7 +179,9 @@ class ABSSGD(Solver):
             require_async_progress(self.options.progress)
         kinds = {(p.dtype, p.device) for p in self.params}
         if len(kinds) != 1:
-            raise TypeError(f"abs-sgd needs trainable parameters of one dtype on one device, got {sorted(map(str, kinds))}")
+            raise TypeError(
+                f"abs-sgd needs trainable parameters of one dtype on one device, got {sorted(map(str, kinds))}"
+            )
         dtype, device = kinds.pop()
         # p.grad are views into one flat buffer: a micro-batch joins the round in one add.
         self.grads = FusedBuffer([p.shape for p in self.params], dtype, device)
@@ -497,7 +499,9 @@ class ABSSGD(Solver):
             self._carry.copy_(state["carry"])
         if self._weights is not None:
             if state.get("weights") is None:
-                raise ValueError("this abs-sgd state was saved without weight prediction; load it with weight_prediction=0")
+                raise ValueError(
+                    "this abs-sgd state was saved without weight prediction; load it with weight_prediction=0"
+                )
             self._weights.flat.copy_(state["weights"])
             self._last_update.flat.copy_(state["last_update"])
         self.rounds = int(state["rounds"])

@@ -55,7 +55,9 @@ class DeltaBuckets:
         for i, members in enumerate(plan_buckets(params, bucket_bytes)):
             bucket = Bucket(i, [params[j] for j in members], extra=1 if i == 0 else 0)
             self.buckets.append(bucket)
-            self.starts.append(FusedBuffer([p.shape for p in bucket.params], bucket.buffer.flat.dtype, bucket.buffer.flat.device))
+            self.starts.append(
+                FusedBuffer([p.shape for p in bucket.params], bucket.buffer.flat.dtype, bucket.buffer.flat.device)
+            )
             self.reducer.prepare(bucket)
         # The count rides in the wire buffer itself: a half-precision buffer would round it.
         self._count = self.buckets[0].wire[-1:]
@@ -111,7 +113,11 @@ class AdasumSolver(Solver):
         self.deltas: DeltaBuckets | None = None
         if self.options.mode == "gradient":
             self.grads = GradientBuckets(
-                self.params, self.comm, bucket_bytes=bucket_bytes, reducer=AdasumReducer(self.comm), samples=self.samples_seen
+                self.params,
+                self.comm,
+                bucket_bytes=bucket_bytes,
+                reducer=AdasumReducer(self.comm),
+                samples=self.samples_seen,
             )
         else:
             # Reverse registration order, as gradient buckets: roughly the order backward ends.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 from ..comm.buckets import GradientBuckets
 from ..options import require
 from .base import Solver, StepInfo, register

@@ -186,7 +186,11 @@ class Solver(ABC):
 
     def state_dict(self) -> dict[str, Any]:
         """The solver's own state (not the model's or optimizer's)."""
-        return {"solver": self.name, "options": options_to_dict(self.options), "nonfinite_skipped": self.nonfinite.skipped}
+        return {
+            "solver": self.name,
+            "options": options_to_dict(self.options),
+            "nonfinite_skipped": self.nonfinite.skipped,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("solver") != self.name:

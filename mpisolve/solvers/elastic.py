@@ -117,7 +117,9 @@ class AsyncMEASGDOptions(AsyncEASGDOptions):
 
 
 # ------------------------------------------------------------------ pieces
-def flatten_parameters(params: list[torch.nn.Parameter], *, who: str = "the EASGD family", extra: int = 0) -> torch.Tensor:
+def flatten_parameters(
+    params: list[torch.nn.Parameter], *, who: str = "the EASGD family", extra: int = 0
+) -> torch.Tensor:
     """Make ``params`` views into one flat tensor (one copy, now) and return it.
 
     ``extra`` trailing elements follow the parameters (e.g. a sample count that rides

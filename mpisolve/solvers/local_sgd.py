@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-
 from ..options import require
 from .base import Solver, StepInfo, register
 from .elastic import flatten_parameters

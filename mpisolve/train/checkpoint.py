@@ -115,7 +115,11 @@ class CheckpointDir:
         """This rank's part of the checkpoint at ``step`` (call on every rank, then :meth:`commit`)."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            write_file(self.path / rank_file(step, self.rank), dict(header, rank=self.rank, world_size=self.size, step=step), state)
+            write_file(
+                self.path / rank_file(step, self.rank),
+                dict(header, rank=self.rank, world_size=self.size, step=step),
+                state,
+            )
         except OSError as err:
             raise CheckpointError(f"cannot write a checkpoint in {self.path}: {err.strerror}") from None
 

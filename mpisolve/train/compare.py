@@ -35,7 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--solvers", metavar="A,B,...", default=argparse.SUPPRESS, help="solvers to compare, or 'all' (default: all)"
     )
-    parser.add_argument("--out", metavar="DIR", default=argparse.SUPPRESS, help="output directory (default: runs/compare)")
+    parser.add_argument(
+        "--out", metavar="DIR", default=argparse.SUPPRESS, help="output directory (default: runs/compare)"
+    )
     train_settings.add_arguments(parser, compare=True)
 
 

@@ -44,7 +44,9 @@ class TrainConfig:
     model: str = _flag("mlp", f"the model: {', '.join(MODELS)}", str, "NAME")
     dataset: str = _flag("digits", f"the data set: {', '.join(DATASETS)}", str, "NAME")
     data_size: int = _flag(6000, "examples in the synthetic data set, train and test together", int, "N")
-    epochs: float | None = _flag(None, f"train for this many epochs of global samples (default {DEFAULT_EPOCHS:g})", float, "E")
+    epochs: float | None = _flag(
+        None, f"train for this many epochs of global samples (default {DEFAULT_EPOCHS:g})", float, "E"
+    )
     steps: int | None = _flag(None, "train for this many applied updates instead of --epochs", int, "N")
     batch_size: int = _flag(32, "micro-batch size of each worker", int, "B")
     lr: float = _flag(0.05, "learning rate of the SGD optimizer", float, "LR")
@@ -55,8 +57,10 @@ class TrainConfig:
         (), f"slowdown factor per rank (1,1,2,4) or a preset: {', '.join(PRESETS)}", str, "SPEC"
     )
     hetero_every: float | None = _flag(
-        None, "move the --hetero factors one rank along every S seconds (a moving straggler: speeds measured once go stale)",
-        float, "S",
+        None,
+        "move the --hetero factors one rank along every S seconds (a moving straggler: speeds measured once go stale)",
+        float,
+        "S",
     )
     device_ms: str | None = _flag(
         None,
@@ -71,11 +75,16 @@ class TrainConfig:
     eval_every: float = _flag(0.5, "evaluate the test accuracy every this many epochs (and at the end)", float, "E")
     log_every: int = _flag(10, "write a metrics record every this many updates", int, "N")
     log: str | None = _flag(None, "JSON Lines metrics file (rank 0); the summary goes to LOG.summary.json", str, "PATH")
-    checkpoint_dir: str | None = _flag(None, "write checkpoints here (at the end, and every --checkpoint-every)", str, "DIR")
+    checkpoint_dir: str | None = _flag(
+        None, "write checkpoints here (at the end, and every --checkpoint-every)", str, "DIR"
+    )
     checkpoint_every: int | None = _flag(None, "also checkpoint every this many updates", int, "N")
     resume: bool = _flag(False, "continue from the checkpoint in --checkpoint-dir", bool)
     comm_timeout: float | None = _flag(
-        None, "watchdog: seconds an MPI operation may wait before the job aborts (default $MPISOLVE_TIMEOUT or 300)", float, "S"
+        None,
+        "watchdog: seconds an MPI operation may wait before the job aborts (default $MPISOLVE_TIMEOUT or 300)",
+        float,
+        "S",
     )
     #: Solver options (from ``--set key=value`` and the TOML ``[options]`` table), validated.
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -87,14 +96,22 @@ class TrainConfig:
 
         check(self.model in MODELS, f"unknown model {self.model!r} (known: {', '.join(MODELS)})")
         check(self.dataset in DATASETS, f"unknown dataset {self.dataset!r} (known: {', '.join(DATASETS)})")
-        check(self.data_size >= SYNTHETIC_MIN_SIZE, f"--data-size must be >= {SYNTHETIC_MIN_SIZE}, got {self.data_size}")
+        check(
+            self.data_size >= SYNTHETIC_MIN_SIZE, f"--data-size must be >= {SYNTHETIC_MIN_SIZE}, got {self.data_size}"
+        )
         check((self.epochs is None) != (self.steps is None), "give exactly one of --epochs and --steps")
-        check(self.epochs is None or (math.isfinite(self.epochs) and self.epochs > 0), f"--epochs must be > 0, got {self.epochs}")
+        check(
+            self.epochs is None or (math.isfinite(self.epochs) and self.epochs > 0),
+            f"--epochs must be > 0, got {self.epochs}",
+        )
         check(self.steps is None or self.steps >= 1, f"--steps must be >= 1, got {self.steps}")
         check(self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}")
         check(math.isfinite(self.lr) and self.lr > 0, f"--lr must be > 0, got {self.lr}")
         check(0 <= self.momentum < 1, f"--momentum must be in [0, 1), got {self.momentum}")
-        check(math.isfinite(self.weight_decay) and self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}")
+        check(
+            math.isfinite(self.weight_decay) and self.weight_decay >= 0,
+            f"--weight-decay must be >= 0, got {self.weight_decay}",
+        )
         check(self.seed >= 0, f"--seed must be >= 0, got {self.seed}")
         check(
             self.hetero_every is None or (math.isfinite(self.hetero_every) and self.hetero_every > 0),
@@ -109,13 +126,18 @@ class TrainConfig:
             self.target_accuracy is None or 0 < self.target_accuracy <= 1,
             f"--target-accuracy must be in (0, 1], got {self.target_accuracy}",
         )
-        check(math.isfinite(self.eval_every) and self.eval_every > 0, f"--eval-every must be > 0, got {self.eval_every}")
+        check(
+            math.isfinite(self.eval_every) and self.eval_every > 0, f"--eval-every must be > 0, got {self.eval_every}"
+        )
         check(self.log_every >= 1, f"--log-every must be >= 1, got {self.log_every}")
         check(
             self.checkpoint_every is None or self.checkpoint_every >= 1,
             f"--checkpoint-every must be >= 1, got {self.checkpoint_every}",
         )
-        check(self.checkpoint_every is None or self.checkpoint_dir is not None, "--checkpoint-every needs --checkpoint-dir")
+        check(
+            self.checkpoint_every is None or self.checkpoint_dir is not None,
+            "--checkpoint-every needs --checkpoint-dir",
+        )
         check(not self.stop_at_target or self.target_accuracy is not None, "--stop-at-target needs --target-accuracy")
         check(not self.resume or self.checkpoint_dir is not None, "--resume needs --checkpoint-dir")
         check(
@@ -125,7 +147,18 @@ class TrainConfig:
 
     def workload(self) -> dict[str, Any]:
         """The settings that define the training problem (for logs and summaries)."""
-        keys = ("model", "dataset", "data_size", "epochs", "steps", "batch_size", "lr", "momentum", "weight_decay", "seed")
+        keys = (
+            "model",
+            "dataset",
+            "data_size",
+            "epochs",
+            "steps",
+            "batch_size",
+            "lr",
+            "momentum",
+            "weight_decay",
+            "seed",
+        )
         out = {k: getattr(self, k) for k in keys}
         out["hetero"] = list(self.hetero)
         out["hetero_every"] = self.hetero_every
@@ -148,7 +181,12 @@ _NOT_IN_COMPARE = {"solver", "log", "checkpoint_dir", "checkpoint_every", "resum
 
 def add_arguments(parser: argparse.ArgumentParser, *, compare: bool = False) -> None:
     """The flags of ``train`` (or, with ``compare``, of ``compare``), all defaulting to "not given"."""
-    parser.add_argument("--config", metavar="TOML", default=argparse.SUPPRESS, help="read settings from this TOML file; flags override it")
+    parser.add_argument(
+        "--config",
+        metavar="TOML",
+        default=argparse.SUPPRESS,
+        help="read settings from this TOML file; flags override it",
+    )
     for name, f in _FIELDS.items():
         if (compare and name in _NOT_IN_COMPARE) or name in ("epochs", "steps"):
             continue
@@ -157,12 +195,18 @@ def add_arguments(parser: argparse.ArgumentParser, *, compare: bool = False) -> 
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
         else:
-            parser.add_argument(flag, type=kind, metavar=f.metadata["metavar"], default=argparse.SUPPRESS, help=help_text)
+            parser.add_argument(
+                flag, type=kind, metavar=f.metadata["metavar"], default=argparse.SUPPRESS, help=help_text
+            )
     length = parser.add_mutually_exclusive_group()
     for name in ("epochs", "steps"):
         f = _FIELDS[name]
         length.add_argument(
-            "--" + name, type=f.metadata["kind"], metavar=f.metadata["metavar"], default=argparse.SUPPRESS, help=f.metadata["help"]
+            "--" + name,
+            type=f.metadata["kind"],
+            metavar=f.metadata["metavar"],
+            default=argparse.SUPPRESS,
+            help=f.metadata["help"],
         )
     parser.add_argument(
         "--set",
@@ -211,7 +255,12 @@ def compare_config(args: argparse.Namespace, world_size: int) -> CompareConfig:
         for name in _takers(key, names, f"--set {item!r}"):
             scoped[name].append(item)
     runs = tuple(
-        _config(values, world_size, solver=name, options=_solver_options(name, _options_for(name, table, names), scoped[name]))
+        _config(
+            values,
+            world_size,
+            solver=name,
+            options=_solver_options(name, _options_for(name, table, names), scoped[name]),
+        )
         for name in names
     )
     return CompareConfig(names, out, runs)

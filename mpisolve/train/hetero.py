@@ -69,7 +69,9 @@ def factors_for_world(preset: str | None, factors: tuple[float, ...], size: int)
     return factors
 
 
-def moving_factor(factors: tuple[float, ...], rank: int, every_s: float, start_s: float, now_s: float | None = None) -> float:
+def moving_factor(
+    factors: tuple[float, ...], rank: int, every_s: float, start_s: float, now_s: float | None = None
+) -> float:
     """``rank``'s factor at ``now_s`` (default: now, by the wall clock) when the cluster's
     ``factors`` move one rank along every ``every_s`` seconds from ``start_s`` (a time every
     rank agreed on: rank 0's clock when the run began)."""

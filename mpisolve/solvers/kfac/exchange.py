@@ -58,7 +58,9 @@ class FactorExchange:
         self._count: list[torch.Tensor] = [torch.empty(0)] * len(dims)
         self._group_of = [0] * len(dims)
         for g, group in enumerate(self.groups):
-            shapes = [torch.Size([triangle_numel(self.dims[f])]) if packed else torch.Size([self.dims[f]] * 2) for f in group]
+            shapes = [
+                torch.Size([triangle_numel(self.dims[f])]) if packed else torch.Size([self.dims[f]] * 2) for f in group
+            ]
             buffer = FusedBuffer(shapes, dtype, device, extra=len(group))
             self.buffers.append(buffer)
             for i, f in enumerate(group):

@@ -25,7 +25,6 @@ from ...comm.communicator import Communicator, PersistentBcast
 from ...kernels.inverse import FAILED, eigh_psd_, inverse_spd_
 from ...kernels.triangle import pack_triu, triangle_numel, unpack_triu_
 from .layers import Factor
-
 from .placement import EVERY_RANK
 
 
@@ -125,7 +124,9 @@ class Inverter:
         compute = comm_wait = 0.0
         self._status.zero_()
         rank = self.comm.rank
-        first_own = next((i for i, (root, _) in enumerate(self.broadcast_groups) if root >= rank), len(self.broadcast_groups))
+        first_own = next(
+            (i for i, (root, _) in enumerate(self.broadcast_groups) if root >= rank), len(self.broadcast_groups)
+        )
         for request in self._requests[:first_own]:
             request.start()  # receives from lower roots: nothing to wait for
         start = time.perf_counter()

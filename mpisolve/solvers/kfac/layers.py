@@ -36,7 +36,9 @@ class Factor:
     decomposed.
     """
 
-    def __init__(self, name: str, dim: int, method: str, dtype: torch.dtype, device: torch.device, packed: bool) -> None:
+    def __init__(
+        self, name: str, dim: int, method: str, dtype: torch.dtype, device: torch.device, packed: bool
+    ) -> None:
         self.name = name
         self.dim = dim
         self.method = method

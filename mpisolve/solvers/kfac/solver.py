@@ -97,7 +97,10 @@ class KFACOptions:
             require(self.fusion is None, f"fusion applies to variant 'spd-kfac' only, not {self.variant!r}")
         if self.variant == "d-kfac":
             for knob in ("placement", "replicate"):
-                require(getattr(self, knob) is None, f"{knob} applies to mpd-kfac and spd-kfac: d-kfac inverts everything everywhere")
+                require(
+                    getattr(self, knob) is None,
+                    f"{knob} applies to mpd-kfac and spd-kfac: d-kfac inverts everything everywhere",
+                )
 
     def resolved(self, knob: str) -> Any:
         """A knob's value, the variant's default when left at None."""
@@ -253,7 +256,9 @@ class KFACSolver(Solver):
             start = time.perf_counter()
             unpack_triu_(packed, out)
             seconds = time.perf_counter() - start
-        slowest = self.factor_comm.allreduce_(torch.tensor([seconds], dtype=torch.float64), op="max", what="unpack timing")
+        slowest = self.factor_comm.allreduce_(
+            torch.tensor([seconds], dtype=torch.float64), op="max", what="unpack timing"
+        )
         return saved > float(slowest)
 
     def _inverting_ranks(self) -> list[int]:
@@ -284,7 +289,9 @@ class KFACSolver(Solver):
                 eigh_psd_(stack, values)
             times.append(time.perf_counter() - start)
         best = min(times[1:])  # the first call pays for lazy initialisation
-        return float(self.factor_comm.allreduce_(torch.tensor([best], dtype=torch.float64), op="max", what="inversion timing"))
+        return float(
+            self.factor_comm.allreduce_(torch.tensor([best], dtype=torch.float64), op="max", what="inversion timing")
+        )
 
     def placement_loads(self) -> list[float]:
         """Each rank's inversion cost under the placement (n^3 units or measured seconds).
@@ -444,9 +451,7 @@ class KFACSolver(Solver):
         super().load_state_dict(state)
         names = [f.name for f in self.factors]
         if sorted(state["factors"]) != sorted(names):
-            raise ValueError(
-                f"K-FAC state is for factors {sorted(state['factors'])}, this model has {sorted(names)}"
-            )
+            raise ValueError(f"K-FAC state is for factors {sorted(state['factors'])}, this model has {sorted(names)}")
         for factor in self.factors:
             factor.load_state_dict(state["factors"][factor.name])
         self.steps = int(state["steps"])
