@@ -33,9 +33,10 @@ demo: install
 test: install lint typecheck wheel-check test-serial test-mpi
 
 # Lint and format check (ruff), configured in pyproject.toml.
+LINTED := mpisolve kernels tests perf setup.py $(wildcard examples)
 lint: install
-	$(BIN)/ruff check mpisolve kernels tests perf examples setup.py
-	$(BIN)/ruff format --check mpisolve kernels tests perf examples setup.py
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 
 # mypy on the package as it installs: kernels/ is mpisolve.kernels, so it is checked
 # through a tree of links laid out that way (build/typecheck).
