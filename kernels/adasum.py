@@ -36,7 +36,7 @@ _FAST = {"reassoc", "contract"}
 
 
 @numba.njit(cache=True, fastmath=_FAST)
-def _segment_stats(a, b, bounds, out):  # noqa: ANN001, ANN202 (Numba kernel)
+def _segment_stats(a: np.ndarray, b: np.ndarray, bounds: np.ndarray, out: np.ndarray) -> None:
     for t in range(bounds.shape[0] - 1):
         # Loops over slices (not over a[i] for i in [lo, hi)) vectorise fully.
         sa = a[bounds[t] : bounds[t + 1]]
@@ -64,7 +64,7 @@ def pair_coefficient(dot: float, norm_sq: float) -> float:
 
 
 @numba.njit(cache=True, fastmath=_FAST)
-def _segment_combine(a, b, bounds, stats, out):  # noqa: ANN001, ANN202 (Numba kernel)
+def _segment_combine(a: np.ndarray, b: np.ndarray, bounds: np.ndarray, stats: np.ndarray, out: np.ndarray) -> None:
     for t in range(bounds.shape[0] - 1):
         # In the buffer's dtype: float32 arithmetic runs twice as wide (and vectorises
         # in place), one rounding of a float64 coefficient apart.

@@ -67,7 +67,7 @@ def parallel_threads() -> int:
     import numba
 
     torch_threads = torch.get_num_threads()
-    threads = max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS))
+    threads = max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]  # numba's config sets its attributes at run time
     if numba.get_num_threads() != threads:
         numba.set_num_threads(threads)
         if torch.get_num_threads() != torch_threads:

@@ -219,22 +219,28 @@ def bench_cases(numel: int) -> list[BenchCase]:
         values = torch.empty(batch, n)
         shifts = [1e-3] * batch
 
-        def batched_inverse(source=source, stack=stack, shifts=shifts) -> None:
+        def batched_inverse(
+            source: torch.Tensor = source, stack: torch.Tensor = stack, shifts: list[float] = shifts
+        ) -> None:
             stack.copy_(source)
             inverse_spd_(stack, shifts)
 
-        def looped_inverse(source=source, stack=stack) -> None:
+        def looped_inverse(source: torch.Tensor = source, stack: torch.Tensor = stack) -> None:
             stack.copy_(source)
             for matrix in stack:
                 matrix.diagonal().add_(1e-3)
                 factor, _ = torch.linalg.cholesky_ex(matrix)
                 torch.cholesky_inverse(factor, out=matrix)
 
-        def batched_eigh(source=source, stack=stack, values=values) -> None:
+        def batched_eigh(
+            source: torch.Tensor = source, stack: torch.Tensor = stack, values: torch.Tensor = values
+        ) -> None:
             stack.copy_(source)
             eigh_psd_(stack, values)
 
-        def looped_eigh(source=source, stack=stack, values=values) -> None:
+        def looped_eigh(
+            source: torch.Tensor = source, stack: torch.Tensor = stack, values: torch.Tensor = values
+        ) -> None:
             stack.copy_(source)
             for matrix, d in zip(stack, values):
                 d_i, q_i = torch.linalg.eigh(matrix)

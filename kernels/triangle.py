@@ -13,6 +13,7 @@ per matrix entry.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from numba import njit
 
@@ -39,7 +40,7 @@ def _check(matrix: torch.Tensor, packed: torch.Tensor) -> None:
 
 
 @njit(cache=True)
-def _pack_rows(matrix, out):  # noqa: ANN001, ANN202
+def _pack_rows(matrix: np.ndarray, out: np.ndarray) -> None:
     n = matrix.shape[0]
     for i in range(n):
         start = i * n - (i * (i - 1)) // 2 - i  # packed index of (i, j) is start + j
@@ -48,7 +49,7 @@ def _pack_rows(matrix, out):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def _unpack_tiles(packed, out, tile):  # noqa: ANN001, ANN202
+def _unpack_tiles(packed: np.ndarray, out: np.ndarray, tile: int) -> None:
     n = out.shape[0]
     tiles = (n + tile - 1) // tile
     for ti in range(tiles):

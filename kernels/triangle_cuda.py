@@ -8,7 +8,7 @@ they are tested without a GPU).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from numba import cuda
@@ -16,20 +16,23 @@ from numba import cuda
 from .dispatch import device_array, launch_stream
 from .triangle import _check
 
+if TYPE_CHECKING:
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
 BLOCK = (16, 16)
 
 
 @cuda.jit
-def _pack_entries(matrix, out):  # noqa: ANN001, ANN202
-    i, j = cuda.grid(2)
+def _pack_entries(matrix: DeviceNDArray, out: DeviceNDArray) -> None:
+    i, j = cuda.grid(2)  # type: ignore[call-arg, var-annotated]  # numba types the intrinsic's call with its typing context
     n = matrix.shape[0]
     if i < n and i <= j < n:
         out[i * n - (i * (i - 1)) // 2 - i + j] = matrix[i, j]
 
 
 @cuda.jit
-def _unpack_entries(packed, out):  # noqa: ANN001, ANN202
-    i, j = cuda.grid(2)
+def _unpack_entries(packed: DeviceNDArray, out: DeviceNDArray) -> None:
+    i, j = cuda.grid(2)  # type: ignore[call-arg, var-annotated]  # numba types the intrinsic's call with its typing context
     n = out.shape[0]
     if i < n and j < n:
         a, b = (i, j) if i <= j else (j, i)

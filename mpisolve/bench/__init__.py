@@ -15,7 +15,10 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..comm.communicator import Communicator
 
 #: benchmark -> module. Each module is imported only when it runs.
 BENCHES: dict[str, str] = {
@@ -53,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def median_seconds(fn: Callable[[], None], comm, repeats: int, warmup: int) -> float:  # noqa: ANN001
+def median_seconds(fn: Callable[[], object], comm: Communicator, repeats: int, warmup: int) -> float:
     """Median wall seconds of ``fn`` over ``repeats``, all ranks starting together each time.
 
     Each repeat's time is the slowest rank's, as a collective's time is.
@@ -61,7 +64,9 @@ def median_seconds(fn: Callable[[], None], comm, repeats: int, warmup: int) -> f
     return interleaved_medians({"fn": fn}, comm, repeats, warmup)["fn"]
 
 
-def interleaved_medians(fns: dict[str, Callable[[], None]], comm, repeats: int, warmup: int) -> dict[str, float]:  # noqa: ANN001
+def interleaved_medians(
+    fns: dict[str, Callable[[], object]], comm: Communicator, repeats: int, warmup: int
+) -> dict[str, float]:
     """:func:`median_seconds` of several functions, timed in turn within each repeat, so
     that load from outside the benchmark falls on all of them alike and their ratios hold."""
     for _ in range(warmup):

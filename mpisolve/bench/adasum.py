@@ -55,6 +55,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     )
     for grads in (adasum_grads, sum_grads):
         for p in grads.params:
+            assert p.grad is not None  # GradientBuckets made it a view into its bucket
             p.grad.normal_(generator=generator)
 
     def buckets(grads: GradientBuckets) -> Callable[[], None]:

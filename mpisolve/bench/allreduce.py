@@ -88,6 +88,7 @@ def solver_allreduce_seconds(
     grads = GradientBuckets(params, comm, bucket_bytes=bucket_bytes)
     try:
         for p in params:
+            assert p.grad is not None  # GradientBuckets made it a view into its bucket
             p.grad.normal_()
 
         def mpisolve_allreduce() -> None:

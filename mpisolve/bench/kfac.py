@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,9 +25,9 @@ from torch import nn
 
 from ..comm.communicator import Communicator
 from ..options import InputError
-from ..solvers import make_solver
+from ..solvers import Solver, make_solver
 from ..solvers.kfac.placement import EVERY_RANK, max_over_mean
-from ..solvers.kfac.solver import PHASES, VARIANTS
+from ..solvers.kfac.solver import PHASES, VARIANTS, KFACSolver
 from ..train.models import MODELS, build_model
 from . import median_seconds
 from .allreduce import MODEL_INPUTS
@@ -75,7 +76,17 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     return result
 
 
-def _time_solver(args, comm, x, y, in_shape, classes, name, options, before_timing=None):  # noqa: ANN001, ANN202
+def _time_solver(
+    args: argparse.Namespace,
+    comm: Communicator,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    in_shape: tuple[int, ...],
+    classes: int,
+    name: str,
+    options: dict[str, Any],
+    before_timing: Callable[[Solver], object] | None = None,
+) -> tuple[float, Solver]:
     """Median seconds of one training iteration after warming up, and the solver (to inspect, then close)."""
     torch.manual_seed(0)
     model = build_model(args.model, in_shape, classes)
@@ -96,8 +107,22 @@ def _time_solver(args, comm, x, y, in_shape, classes, name, options, before_timi
     return seconds, solver
 
 
-def _time_kfac(args, comm, x, y, in_shape, classes, options) -> dict[str, Any]:  # noqa: ANN001
-    seconds, solver = _time_solver(args, comm, x, y, in_shape, classes, "kfac", options, lambda s: s.reset_timings())
+def _reset_timings(solver: Solver) -> None:
+    assert isinstance(solver, KFACSolver)  # given to K-FAC runs only
+    solver.reset_timings()
+
+
+def _time_kfac(
+    args: argparse.Namespace,
+    comm: Communicator,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    in_shape: tuple[int, ...],
+    classes: int,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    seconds, solver = _time_solver(args, comm, x, y, in_shape, classes, "kfac", options, _reset_timings)
+    assert isinstance(solver, KFACSolver)  # make_solver("kfac") builds one
     breakdown = {phase: comm.reduce_scalar(solver.timings[phase] / args.repeats, op="max") for phase in PHASES}
     inversion_s = comm.allgather_object(solver.timings["inversion"] / args.repeats)
     loads = solver.placement_loads()

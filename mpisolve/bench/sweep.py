@@ -138,14 +138,16 @@ def make_case(op: str, numel: int, comm: Communicator) -> Case:
         return Case(functional, lambda: out[0], want)
     param = torch.nn.Parameter(torch.zeros_like(data))  # op == "bucketed"
     grads = GradientBuckets([param], comm, bucket_bytes=data.numel() * data.element_size())
-    param.grad.copy_(data)
+    grad = param.grad
+    assert grad is not None  # GradientBuckets made it a view into its bucket
+    grad.copy_(data)
 
     def bucketed() -> None:
         grads.rearm()
         grads.finish(scale=1.0 / comm.size)
 
     # After the first call every rank holds the average, which further averages keep.
-    return Case(bucketed, lambda: param.grad, pattern * total / comm.size, grads.close)
+    return Case(bucketed, lambda: grad, pattern * total / comm.size, grads.close)
 
 
 def check(case: Case, op: str, comm: Communicator) -> None:

@@ -68,6 +68,7 @@ class AdasumTopology:
             color = None if self.folded_out else self.virtual // (2 * level)
             sub = comm.split(color, name=("adasum", level))
             if not self.folded_out:
+                assert sub is not None  # a rank that is not folded out has a color at every level
                 partner = self.virtual ^ level
                 self.levels.append((level, self._world_rank(partner, extra), self.virtual & level == 0, sub))
             level *= 2
@@ -85,7 +86,7 @@ class _Stage:
     """
 
     name: str
-    requests: list[MPI.Prequest | PersistentAllreduce]
+    requests: Sequence[MPI.Prequest | PersistentAllreduce]
     then: Callable[[], None] | None = None
 
     def start(self) -> None:
@@ -137,11 +138,10 @@ class AdasumReduction:
         self.stages = []
         if topo.folded_out:
             partner = topo.fold_partner
-            send = comm.Send_init(mpi_buffer(flat), partner, self.tag)
-            recv = comm.Recv_init(mpi_buffer(flat), partner, self.tag)
+            assert partner is not None  # a folded-out rank always has a fold partner
             self.stages += [
-                _Stage(f"fold: data to rank {partner}", [send]),
-                _Stage(f"fold: result from rank {partner}", [recv]),
+                _Stage(f"fold: data to rank {partner}", [comm.Send_init(mpi_buffer(flat), partner, self.tag)]),
+                _Stage(f"fold: result from rank {partner}", [comm.Recv_init(mpi_buffer(flat), partner, self.tag)]),
             ]
             return
         if device.type == "cpu" and (topo.fold_partner is not None or topo.levels):
@@ -183,8 +183,8 @@ class AdasumReduction:
             lo, hi = keep
         self.stages.extend(reversed(gathers))
         if topo.fold_partner is not None:
-            send = comm.Send_init(mpi_buffer(flat), topo.fold_partner, self.tag)
-            self.stages.append(_Stage(f"fold: result to rank {topo.fold_partner}", [send]))
+            result = comm.Send_init(mpi_buffer(flat), topo.fold_partner, self.tag)
+            self.stages.append(_Stage(f"fold: result to rank {topo.fold_partner}", [result]))
 
     # The pair (a, b) is always (lower side, upper side), so every rank of a block
     # accumulates the same [dot, |lower|^2, |upper|^2] and the sum is well defined.

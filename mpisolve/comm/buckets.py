@@ -224,6 +224,7 @@ class GradientBuckets:
     def _on_grad(self, param: torch.nn.Parameter) -> None:
         bucket = self._bucket_of[id(param)]
         view = self._view_of[id(param)]
+        assert param.grad is not None  # a post-accumulate-grad hook runs once the gradient is written
         if param.grad.data_ptr() != view.data_ptr():
             # The user set grads to None (optimizer.zero_grad()): bring the fresh gradient
             # into the bucket and make the grad a view again.

@@ -20,7 +20,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import Any, TypeVar, cast, overload
 
 import torch
 from mpi4py import MPI
@@ -112,13 +113,13 @@ class Communicator:
 
     def __init__(
         self,
-        comm: MPI.Comm | None = None,
+        comm: MPI.Intracomm | None = None,
         *,
         timeout_s: float | None = None,
         wait: str | None = None,
         cuda_aware: bool | None = None,
     ) -> None:
-        self.comm: MPI.Comm = comm if comm is not None else MPI.COMM_WORLD
+        self.comm: MPI.Intracomm = comm if comm is not None else MPI.COMM_WORLD
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
         self.node: MPI.Comm = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
@@ -265,6 +266,10 @@ class Communicator:
         """A reusable broadcast of ``tensor`` from ``root`` (MPI-4 persistent where available)."""
         return PersistentBcast(self, tensor, root)
 
+    @overload
+    def split(self, color: int, key: int | None = None, *, name: Any = None) -> Communicator: ...
+    @overload
+    def split(self, color: int | None, key: int | None = None, *, name: Any = None) -> Communicator | None: ...
     def split(self, color: int | None, key: int | None = None, *, name: Any = None) -> Communicator | None:
         """A sub-communicator with the same waiting policy and watchdog (collective).
 
@@ -274,7 +279,10 @@ class Communicator:
         """
         if name is not None and name in self._named_splits:
             return self._named_splits[name]
-        sub = self.comm.Split(MPI.UNDEFINED if color is None else color, self.rank if key is None else key)
+        # mpi4py's stub types Split as Comm's; a split of an intracommunicator is one (MPI standard).
+        sub = cast(
+            MPI.Intracomm, self.comm.Split(MPI.UNDEFINED if color is None else color, self.rank if key is None else key)
+        )
         child = None
         if sub != MPI.COMM_NULL:
             child = Communicator(sub, timeout_s=self.timeout_s, wait=self.wait_policy, cuda_aware=self.cuda_aware)
@@ -340,6 +348,7 @@ class BlockingCall:
 
     def __exit__(self, *exc: object) -> None:
         call, self._call = self._call, None
+        assert call is not None  # __enter__ set it
         self._comm.add_blocked(time.perf_counter() - call[2])
 
     def _watch(self) -> None:
@@ -450,7 +459,7 @@ _WORLD: Communicator | None = None
 _INIT_LOCK = threading.Lock()
 
 
-def _abort_on_uncaught(exc_type, exc, tb) -> None:  # noqa: ANN001 (sys.excepthook signature)
+def _abort_on_uncaught(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
     """Report the error, then abort the job.
 
     The error's own line comes first, and the abort waits ``ABORT_GRACE_S``: when a job is
@@ -519,7 +528,7 @@ def as_communicator(comm: MPI.Comm | Communicator | None) -> Communicator:
     if isinstance(comm, MPI.Comm):
         # The world is wrapped once; other communicators are wrapped per call (a split
         # of the node is a collective, so callers that reuse one should pass a Communicator).
-        return init() if comm == MPI.COMM_WORLD else Communicator(comm)
+        return init() if comm == MPI.COMM_WORLD else Communicator(MPI.Intracomm(comm))  # intercommunicators raise
     raise TypeError(f"comm must be an mpi4py communicator or a mpisolve Communicator, got {type(comm).__name__}")
 
 

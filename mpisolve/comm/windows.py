@@ -65,8 +65,8 @@ PROGRESS_MODES: tuple[str, ...] = ("thread", "mpich", "none")
 CHUNK_BYTES = 1 << 20
 _CACHE_LINE = 64
 
-#: ``fn(center_slice, start, stop)``: change ``center_slice`` (elements start:stop) in place.
-UpdateFn = Callable[[torch.Tensor, int, int], None]
+#: ``fn(center_slice, start, stop)``: change ``center_slice`` (elements start:stop) in place (a result is ignored).
+UpdateFn = Callable[[torch.Tensor, int, int], object]
 
 
 @dataclass(frozen=True)
@@ -255,6 +255,7 @@ class SharedVector:
                     fn(self.view[lo:hi], lo, hi)
                     self.win.Sync()
                 else:
+                    assert self._scratch is not None  # no view: the inter-node path, which has scratch space
                     pairs = self._scratch_by_target[target]
                     self._read_shard(target, self._scratch, pairs)
                     fn(self._scratch[lo:hi], lo, hi)
@@ -266,6 +267,7 @@ class SharedVector:
             fn(self.view, 0, self.numel)
             self.win.Sync()
         else:
+            assert self._scratch is not None and self._before is not None  # no view, not locked: inter-node, wild
             self._wait_pending()  # the scratch buffer is about to be overwritten
             self._get_accumulate(self._scratch_specs)
             self._before.copy_(self._scratch)

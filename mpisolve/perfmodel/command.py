@@ -19,7 +19,7 @@ from typing import Any
 from ..options import InputError, option_fields
 from .calibrate import fit_adasum_gamma, fit_network, fit_window, read_sweep, read_window_bench
 from .iteration import MODELS, Case, Compute, iteration, model_options, parse_model_option
-from .network import ALGORITHMS, Network
+from .network import ALGORITHMS, Algorithm, Network
 from .workloads import WORKLOADS, workload
 
 #: Network presets: (link Gb/s, one-way MPI latency in microseconds).
@@ -127,7 +127,7 @@ def build_network(args: argparse.Namespace) -> tuple[Network, float | None]:
     """The network (and Adasum's fitted gamma, if calibrated) the arguments describe."""
     if args.calibration:
         rows = read_sweep(args.calibration)
-        algorithm = "halving-doubling" if args.algorithm == "auto" else args.algorithm
+        algorithm: Algorithm = "halving-doubling" if args.algorithm == "auto" else args.algorithm
         fitted = fit_network(rows, op=args.calibration_op, algorithm=algorithm, name="calibrated")
         net = Network(alpha=fitted.alpha, beta=fitted.beta, gamma=0.0, algorithm=algorithm, name=fitted.name)
         return net, fit_adasum_gamma(rows, net)

@@ -333,6 +333,7 @@ class ABSSGD(Solver):
 
     def _resplit(self, speeds: list[float]) -> None:
         """Split the batch again by every rank's recent speed (the same on every rank)."""
+        assert self.batch_sizes is not None  # called once local_batch_size has split the batch
         if min(speeds) <= 0:
             return  # a rank timed nothing this round
         self._speeds.append(speeds)
@@ -351,6 +352,7 @@ class ABSSGD(Solver):
         self._hold_true_weights()
         self._scaled_step(global_samples)
         c = self.options.weight_prediction
+        assert self._last_update is not None  # built with _weights
         with torch.no_grad():  # one pass: record the update and the new true weights, then predict
             for p, w, step in zip(self.params, self._weights.views, self._last_update.views):
                 torch.sub(p, w, out=step)
@@ -358,12 +360,14 @@ class ABSSGD(Solver):
                 p.add_(step, alpha=c)
 
     def _hold_true_weights(self) -> None:
+        assert self._weights is not None  # called with weight prediction only
         with torch.no_grad():
             for p, w in zip(self.params, self._weights.views):
                 p.copy_(w)
 
     def _hold_predicted_weights(self) -> None:
         """The model's weights become ``w + c * (last update)`` (the model holds ``w``)."""
+        assert self._last_update is not None  # called with weight prediction only
         with torch.no_grad():
             for p, step in zip(self.params, self._last_update.views):
                 p.add_(step, alpha=self.options.weight_prediction)
@@ -442,8 +446,8 @@ class ABSSGD(Solver):
             return
         if self._thread is not None:
             self._thread.stop()
-        newest = torch.tensor([float(self.rounds)], dtype=torch.float64)
-        newest = int(self._control.allreduce_(newest, "max", what="abs-sgd close").item())
+        rounds = torch.tensor([float(self.rounds)], dtype=torch.float64)
+        newest = int(self._control.allreduce_(rounds, "max", what="abs-sgd close").item())
         self._complete_in_flight("abs-sgd round at close")
         if self.rounds < newest:
             if self._in_flight:
@@ -502,6 +506,7 @@ class ABSSGD(Solver):
                 raise ValueError(
                     "this abs-sgd state was saved without weight prediction; load it with weight_prediction=0"
                 )
+            assert self._last_update is not None  # built with _weights
             self._weights.flat.copy_(state["weights"])
             self._last_update.flat.copy_(state["last_update"])
         self.rounds = int(state["rounds"])

@@ -65,7 +65,7 @@ class DeltaBuckets:
     @torch.no_grad()
     def begin(self) -> None:
         for bucket, start in zip(self.buckets, self.starts):
-            torch._foreach_copy_(start.views, bucket.params)
+            torch._foreach_copy_(start.views, bucket.params)  # type: ignore[arg-type]  # torch's stub wants list[Tensor] (invariant) where any sequence of tensors works
 
     @torch.no_grad()
     def reduce(self, local_samples: int) -> int:

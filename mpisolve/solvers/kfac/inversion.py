@@ -177,6 +177,7 @@ class Inverter:
     def _to_wire(self, f: int, batch: _Batch, i: int) -> None:
         payload = self._payload[f]
         if self.method == "eigen":
+            assert batch.values is not None  # built for the eigen method
             payload[0].copy_(batch.stack[i])
             payload[1].copy_(batch.values[i])
         elif self.packed[f]:
@@ -187,7 +188,7 @@ class Inverter:
     def _commit(self, f: int, factor: Factor) -> None:
         if self.owners[f] == EVERY_RANK:
             batch, i = self._where[f]
-            sources = [batch.stack[i]] if self.method == "inverse" else [batch.stack[i], batch.values[i]]
+            sources = [batch.stack[i]] if batch.values is None else [batch.stack[i], batch.values[i]]
             for target, source in zip(factor.decomposition(), sources):
                 target.copy_(source)
         elif self.packed[f]:
