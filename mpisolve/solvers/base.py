@@ -116,12 +116,13 @@ class Solver(ABC):
         self.closed = False
         self.setup()
 
+    @abstractmethod
     def setup(self) -> None:
         """Build the solver's own state; called once, at the end of construction.
 
         By then ``options``, ``comm``, ``model``, ``optimizer`` and ``params`` are set and
-        the ranks' models are checked equal and synchronised. Solvers override this rather
-        than ``__init__``, so every solver is built by the same signature.
+        the ranks' models are checked equal and synchronised. Every solver implements this
+        rather than overriding ``__init__``, so every solver is built by the same signature.
         """
 
     # ------------------------------------------------------------- samples
