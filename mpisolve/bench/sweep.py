@@ -13,8 +13,9 @@ and each operation:
   mpisolve's functional collective offers that op.
 
 Each operation's result is checked once per size before it is timed, against the exact
-reduction of known inputs (for Adasum, orthogonal ones, whose Adasum is their sum). The latency is the median over repeats of the slowest rank's time for one
-call; the bandwidths are nccl-tests': ``algbw = bytes / time`` and
+reduction of known inputs (for Adasum, orthogonal ones, whose Adasum is their sum). The
+latency is the median over repeats of the slowest rank's time for one call; the
+bandwidths are nccl-tests': ``algbw = bytes / time`` and
 ``busbw = algbw * 2(n-1)/n`` (the bytes each rank's links carry in a ring allreduce).
 """
 

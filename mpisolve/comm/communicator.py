@@ -55,7 +55,8 @@ YIELD_BEFORE_SLEEP_S = 2e-3
 
 #: How often the blocking-call watchdog looks for a call to watch while none is under way.
 WATCH_INTERVAL_S = 0.1
-#: Between a rank's error message (the watchdog's, an uncaught exception's) and its abort: lets mpiexec forward it before tearing the job down.
+#: Between a rank's error message (the watchdog's, an uncaught exception's) and its abort:
+#: lets mpiexec forward it before tearing the job down.
 ABORT_GRACE_S = 0.5
 
 

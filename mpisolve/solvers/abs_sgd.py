@@ -140,7 +140,8 @@ class ABSSGDOptions:
         )
         require(
             (self.trigger == "window") == (self.window_s is not None),
-            f"window_s goes with trigger='window' (and it needs one); got trigger={self.trigger!r}, window_s={self.window_s}",
+            "window_s goes with trigger='window' (and it needs one); "
+            f"got trigger={self.trigger!r}, window_s={self.window_s}",
         )
         require(
             self.window_s is None or (math.isfinite(self.window_s) and self.window_s > 0),

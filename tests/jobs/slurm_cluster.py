@@ -226,7 +226,8 @@ class SlurmCluster:
             dead = [name for name, p in self.daemons.items() if p.poll() is not None]
             if dead or time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"gave up waiting for {what} ({'exited: ' + ', '.join(dead) if dead else 'timeout'}):\n{self.logs()}"
+                    f"gave up waiting for {what} ({'exited: ' + ', '.join(dead) if dead else 'timeout'}):\n"
+                    f"{self.logs()}"
                 )
             time.sleep(0.2)
 

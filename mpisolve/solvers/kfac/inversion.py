@@ -4,9 +4,10 @@ Each rank inverts the factors it owns and those every rank inverts, stacked by s
 one batched kernel call per size (``mpisolve.kernels.inverse``). Owned results go out in
 persistent broadcasts: one per factor, or one per owner with the owner's results fused
 (``fuse_broadcasts``), each inverse as its upper triangle where ``packed`` says so (the
-inverse method's results are symmetric; eigenvectors are not). Broadcasts are started in one order on every rank (by root): a rank posts
-the receives from lower roots before it computes, its own broadcast as soon as its
-owned results are ready, and computes the replicated factors while everything moves.
+inverse method's results are symmetric; eigenvectors are not). Broadcasts are started
+in one order on every rank (by root): a rank posts the receives from lower roots before
+it computes, its own broadcast as soon as its owned results are ready, and computes the
+replicated factors while everything moves.
 
 Whether a result is usable (kernel status) travels in one small MAX-allreduce, so every
 rank makes the same choice: a FAILED factor keeps its previous decomposition (the
