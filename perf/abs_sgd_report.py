@@ -21,10 +21,10 @@ import sys
 from pathlib import Path
 
 import matplotlib
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+matplotlib.use("Agg")  # figures go to files; pyplot takes the backend at its first figure
 
 MODELS = {"mlp": "MLP on digits"}
 PRESETS = ("homogeneous", "straggler", "two-tier", "graded", "moving-straggler")
