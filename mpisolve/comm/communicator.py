@@ -145,6 +145,9 @@ class Communicator:
         self.device: torch.device = local_device(self.local_rank)
         self._named_splits: dict[Any, Communicator | None] = {}
         self._blocking: BlockingCall | None = None
+        #: Checks run between the polls of every wait here and on communicators split from
+        #: this one; a check ends the wait by raising (a solver's: another rank reached close()).
+        self.interrupts: list[Callable[[], None]] = []
 
     # ----------------------------------------------------------------- waiting
     def wait(self, requests: MPI.Request | Sequence[MPI.Request], what: str) -> None:
@@ -174,6 +177,7 @@ class Communicator:
                 now = time.perf_counter()
                 if now > deadline:
                     raise self.timed_out(what() if callable(what) else what)
+                self.check_interrupts()
                 if self.wait_policy == "yield":
                     if now < sleep_after:
                         os.sched_yield()
@@ -182,6 +186,14 @@ class Communicator:
                         pause = min(pause * 2, 1e-3)
         finally:
             self.add_blocked(time.perf_counter() - start)
+
+    def check_interrupts(self) -> None:
+        """Run the :attr:`interrupts` of this communicator and of those it was split from."""
+        comm: Communicator | None = self
+        while comm is not None:
+            for check in comm.interrupts:
+                check()
+            comm = comm._parent
 
     def blocking(self, what: str, target: int | None = None) -> BlockingCall:
         """A context for one call MPI offers only as blocking (``with comm.blocking("MPI_Win_lock", 2): ...``).
@@ -409,6 +421,10 @@ class PersistentCollective:
         self.stager.from_mpi()
 
     def free(self) -> None:
+        """Release the persistent request; refused while a started collective has not completed
+        (MPI forbids freeing an active request: complete it first, on every rank)."""
+        if self.request != MPI.REQUEST_NULL and not self.request.Test():
+            raise RuntimeError(f"a persistent {self.kind} was freed while still in flight: complete it first")
         if self._persistent is not None:
             self._persistent.Free()
             self._persistent = None

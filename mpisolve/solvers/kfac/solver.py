@@ -26,18 +26,20 @@ import math
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
 import torch
 from torch import nn
+from torch.amp import GradScaler
 
 from ...comm.buckets import GradientBuckets
 from ...kernels.inverse import FAILED, RECOVERED, eigh_psd_, inverse_spd_
 from ...kernels.triangle import triangle_numel, unpack_triu_
 from ...options import OptionError, require
-from ..base import Solver, StepInfo, register
+from ..base import Solver, StepInfo, SynchronousOptions, collective_round, register
 from . import placement
 from .exchange import FactorExchange
 from .factors import find_layers
@@ -51,7 +53,7 @@ PROBE_LIMIT = 1 << 22
 
 
 @dataclass(frozen=True, kw_only=True)
-class KFACOptions:
+class KFACOptions(SynchronousOptions):
     """Options of the "kfac" solver (see the README's K-FAC section for the defaults' reasons).
 
     Knobs left at None take the variant's choice: ``fusion`` ("dynamic" for spd-kfac),
@@ -147,7 +149,7 @@ class KFACSolver(Solver):
                 dtype = torch.promote_types(dtype, s.module.weight.dtype)
         self.device = devices.pop()
         self.grads = GradientBuckets(
-            self.params, self.comm, bucket_bytes=int(o.bucket_mb * 1e6), samples=self.samples_seen
+            self.params, self.comm, bucket_bytes=int(o.bucket_mb * 1e6), samples=self.samples_seen, average=True
         )
         # Factor traffic has its own communicator: its collectives, started from forward and
         # backward hooks, never have to be ordered against the gradient buckets'.
@@ -323,7 +325,21 @@ class KFACSolver(Solver):
     def zero_grad(self) -> None:
         self.grads.zero_()
 
-    def step(self, batch_size: int | None = None) -> StepInfo:
+    def no_sync(self) -> AbstractContextManager[None]:
+        """Refused: K-FAC's factors come from one forward and backward per step."""
+        raise RuntimeError(
+            "mpisolve kfac: no_sync() (gradient accumulation) is not supported: the Kronecker factors are "
+            "computed from a single forward and backward pass per step. Use one larger batch per step"
+        )
+
+    @collective_round
+    def synchronize(self, *, scaler: GradScaler | None = None) -> None:
+        """Complete the gradients' average now (before preconditioning, which ``step`` does)."""
+        self.grads.finish()
+        self._unscale(scaler)
+
+    @collective_round
+    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         o = self.options
         step = self.steps
         if self._capturing:
@@ -337,11 +353,8 @@ class KFACSolver(Solver):
                 self._profile()
         if step % o.inv_update_steps == 0:
             self._update_inverses(_schedule(o.damping, step, "damping"))
-        global_samples = self.grads.finish(scale=1.0 / self.comm.size, local_samples=batch_size)
-        local = self.take_samples(batch_size)
-        # The averaged gradients are the same everywhere: every rank decides alike, unasked.
-        applied = self.nonfinite.ok([b.buffer.flat for b in self.grads.buckets], "averaged gradients")
-        if applied:
+
+        def precondition() -> None:
             start = time.perf_counter()
             lr = None if o.lr is None else _schedule(o.lr, step, "lr")
             if lr is not None:
@@ -349,12 +362,23 @@ class KFACSolver(Solver):
                     group["lr"] = lr
             self._precondition()
             self.timings["precondition"] += time.perf_counter() - start
-            self.optimizer.step()
+
+        # The averaged gradients are the same everywhere: every rank decides alike, unasked.
+        info = self._bucket_step(self.grads, batch_size, scaler, "averaged gradients", before_update=precondition)
         self.steps += 1
         if self._capturing:
             self.exchange.rearm()
         self._capturing = self.steps % o.factor_update_steps == 0
-        return StepInfo(applied=applied, global_samples=global_samples if applied else 0, local_samples=local)
+        return info
+
+    def _shadow_round(self) -> bool:
+        return self._shadow_bucket_round(self.grads)
+
+    def _drain(self) -> None:
+        """Complete a round some rank left in flight (close): the factors' messages, the gradients'."""
+        if self._capturing:
+            self.exchange.finish()
+        self.grads.finish()
 
     def _update_factors(self) -> None:
         skipped = []
@@ -465,6 +489,7 @@ class KFACSolver(Solver):
         if not self.closed:
             for hook in self._hooks:
                 hook.remove()
+            self._end_rounds(busy=self.grads.in_flight or self.exchange.in_flight, drain=self._drain)
             self.grads.close()
             self.exchange.close()
             self.inverter.close()
