@@ -11,7 +11,7 @@ the rest of the backward pass.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -317,14 +317,17 @@ class GradientBuckets:
             self._next += 1
 
     # ------------------------------------------------------------------ steps
-    @contextmanager
-    def no_sync(self) -> Iterator[None]:
+    def no_sync(self) -> AbstractContextManager[None]:
         """Backward passes inside only accumulate into the buckets; the next one outside launches them."""
         if self.in_flight or self._reduced is not None:
             raise RuntimeError(
                 "mpisolve: solver.no_sync() entered after a backward() outside it in the same step: that "
                 "backward's gradients are already being reduced. Run every backward but the last inside no_sync()"
             )
+        return self._accumulate()
+
+    @contextmanager
+    def _accumulate(self) -> Iterator[None]:
         self._accumulating += 1
         try:
             yield

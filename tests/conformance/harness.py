@@ -4,13 +4,20 @@ a tiny model and data, the documented loop, and the one-process oracle.
 Each case is a registered solver with options that keep it fast and deterministic here:
 K-FAC without measurements, ABS-SGD polled and settled after every step (each round then
 holds one micro-batch per rank), the asynchronous solvers with an exchange period longer
-than the tests (their steps are local, so the documented loop is a deterministic oracle;
-their exchanges are tested in tests/solvers). ``adasum`` runs in both modes.
+than the tests (their steps are local; their exchanges are tested in tests/solvers).
+``adasum`` runs in both modes.
+
+:func:`oracle` computes, in one process from every rank's samples, what each solver's
+rule gives (SGD on the mean gradient; Adasum by the numpy reference; ABS-SGD's one-round
+delay; local SGD's averages; EASGD's elastic exchanges; the asynchronous solvers' local
+steps). K-FAC's rule is not re-implemented: its oracle is the same solver driven by
+the documented loop (:func:`reference`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +27,7 @@ from torch import nn
 import mpisolve
 from mpisolve.comm.communicator import Communicator
 from mpisolve.solvers.base import Solver
+from tests import adasum_reference
 
 #: Samples per rank per step.
 BATCH = 4
@@ -80,6 +88,8 @@ BUCKETS = ("allreduce", "adasum-gradient", "lb-bsp", "kfac")
 ROUNDS = ("allreduce", "adasum", "adasum-gradient", "lb-bsp", "kfac", "local-sgd", "easgd")
 #: Ranks may stop apart with no help.
 TOLERANT = ("abs-sgd", "async-sgd", "async-msgd", "hogwild-sgd", "async-easgd", "async-measgd", "ea-wild")
+#: Only local steps within a test: each rank's own model is the result (before close).
+LOCAL = TOLERANT[1:]
 
 
 def cases(ids: tuple[str, ...] | None = None) -> list[Case]:
@@ -118,9 +128,11 @@ def flat(model: nn.Module) -> torch.Tensor:
 
 
 def final_params(solver: Solver, model: nn.Module) -> torch.Tensor:
-    """The result after ``close`` (the center for the elastic solvers)."""
+    """The result after ``close`` (the center for EASGD), or, for the asynchronous cases
+    (whose center the tests never move), this rank's own model before it."""
+    mine = flat(model)
     solver.close()
-    return flat(model)
+    return mine if solver.name in LOCAL else flat(model)
 
 
 Step = Callable[[Solver, nn.Module, torch.optim.Optimizer, int], None]
@@ -156,26 +168,116 @@ def reference(case: Case, comm: Communicator, steps: int) -> torch.Tensor:
     return _REFERENCE[key]
 
 
+Grads = list[torch.Tensor]
+Transform = Callable[[Grads], Grads]
+
+
+class _Gradients:
+    """Gradients of the loss at given parameters on given samples, in one process."""
+
+    def __init__(self) -> None:
+        self.model = make_model()
+
+    def __call__(self, params: Grads, x: torch.Tensor, y: torch.Tensor, autocast: bool) -> Grads:
+        with torch.no_grad():
+            for p, v in zip(self.model.parameters(), params):
+                p.copy_(v)
+        self.model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16) if autocast else nullcontext():
+            loss = loss_fn(self.model(x), y)
+        loss.backward()
+        return [p.grad.detach().clone() for p in self.model.parameters()]
+
+
+def _sgd(params: Grads, grads: Grads) -> Grads:
+    return [p - LR * g for p, g in zip(params, grads)]
+
+
+def _mean(operands: list[Grads]) -> Grads:
+    return [sum(ts[1:], ts[0]) / len(ts) for ts in zip(*operands)]
+
+
+def _adasum(operands: list[Grads]) -> Grads:
+    """Adasum per tensor over the ranks, in mpisolve's order (the numpy reference)."""
+    return [
+        torch.from_numpy(adasum_reference.tree([t.double().numpy() for t in ts])).float().view(ts[0].shape)
+        for ts in zip(*operands)
+    ]
+
+
 def oracle(
-    size: int, steps: int, transform: Callable[[nn.Module, torch.optim.Optimizer], None] | None = None
+    case: Case,
+    comm: Communicator,
+    steps: int,
+    *,
+    transform: Transform | None = None,
+    autocast: bool = False,
+    skipped: Callable[[int, int], bool] = lambda rank, step: False,
 ) -> torch.Tensor:
-    """One process, SGD on each step's global batch (mean loss); ``transform`` acts between
-    backward and the optimizer's step (clipping)."""
-    model = make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    """What ``case``'s rule gives after ``steps`` steps of the documented loop, computed in one
+    process from every rank's samples (this rank's result for the asynchronous cases).
+
+    ``transform``: applied to what ``synchronize()`` leaves in ``p.grad`` (the reduced
+    gradient, or each rank's own for the solvers that step on local gradients).
+    ``skipped(rank, step)``: that rank's gradient is not finite at that step (the
+    synchronous rules then skip the step on every rank; the local ones on that rank).
+    """
+    if case.id == "kfac":
+        raise ValueError("K-FAC's oracle is the documented loop: use reference()")
+    size = comm.size
+    grad = _Gradients()
+    T = transform if transform is not None else (lambda g: g)
+    start = [p.detach().clone() for p in make_model().parameters()]
+    models = [list(start) for _ in range(size)]  # every rank's own model (local rules)
+    mu = case.options.get("momentum", {"async-msgd": 0.9, "async-measgd": 0.99}.get(case.id, 0.0))
+    velocity = [[torch.zeros_like(p) for p in start] for _ in range(size)]  # Nesterov, around the step
+    params = list(start)  # the one model (synchronous rules), or EASGD's center
+    pending: list[tuple[Grads, int]] | None = None  # ABS-SGD's round in flight
+    tau = case.options.get("tau", 0)
+    alpha = 0.9 / size
     for step in range(steps):
-        x, y = global_batch(step, size)
-        optimizer.zero_grad()
-        loss_fn(model(x), y).backward()
-        if transform is not None:
-            transform(model, optimizer)
-        optimizer.step()
-    return flat(model)
+        batch = global_batch(step, size)
+
+        def local(rank: int, at: Grads, batch: tuple[torch.Tensor, torch.Tensor] = batch) -> Grads:
+            return grad(at, *shard(batch, rank), autocast)
+
+        any_skipped = any(skipped(r, step) for r in range(size))
+        if case.id in SGD_RULE or case.id == "adasum-gradient":
+            combine = _mean if case.id in SGD_RULE else _adasum
+            if not any_skipped:
+                params = _sgd(params, T(combine([local(r, params) for r in range(size)])))
+        elif case.id == "adasum":
+            if not any_skipped:
+                deltas = [[-LR * g for g in T(local(r, params))] for r in range(size)]
+                params = [p + d for p, d in zip(params, _adasum(deltas))]
+        elif case.id == "abs-sgd":
+            this_round = [(T(local(r, params)), BATCH) for r in range(size) if not skipped(r, step)]
+            if pending is not None and pending:
+                total = sum(n for _, n in pending)
+                params = _sgd(params, [sum(g[i] * n for g, n in pending) / total for i in range(len(params))])
+            pending = this_round
+        else:  # local steps, then an average or an elastic exchange every tau
+            for r in range(size):
+                if not skipped(r, step):
+                    stepped = _sgd(models[r], T(local(r, models[r])))
+                    for i, (x, v) in enumerate(zip(models[r], velocity[r])):
+                        v.mul_(mu).add_(stepped[i] - x)
+                        stepped[i] = stepped[i] + mu * v
+                    models[r] = stepped
+            if case.id == "local-sgd" and (step + 1) % tau == 0:
+                models = [_mean(models)] * size
+            elif case.id == "easgd" and (step + 1) % tau == 0:
+                diffs = [[x - c for x, c in zip(m, params)] for m in models]
+                models = [[x - alpha * d for x, d in zip(m, ds)] for m, ds in zip(models, diffs)]
+                params = [c + alpha * sum(ds[i] for ds in diffs) for i, c in enumerate(params)]
+    if case.id == "local-sgd" or case.id in LOCAL:
+        params = models[comm.rank]
+    return torch.cat([p.double().reshape(-1) for p in params])
 
 
-def expected(case: Case, comm: Communicator, steps: int) -> torch.Tensor:
-    """The oracle for ``case``: one process where SGD's rule applies, else the documented loop."""
-    return oracle(comm.size, steps) if case.id in SGD_RULE else reference(case, comm, steps)
+def expected(case: Case, comm: Communicator, steps: int, **kwargs: Any) -> torch.Tensor:
+    """The oracle for ``case``: :func:`oracle`, or the documented loop for K-FAC."""
+    return reference(case, comm, steps) if case.id == "kfac" else oracle(case, comm, steps, **kwargs)
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
