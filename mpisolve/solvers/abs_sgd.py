@@ -262,7 +262,7 @@ class ABSSGD(Solver):
         """Add this micro-batch to the round; apply last round's mean if its allreduce has completed.
 
         ``scaler``: the micro-batch's gradients are unscaled; a non-finite micro-batch is left
-        out of the round (the scaler's skip), and the round's update is applied as usual.
+        out of the round (the scaler's skip); the rounds go on as usual.
         """
         if self.closed:
             raise RuntimeError("solver 'abs-sgd' is closed")
@@ -275,14 +275,14 @@ class ABSSGD(Solver):
             self._timed_s += time.perf_counter() - started_at
             self._timed_samples += n
         self._point_grads_at_views()  # gradients set to None by the user come back into the buffer
+        finite = True
         if scaler is not None and scaler.is_enabled():
             self._unscale(scaler)
-            if not all_finite([self.grads.flat]):
-                self._end_step()
-                return StepInfo(applied=False, global_samples=0, local_samples=n)
+            finite = all_finite([self.grads.flat])
         self._end_step()
-        self._sums[self._acc][: self._numel].add_(self.grads.flat, alpha=n)  # the mean gradient, summed
-        self._round_samples += n
+        if finite:
+            self._sums[self._acc][: self._numel].add_(self.grads.flat, alpha=n)  # the mean gradient, summed
+            self._round_samples += n
         if self._in_flight and not self._round_over():
             return StepInfo(applied=False, global_samples=0, local_samples=n)
         applied, samples = self._finish_round() if self._in_flight else (False, 0)

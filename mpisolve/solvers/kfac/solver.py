@@ -347,7 +347,7 @@ class KFACSolver(Solver):
             self.exchange.finish()
             middle = time.perf_counter()
             self.timings["factor_comm"] += middle - start
-            self._update_factors()
+            self._update_factors(scaler)
             self.timings["factor_compute"] += time.perf_counter() - middle
             if self._fusion_pending:
                 self._profile()
@@ -380,15 +380,26 @@ class KFACSolver(Solver):
             self.exchange.finish()
         self.grads.finish()
 
-    def _update_factors(self) -> None:
+    def _update_factors(self, scaler: GradScaler | None) -> None:
+        """Fold this step's summed batch factors into the running averages.
+
+        With a GradScaler, G came from the scaled loss: it is divided by the scale squared,
+        and a non-finite G (a step the scaler skips) is left out without a warning.
+        """
+        scaled = scaler is not None and scaler.is_enabled()
+        unscale = 1.0 / scaler.get_scale() ** 2 if scaler is not None and scaled else 1.0
         skipped = []
         for f, factor in enumerate(self.factors):
             batch, count = self.exchange.result(f)
             if count == 0:
                 continue
+            is_g = f % 2 == 1
             if not math.isfinite(float(batch.sum())):
-                skipped.append(factor.name)
+                if not (scaled and is_g):
+                    skipped.append(factor.name)
                 continue
+            if scaled and is_g:
+                batch.mul_(unscale)
             factor.update(batch, count, self.options.factor_decay)
         if skipped:
             self._warn(f"non-finite batch factors (their running averages are left as they were): {', '.join(skipped)}")
