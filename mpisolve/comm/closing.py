@@ -35,10 +35,12 @@ class UnevenSteps(RuntimeError):
 
 @dataclass(frozen=True)
 class Closing:
-    """One rank's state at ``close()``: rounds completed, whether it left a round in flight,
-    whether a peer's notice interrupted one of its waits."""
+    """One rank's state at ``close()``: rounds completed; whether it entered the next one
+    (started a collective of it, or its step: an error may have ended it there); whether it
+    left collectives of it in flight; whether a peer's notice interrupted one of its waits."""
 
     rounds: int
+    entered: bool
     busy: bool
     interrupted: bool
 
@@ -57,7 +59,7 @@ class CloseNotices:
         self._solver = solver
         self._unit = unit
         self._mpi = comm.comm.Dup()
-        self._inbox = np.zeros(4, dtype=np.int64)
+        self._inbox = np.zeros(5, dtype=np.int64)
         self._status = MPI.Status()
         self._received: dict[int, Closing] = {}
         #: True once a notice interrupted one of this rank's waits.
@@ -68,16 +70,22 @@ class CloseNotices:
         # Probed, not posted: a solver never closed leaves no receive behind.
         while self._mpi.Iprobe(source=MPI.ANY_SOURCE, tag=_TAG, status=self._status):
             self._mpi.Recv([self._inbox, MPI.INT64_T], source=self._status.Get_source(), tag=_TAG)
-            rank, rounds, busy, interrupted = (int(v) for v in self._inbox)
-            self._received[rank] = Closing(rounds, bool(busy), bool(interrupted))
+            rank, rounds, entered, busy, interrupted = (int(v) for v in self._inbox)
+            self._received[rank] = Closing(rounds, bool(entered), bool(busy), bool(interrupted))
 
     def check(self) -> None:
-        """Between polls of a wait: raise :class:`PeerClosed` if a rank that closed never entered this round."""
+        """Between polls of a wait: raise :class:`PeerClosed` if a rank that closed never entered this round.
+
+        A rank that closed inside this round (an error ended its step) may have taken part
+        in what this wait waits for: that wait goes on (ended, if not, by the watchdog).
+        """
         here = self._round_now()
         if here is None:
             return
         self._receive()
-        early = sorted(rank for rank, c in self._received.items() if c.rounds <= here)
+        early = sorted(
+            rank for rank, c in self._received.items() if c.rounds < here or (c.rounds == here and not c.entered)
+        )
         if early:
             self.interrupted = True
             first = self._received[early[0]]
@@ -87,11 +95,11 @@ class CloseNotices:
                 f"of {self._unit}. {_ADVICE}"
             )
 
-    def close(self, rounds: int, busy: bool) -> dict[int, Closing]:
+    def close(self, rounds: int, entered: bool, busy: bool) -> dict[int, Closing]:
         """Collective: tell every other rank this one closes, and learn every rank's :class:`Closing`."""
         self.comm.interrupts.remove(self.check)
         me = self.comm.rank
-        note = np.array([me, rounds, int(busy), int(self.interrupted)], dtype=np.int64)
+        note = np.array([me, rounds, int(entered), int(busy), int(self.interrupted)], dtype=np.int64)
         sends = [
             self._mpi.Isend([note, MPI.INT64_T], dest=rank, tag=_TAG) for rank in range(self.comm.size) if rank != me
         ]
@@ -107,7 +115,7 @@ class CloseNotices:
         self.comm.wait_for(all_received, missing)
         self.comm.wait(sends, f"{self._solver} close notices")
         self._mpi.Free()
-        return {**self._received, me: Closing(rounds, busy, self.interrupted)}
+        return {**self._received, me: Closing(rounds, entered, busy, self.interrupted)}
 
     def verdict(self, table: dict[int, Closing]) -> str | None:
         """The error every rank raises after :meth:`close` gave ``table``, or None.

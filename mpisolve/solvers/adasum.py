@@ -199,6 +199,6 @@ class AdasumSolver(Solver):
                 self._end_rounds(busy=self.grads.in_flight, drain=self.grads.finish)
                 self.grads.close()
             if self.deltas is not None:
-                self._end_rounds(busy=False, drain=lambda: None)
+                self._end_rounds(busy=False, drain=None)
                 self.deltas.close()
         super().close()

@@ -101,7 +101,7 @@ def collective_round(method: F) -> F:
     def in_round(self: Solver, *args: Any, **kwargs: Any) -> Any:
         if self._round_open:
             return method(self, *args, **kwargs)
-        self._round_open = True
+        self._round_open = self._round_entered = True
         try:
             return method(self, *args, **kwargs)
         finally:
@@ -156,7 +156,11 @@ class Solver(ABC):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         self.options = build_options(self.name, self.Options, options)
-        self.comm = as_communicator(comm)
+        # The solver's own communicator (a split of the one given): its collectives never
+        # interleave with the user's or another solver's, whatever order those come in.
+        private = as_communicator(comm).split(0)
+        assert private is not None
+        self.comm = private
         self.model = model
         self.optimizer = optimizer
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -169,7 +173,8 @@ class Solver(ABC):
         self._forward_at: float | None = None
         #: Collective rounds (steps; averages or exchanges for the local-step solvers) completed.
         self.rounds = 0
-        self._round_open = False
+        self._round_open = False  # a step (synchronize, join's round) is running: its waits may be interrupted
+        self._round_entered = False  # this round's step was entered (and may have ended in an error)
         self._joining = False
         self._active_ranks = 0  # ranks still in their loops in the last round (join ends after one with none)
         self._unscaled_by: GradScaler | None = None
@@ -305,6 +310,7 @@ class Solver(ABC):
         if not self.closed:
             self._sample_hook.remove()
             self.closed = True
+            self.comm.free()
             if self._verdict is not None:
                 raise UnevenSteps(self._verdict)
 
@@ -313,26 +319,31 @@ class Solver(ABC):
         """The round this rank's waits belong to now, or None outside a round."""
         return self.rounds if self._round_open else None
 
-    def _end_rounds(self, busy: bool, drain: Callable[[], object]) -> None:
+    def _end_rounds(self, busy: bool, drain: Callable[[], object] | None) -> None:
         """First thing in ``close()`` (collective): the ranks compare their rounds.
 
         Equal: if any rank left a round in flight (``busy``: started, not complete),
         every rank calls ``drain`` (starts what it has not and completes the round), so
-        that nothing is freed while active; the buffers' broadcast completes. Different:
-        :class:`UnevenSteps` now, on every rank, and MPI resources still in use are left
-        allocated (freeing an active request is erroneous, and no rank will complete it).
+        that nothing is freed while active; the buffers' broadcast completes. Different
+        rounds, or a round in flight that this solver cannot ``drain`` (None: its
+        collectives are started and completed inside ``step``, so only a wait
+        interrupted by another rank's ``close`` leaves one): :class:`UnevenSteps` now, on
+        every rank, and the MPI resources still in use are left allocated (freeing an
+        active request is erroneous, and no rank will complete it).
         """
         notices, self._notices = self._notices, None
         if notices is None:
-            if busy:
+            if busy and drain is not None:
                 drain()
         else:
-            table = notices.close(self.rounds, busy)
-            if len({c.rounds for c in table.values()}) > 1:
+            table = notices.close(self.rounds, self._round_entered or busy, busy)
+            stuck = any(c.busy or (drain is None and c.interrupted) for c in table.values())
+            if len({c.rounds for c in table.values()}) > 1 or (stuck and drain is None):
                 self._sample_hook.remove()
                 self.closed = True
-                raise UnevenSteps(notices.verdict(table))
-            if any(c.busy for c in table.values()):
+                raise UnevenSteps(notices.verdict(table) or "mpisolve: a collective round was left in flight")
+            if stuck:
+                assert drain is not None
                 drain()
             self._verdict = notices.verdict(table)
         if self._buffers is not None:
@@ -350,6 +361,7 @@ class Solver(ABC):
         if self._buffers is not None:
             self._buffers.start()
         self.rounds += 1
+        self._round_entered = False
         self._end_step()
 
     def _unscale(self, scaler: GradScaler | None) -> None:

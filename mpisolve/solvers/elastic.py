@@ -186,7 +186,6 @@ class _LocalSteps(Solver):
     def setup_exchange(self) -> None:
         """Build what the exchange needs (called once, at the end of construction)."""
 
-    @collective_round
     def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         if self.closed:
             raise RuntimeError(f"solver {self.name!r} is closed")
@@ -303,6 +302,7 @@ class EASGD(_LocalSteps):
     def exchange(self) -> None:
         self._exchange(active=True)
 
+    @collective_round
     def _exchange(self, active: bool) -> None:
         if active or self._round_samples > 0:
             torch.sub(self.flat, self.center, out=self._diff)
@@ -316,7 +316,6 @@ class EASGD(_LocalSteps):
         self.center.add_(self._diff, alpha=self.alpha)
         self._end_round(int(round(float(self._tally[1]))))
 
-    @collective_round
     def _shadow_round(self) -> bool:
         """A joined rank's part in the next exchange."""
         self.steps += self.options.tau - self.steps % self.options.tau
@@ -338,7 +337,7 @@ class EASGD(_LocalSteps):
     def close(self) -> None:
         """Every rank's model becomes rank 0's center (bit for bit)."""
         if not self.closed:
-            self._end_rounds(busy=False, drain=lambda: None)
+            self._end_rounds(busy=False, drain=None)
             self.comm.bcast_(self.center, what="easgd center")
             self.flat.copy_(self.center)
             self._sum.free()

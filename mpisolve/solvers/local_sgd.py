@@ -57,7 +57,6 @@ class LocalSGD(Solver):
         self._moved = False  # this rank took a local step since the last average
         self._kept: torch.Tensor | None = None  # a joined rank's model while it contributes nothing
 
-    @collective_round
     def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         """One local step; every ``tau``-th also averages the models (the applied global update)."""
         if self.closed:
@@ -76,6 +75,7 @@ class LocalSGD(Solver):
         global_samples, contributors = self._average_models(active=True)
         return StepInfo(applied=contributors > 0, global_samples=global_samples, local_samples=local)
 
+    @collective_round
     def _average_models(self, active: bool) -> tuple[int, int]:
         """The models' average, of the ranks that moved since the last one: (samples, contributors)."""
         contributes = active or self._moved
@@ -100,7 +100,6 @@ class LocalSGD(Solver):
         self._end_round(still_active)
         return samples, contributors
 
-    @collective_round
     def _shadow_round(self) -> bool:
         """A joined rank's part in the next average (its model if it moved since the last one)."""
         self.steps += self.options.tau - self.steps % self.options.tau
@@ -117,6 +116,6 @@ class LocalSGD(Solver):
 
     def close(self) -> None:
         if not self.closed:
-            self._end_rounds(busy=False, drain=lambda: None)
+            self._end_rounds(busy=False, drain=None)
             self._average.free()
         super().close()

@@ -213,6 +213,7 @@ def oracle(
     transform: Transform | None = None,
     autocast: bool = False,
     skipped: Callable[[int, int], bool] = lambda rank, step: False,
+    present: Callable[[int, int], bool] | None = None,
 ) -> torch.Tensor:
     """What ``case``'s rule gives after ``steps`` steps of the documented loop, computed in one
     process from every rank's samples (this rank's result for the asynchronous cases).
@@ -221,6 +222,9 @@ def oracle(
     gradient, or each rank's own for the solvers that step on local gradients).
     ``skipped(rank, step)``: that rank's gradient is not finite at that step (the
     synchronous rules then skip the step on every rank; the local ones on that rank).
+    ``present(rank, step)``: under ``join()``, whether that rank still has a batch at that
+    step (an absent rank contributes nothing: zeros to Adasum, no model to an average,
+    no pull to EASGD's center; ``steps`` is then the longest loop).
     """
     if case.id == "kfac":
         raise ValueError("K-FAC's oracle is the documented loop: use reference()")
@@ -235,6 +239,12 @@ def oracle(
     pending: list[tuple[Grads, int]] | None = None  # ABS-SGD's round in flight
     tau = case.options.get("tau", 0)
     alpha = 0.9 / size
+    here = present if present is not None else (lambda rank, step: True)
+    moved = [False] * size  # took a local step since the last average or exchange
+
+    def zeros() -> Grads:
+        return [torch.zeros_like(p) for p in start]
+
     for step in range(steps):
         batch = global_batch(step, size)
 
@@ -242,13 +252,16 @@ def oracle(
             return grad(at, *shard(batch, rank), autocast)
 
         any_skipped = any(skipped(r, step) for r in range(size))
-        if case.id in SGD_RULE or case.id == "adasum-gradient":
-            combine = _mean if case.id in SGD_RULE else _adasum
+        ranks = [r for r in range(size) if here(r, step)]
+        if case.id in SGD_RULE:
             if not any_skipped:
-                params = _sgd(params, T(combine([local(r, params) for r in range(size)])))
+                params = _sgd(params, T(_mean([local(r, params) for r in ranks])))
+        elif case.id == "adasum-gradient":
+            if not any_skipped:
+                params = _sgd(params, T(_adasum([local(r, params) if r in ranks else zeros() for r in range(size)])))
         elif case.id == "adasum":
             if not any_skipped:
-                deltas = [[-LR * g for g in T(local(r, params))] for r in range(size)]
+                deltas = [[-LR * g for g in T(local(r, params))] if r in ranks else zeros() for r in range(size)]
                 params = [p + d for p, d in zip(params, _adasum(deltas))]
         elif case.id == "abs-sgd":
             this_round = [(T(local(r, params)), BATCH) for r in range(size) if not skipped(r, step)]
@@ -257,22 +270,39 @@ def oracle(
                 params = _sgd(params, [sum(g[i] * n for g, n in pending) / total for i in range(len(params))])
             pending = this_round
         else:  # local steps, then an average or an elastic exchange every tau
-            for r in range(size):
+            for r in ranks:
                 if not skipped(r, step):
+                    moved[r] = True
                     stepped = _sgd(models[r], T(local(r, models[r])))
                     for i, (x, v) in enumerate(zip(models[r], velocity[r])):
                         v.mul_(mu).add_(stepped[i] - x)
                         stepped[i] = stepped[i] + mu * v
                     models[r] = stepped
-            if case.id == "local-sgd" and (step + 1) % tau == 0:
-                models = [_mean(models)] * size
-            elif case.id == "easgd" and (step + 1) % tau == 0:
-                diffs = [[x - c for x, c in zip(m, params)] for m in models]
-                models = [[x - alpha * d for x, d in zip(m, ds)] for m, ds in zip(models, diffs)]
-                params = [c + alpha * sum(ds[i] for ds in diffs) for i, c in enumerate(params)]
+            if (step + 1) % tau == 0:  # the ranks in their loops, and those that moved since the last
+                contribute = [moved[r] or here(r, step) for r in range(size)]
+                models, params = _meet(case.id, models, params, contribute, alpha)
+                moved = [False] * size
+            elif step == steps - 1 and present is not None:  # join: one more round, after every loop
+                models, params = _meet(case.id, models, params, moved, alpha)
     if case.id == "local-sgd" or case.id in LOCAL:
         params = models[comm.rank]
     return torch.cat([p.double().reshape(-1) for p in params])
+
+
+def _meet(rule: str, models: list[Grads], center: Grads, moved: list[bool], alpha: float) -> tuple[list[Grads], Grads]:
+    """Local SGD's average or EASGD's exchange, among the ranks that moved since the last one
+    (every rank, but under join())."""
+    movers = [m for m, mv in zip(models, moved) if mv]
+    if rule == "local-sgd":
+        return ([_mean(movers)] * len(models) if movers else models), center
+    if rule != "easgd":
+        return models, center
+    diffs = [
+        [x - c for x, c in zip(m, center)] if mv else [torch.zeros_like(c) for c in center]
+        for m, mv in zip(models, moved)
+    ]
+    models = [[x - alpha * d for x, d in zip(m, ds)] for m, ds in zip(models, diffs)]
+    return models, [c + alpha * sum(ds[i] for ds in diffs) for i, c in enumerate(center)]
 
 
 def expected(case: Case, comm: Communicator, steps: int, **kwargs: Any) -> torch.Tensor:
