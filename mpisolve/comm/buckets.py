@@ -260,6 +260,8 @@ class GradientBuckets:
         self._reduced: Reduction | None = None
         self._withheld = False
         self._accumulating = 0
+        #: Whether backward brought a gradient since the last step (under no_sync too).
+        self.backward_ran = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
 
     @property
@@ -280,6 +282,7 @@ class GradientBuckets:
             # Set to None (or replaced) since: the fresh gradient comes into the bucket.
             view.copy_(param.grad)
             param.grad = view
+        self.backward_ran = True
         if self._accumulating:
             return
         if self._reduced is not None:
@@ -403,6 +406,7 @@ class GradientBuckets:
         self._generation += 1
         self._reduced = None
         self._withheld = False
+        self.backward_ran = False
 
     def close(self) -> None:
         """Remove the hooks and free the reducer's MPI resources (complete a step in flight first)."""

@@ -186,7 +186,8 @@ class Solver(ABC):
         self._notices: CloseNotices | None = None
         if not self.tolerates_uneven and self.comm.size > 1:
             self._notices = CloseNotices(self.comm, self._round_waiting, self.name, self.round_unit)
-        self._sample_hook = model.register_forward_pre_hook(self._count_samples)
+        # Eager under torch.compile too (a graph break): it may wait for the buffers' broadcast.
+        self._sample_hook = model.register_forward_pre_hook(torch.compiler.disable(self._count_samples))
         self.closed = False
         self.setup()
 
@@ -418,6 +419,13 @@ class Solver(ABC):
         """The step of a solver whose gradients ``grads`` reduces: complete the reduction
         (unless ``synchronize`` did), decide, maybe ``before_update`` and the optimizer's
         step, rearm. The reduced gradients are the same on every rank: all decide alike."""
+        if grads.backward_ran and batch_size is None and self._forward_at is None:
+            raise RuntimeError(
+                f"mpisolve {self.name}: gradients arrived but no training forward of the solver's model was seen, "
+                "so the samples cannot be counted. If the model is torch.compile'd, give the compiled module to "
+                "make_solver (or make the solver before the compiled module's first call); else pass "
+                "step(batch_size=...)"
+            )
         reduction = grads.finish()
         self._unscale(scaler)
         samples = self._global_samples(reduction, batch_size)

@@ -101,6 +101,13 @@ def make_model(seed: int = 0) -> nn.Module:
     return nn.Sequential(nn.Linear(IN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, OUT))
 
 
+def prepare(model: nn.Module, rank: int, step: int) -> None:
+    """Models whose forward depends on the rank and step (a branch) say so by a ``prepare`` method."""
+    hook = getattr(model, "prepare", None)
+    if hook is not None:
+        hook(rank, step)
+
+
 def global_batch(step: int, size: int, per_rank: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
     """The step's samples for all ``size`` ranks, rank r's at rows [r * per_rank, (r + 1) * per_rank)."""
     g = torch.Generator().manual_seed(1000 + step)
@@ -142,14 +149,22 @@ def documented_step(solver: Solver, model: nn.Module, optimizer: torch.optim.Opt
     """One step of the documented loop on this rank's shard of ``step``'s global batch."""
     x, y = shard(global_batch(step, solver.comm.size), solver.comm.rank)
     solver.zero_grad()
+    prepare(model, solver.comm.rank, step)
     loss_fn(model(x), y).backward()
     solver.step()
     settle(solver)
 
 
-def run(case: Case, comm: Communicator, steps: int, step_fn: Step = documented_step, **options: Any) -> torch.Tensor:
-    """Train a fresh model with ``case`` for ``steps`` steps of ``step_fn``; the final parameters."""
-    model = make_model()
+def run(
+    case: Case,
+    comm: Communicator,
+    steps: int,
+    step_fn: Step = documented_step,
+    build: Callable[[], nn.Module] = make_model,
+    **options: Any,
+) -> torch.Tensor:
+    """Train a fresh ``build()`` with ``case`` for ``steps`` steps of ``step_fn``; the final parameters."""
+    model = build()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     solver = case.build(model, optimizer, comm, **options)
     for step in range(steps):
@@ -157,14 +172,14 @@ def run(case: Case, comm: Communicator, steps: int, step_fn: Step = documented_s
     return final_params(solver, model)
 
 
-_REFERENCE: dict[tuple[str, int, int], torch.Tensor] = {}
+_REFERENCE: dict[tuple[str, int, int, str], torch.Tensor] = {}
 
 
-def reference(case: Case, comm: Communicator, steps: int) -> torch.Tensor:
-    """The same solver driven by the documented loop (computed once per case and world size)."""
-    key = (case.id, comm.size, steps)
+def reference(case: Case, comm: Communicator, steps: int, build: Callable[[], nn.Module] = make_model) -> torch.Tensor:
+    """The same solver driven by the documented loop (computed once per case, world size and model)."""
+    key = (case.id, comm.size, steps, build.__name__)
     if key not in _REFERENCE:
-        _REFERENCE[key] = run(case, comm, steps)
+        _REFERENCE[key] = run(case, comm, steps, build=build)
     return _REFERENCE[key]
 
 
@@ -175,32 +190,35 @@ Transform = Callable[[Grads], Grads]
 class _Gradients:
     """Gradients of the loss at given parameters on given samples, in one process."""
 
-    def __init__(self) -> None:
-        self.model = make_model()
+    def __init__(self, build: Callable[[], nn.Module]) -> None:
+        self.model = build()
 
-    def __call__(self, params: Grads, x: torch.Tensor, y: torch.Tensor, autocast: bool) -> Grads:
+    def __call__(self, params: Grads, x: torch.Tensor, y: torch.Tensor, autocast: bool, rank: int, step: int) -> Grads:
+        """Zeros for a parameter without a gradient (frozen, or not used by this forward)."""
         with torch.no_grad():
             for p, v in zip(self.model.parameters(), params):
                 p.copy_(v)
         self.model.zero_grad(set_to_none=True)
+        prepare(self.model, rank, step)
         with torch.autocast("cpu", dtype=torch.bfloat16) if autocast else nullcontext():
             loss = loss_fn(self.model(x), y)
         loss.backward()
-        return [p.grad.detach().clone() for p in self.model.parameters()]
+        return [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in self.model.parameters()]
 
 
 def _sgd(params: Grads, grads: Grads) -> Grads:
-    return [p - LR * g for p, g in zip(params, grads)]
+    return [p.add(g, alpha=-LR) for p, g in zip(params, grads)]
 
 
 def _mean(operands: list[Grads]) -> Grads:
-    return [sum(ts[1:], ts[0]) / len(ts) for ts in zip(*operands)]
+    """The mean over ranks, summed in float32 at least (as the wire is) and cast back."""
+    return [(sum(t.float() for t in ts) / len(ts)).to(ts[0].dtype) for ts in zip(*operands)]
 
 
 def _adasum(operands: list[Grads]) -> Grads:
     """Adasum per tensor over the ranks, in mpisolve's order (the numpy reference)."""
     return [
-        torch.from_numpy(adasum_reference.tree([t.double().numpy() for t in ts])).float().view(ts[0].shape)
+        torch.from_numpy(adasum_reference.tree([t.double().numpy() for t in ts])).to(ts[0].dtype).view(ts[0].shape)
         for ts in zip(*operands)
     ]
 
@@ -214,6 +232,7 @@ def oracle(
     autocast: bool = False,
     skipped: Callable[[int, int], bool] = lambda rank, step: False,
     present: Callable[[int, int], bool] | None = None,
+    build: Callable[[], nn.Module] = make_model,
 ) -> torch.Tensor:
     """What ``case``'s rule gives after ``steps`` steps of the documented loop, computed in one
     process from every rank's samples (this rank's result for the asynchronous cases).
@@ -224,14 +243,15 @@ def oracle(
     synchronous rules then skip the step on every rank; the local ones on that rank).
     ``present(rank, step)``: under ``join()``, whether that rank still has a batch at that
     step (an absent rank contributes nothing: zeros to Adasum, no model to an average,
-    no pull to EASGD's center; ``steps`` is then the longest loop).
+    no pull to EASGD's center; ``steps`` is then the longest loop). ``build``: the model;
+    its frozen parameters stay as they are.
     """
     if case.id == "kfac":
         raise ValueError("K-FAC's oracle is the documented loop: use reference()")
     size = comm.size
-    grad = _Gradients()
+    grad = _Gradients(build)
     T = transform if transform is not None else (lambda g: g)
-    start = [p.detach().clone() for p in make_model().parameters()]
+    start = [p.detach().clone() for p in build().parameters()]
     models = [list(start) for _ in range(size)]  # every rank's own model (local rules)
     mu = case.options.get("momentum", {"async-msgd": 0.9, "async-measgd": 0.99}.get(case.id, 0.0))
     velocity = [[torch.zeros_like(p) for p in start] for _ in range(size)]  # Nesterov, around the step
@@ -248,8 +268,8 @@ def oracle(
     for step in range(steps):
         batch = global_batch(step, size)
 
-        def local(rank: int, at: Grads, batch: tuple[torch.Tensor, torch.Tensor] = batch) -> Grads:
-            return grad(at, *shard(batch, rank), autocast)
+        def local(rank: int, at: Grads, batch: tuple[torch.Tensor, torch.Tensor] = batch, step: int = step) -> Grads:
+            return grad(at, *shard(batch, rank), autocast, rank, step)
 
         any_skipped = any(skipped(r, step) for r in range(size))
         ranks = [r for r in range(size) if here(r, step)]
@@ -307,7 +327,9 @@ def _meet(rule: str, models: list[Grads], center: Grads, moved: list[bool], alph
 
 def expected(case: Case, comm: Communicator, steps: int, **kwargs: Any) -> torch.Tensor:
     """The oracle for ``case``: :func:`oracle`, or the documented loop for K-FAC."""
-    return reference(case, comm, steps) if case.id == "kfac" else oracle(case, comm, steps, **kwargs)
+    if case.id == "kfac":
+        return reference(case, comm, steps, kwargs.get("build", make_model))
+    return oracle(case, comm, steps, **kwargs)
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:

@@ -176,7 +176,9 @@ class KFACSolver(Solver):
         self._stream_start: dict[str, float] = {}
         self._captures = 0
         self._hooks = [
-            layer.spec.module.register_forward_hook(partial(self._on_forward, i)) for i, layer in enumerate(self.layers)
+            # Run eagerly under torch.compile (a graph break per layer): the capture talks to MPI.
+            layer.spec.module.register_forward_hook(torch.compiler.disable(partial(self._on_forward, i)))
+            for i, layer in enumerate(self.layers)
         ]
         self.steps = 0
         self._damping_used = 0.0
@@ -342,6 +344,12 @@ class KFACSolver(Solver):
     def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         o = self.options
         step = self.steps
+        if self._capturing and self.grads.backward_ran and not any(self.exchange.captured):
+            raise RuntimeError(
+                "mpisolve kfac: backward ran but no layer's Kronecker factors were captured: the layer hooks "
+                "did not run. A torch.compile'd module called before the solver was made does not see hooks "
+                "added later: make the solver first (or give it the compiled module before its first call)"
+            )
         if self._capturing:
             start = time.perf_counter()
             self.exchange.finish()
