@@ -41,7 +41,7 @@ from ..comm.buckets import GradientBuckets, Reduction
 from ..comm.closing import CloseNotices, UnevenSteps
 from ..comm.communicator import Communicator, as_communicator
 from ..comm.state import BufferBroadcast, broadcast_module_and_optimizer, check_same_model
-from ..options import OptionError, build_options, options_to_dict
+from ..options import OptionError, build_options, option, options_to_dict
 from .nonfinite import NonFiniteGuard, NonFinitePolicy, all_finite
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -69,28 +69,29 @@ class StepInfo:
 
 @dataclass(frozen=True, kw_only=True)
 class CommonOptions:
-    """Options every solver takes, besides its own.
+    """Options every solver takes, besides its own (see :mod:`mpisolve.solvers.nonfinite`)."""
 
-    ``nonfinite``: a step whose gradients or update hold a NaN or Inf "raise"s an error
-    (default), is "skip"ped on every rank alike (counted), or is not checked ("ignore");
-    see :mod:`mpisolve.solvers.nonfinite`.
-    """
-
-    nonfinite: NonFinitePolicy = "raise"
+    nonfinite: NonFinitePolicy = option(
+        "raise",
+        "a step whose gradients or update hold a NaN or Inf: raise an error, skip it on every rank alike "
+        "(counted; an error after 100 in a row), or do not check (ignore)",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class SynchronousOptions:
     """Options of the solvers whose ranks hold one model (allreduce, adasum, lb-bsp, kfac).
 
-    ``broadcast_buffers``: rank 0's module buffers (BatchNorm running statistics) reach
-    every rank before its next forward, as DDP's default: one nonblocking broadcast is
-    started after each step and completed at the next forward (or evaluation, or close).
-    False: each rank keeps the statistics of its own data (see docs/guide/your-loop.md
-    for SyncBatchNorm-style alternatives).
+    ``broadcast_buffers``: one nonblocking broadcast of rank 0's buffers is started after
+    each step and completed before they are next read (the next forward, an evaluation,
+    ``close``); see docs/guide/your-loop.md for SyncBatchNorm-style alternatives.
     """
 
-    broadcast_buffers: bool = True
+    broadcast_buffers: bool = option(
+        True,
+        "rank 0's module buffers (BatchNorm running statistics) on every rank from each forward on, as DDP's "
+        "default; false: each rank keeps the statistics of its own data",
+    )
 
 
 def collective_round(method: F) -> F:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.amp import GradScaler
 
-from ..options import require
+from ..options import option, require
 from .base import Solver, StepInfo, collective_round, register
 from .elastic import flatten_parameters
 
@@ -31,9 +31,9 @@ TALLY = 3
 
 @dataclass(frozen=True, kw_only=True)
 class LocalSGDOptions:
-    """``tau``: local steps between parameter averages (H); 4, as the EASGD family's exchange period."""
+    """How often the models are averaged."""
 
-    tau: int = 4
+    tau: int = option(4, "local steps between parameter averages (H); 4, as the EASGD family's exchange period")
 
     def __post_init__(self) -> None:
         require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
