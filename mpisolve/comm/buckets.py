@@ -269,11 +269,6 @@ class GradientBuckets:
         """Whether a bucket of this step has started and the step's reduction is not complete."""
         return self._next > 0 and self._reduced is None
 
-    @property
-    def reduced(self) -> bool:
-        """Whether this step's reduction is complete (``finish`` ran; ``rearm`` not yet)."""
-        return self._reduced is not None
-
     # ------------------------------------------------------------------ hooks
     def _on_grad(self, param: torch.nn.Parameter) -> None:
         i = self._slot[id(param)]
@@ -288,7 +283,7 @@ class GradientBuckets:
         if self._reduced is not None:
             raise RuntimeError(
                 "mpisolve: backward() ran after solver.synchronize() and before solver.step(): the reduced "
-                "gradients were overwritten; call step() first (or run the backward inside solver.no_sync())"
+                "gradients were overwritten; call step() first"
             )
         if self._reported[i] == self._generation:
             raise RuntimeError(

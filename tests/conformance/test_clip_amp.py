@@ -17,9 +17,11 @@ from .harness import (
     BUCKETS,
     LOCAL,
     LR,
+    all_raised,
     all_ranks_equal,
     assert_close,
     cases,
+    final_params,
     flat,
     global_batch,
     loss_fn,
@@ -173,3 +175,22 @@ def test_grad_scaler_skips_an_infinite_step_alike(comm, case):
         return  # the skip itself is checked above; K-FAC's rule is not re-implemented here
     want = oracle(case, comm, STEPS, autocast=True, skipped=lambda rank, k: (rank, k) == (0, 1))
     assert_close(got, want, f"{case.id} with GradScaler and an infinite step")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("case", cases(BUCKETS), ids=lambda c: c.id)
+def test_backward_between_synchronize_and_step_is_refused(comm, case):
+    model = make_model()
+    solver = case.build(model, torch.optim.SGD(model.parameters(), lr=LR), comm)
+    x, y = shard(global_batch(0, comm.size), comm.rank)
+    loss_fn(model(x), y).backward()
+    solver.synchronize()
+    error = None
+    try:
+        loss_fn(model(x), y).backward()
+    except RuntimeError as err:
+        error = err
+    final_params(solver, model)
+    want = "computed twice" if case.id == "kfac" else "backward() ran after solver.synchronize()"
+    assert all(m is not None and want in m for m in all_raised(comm, error))
