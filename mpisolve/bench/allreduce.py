@@ -85,7 +85,7 @@ def solver_allreduce_seconds(
 
     The gradients become views into the buckets (random values) until this returns.
     """
-    grads = GradientBuckets(params, comm, bucket_bytes=bucket_bytes)
+    grads = GradientBuckets(params, comm, bucket_bytes=bucket_bytes, average=True)
     try:
         for p in params:
             assert p.grad is not None  # GradientBuckets made it a view into its bucket
@@ -93,7 +93,7 @@ def solver_allreduce_seconds(
 
         def mpisolve_allreduce() -> None:
             grads.rearm()
-            grads.finish(scale=1.0 / comm.size)
+            grads.finish()
 
         return median_seconds(mpisolve_allreduce, comm, repeats, warmup), len(grads.buckets)
     finally:

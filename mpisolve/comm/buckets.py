@@ -10,7 +10,9 @@ the rest of the backward pass.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -175,20 +177,49 @@ class SumReducer:
         self._inflight.clear()
 
 
+@dataclass(frozen=True)
+class Reduction:
+    """What one step's reduction covered: ``samples`` summed over the ranks, and the
+    ``ranks`` that contributed (a rank that withheld, in ``join``'s shadow rounds, is not one)."""
+
+    samples: int
+    ranks: int
+
+
 class GradientBuckets:
     """A model's gradients as views into fused buckets, reduced while backward runs.
 
     Parameters are bucketed in reverse registration order (roughly the order backward
     produces their gradients). Each ``p.grad`` is made a view into its bucket, so
     autograd accumulates straight into the buffer MPI sends. When a bucket's last
-    gradient arrives its reduction starts, but only after every earlier bucket's has,
-    so all ranks start collectives in the same order. ``finish`` starts whatever backward
-    did not (unused parameters), completes everything and applies ``scale``.
+    gradient of the backward pass arrives its reduction starts, but only after every
+    earlier bucket's has, so all ranks start collectives in the same order. ``finish``
+    starts whatever backward did not (parameters that got no gradient contribute zeros),
+    completes everything and, with ``average``, divides by the contributing ranks.
 
-    With ``samples`` (a callable giving this rank's sample count so far, read when the
-    first bucket starts), that bucket carries one extra element, the count, which the sum
-    turns into the global count of the update at no extra message.
+    One step's life: armed (waiting for gradients) -> launched (some buckets in flight)
+    -> reduced (``finish``: the result is in the gradients; ``finish`` again returns it
+    without reducing again) -> armed again by ``rearm``, which the solver calls once it
+    has applied the step. Any way of zeroing the gradients works: :meth:`zero_` fills
+    the buckets in place (the copy-free way); a gradient set to ``None`` (or replaced)
+    comes back into its bucket when autograd next accumulates it, at the cost of one
+    copy, or is zeroed in ``finish`` if it got none.
+
+    Under :meth:`no_sync` backward only accumulates into the buckets; the next backward
+    outside it launches them. A second backward outside ``no_sync`` before the step is
+    refused (its gradients would land in buffers already being reduced).
+
+    The first bucket carries two extra elements that the sum reduces at no extra message:
+    this rank's sample count (``samples()``, read when the bucket starts) and 1 (0 when
+    this rank withholds: :meth:`withhold`), so every rank learns the global count and how
+    many ranks contributed.
+
+    Arming and launching live here; where a bucket's storage lives and how it is
+    reduced are :class:`Bucket`'s and the :class:`BucketReducer`'s.
     """
+
+    #: Extra elements of the first bucket: the sample count, the contributing ranks.
+    TALLY = 2
 
     def __init__(
         self,
@@ -198,6 +229,7 @@ class GradientBuckets:
         bucket_bytes: int,
         reducer: BucketReducer | None = None,
         samples: Callable[[], int] | None = None,
+        average: bool = False,
     ) -> None:
         self.comm = comm
         self.params = [p for p in params if p.requires_grad]
@@ -205,31 +237,63 @@ class GradientBuckets:
             raise ValueError("the model has no parameters that require gradients")
         ordered = self.params[::-1]
         self.reducer: BucketReducer = reducer if reducer is not None else SumReducer(comm)
+        self.average = average
         self.buckets: list[Bucket] = []
-        self._bucket_of: dict[int, Bucket] = {}
-        self._view_of: dict[int, torch.Tensor] = {}
+        self._slot: dict[int, int] = {}  # id(param) -> its index in the two lists below
+        self._bucket_of: list[Bucket] = []
+        self._view_of: list[torch.Tensor] = []
         for i, members in enumerate(plan_buckets(ordered, bucket_bytes)):
-            bucket = Bucket(i, [ordered[j] for j in members], extra=1 if (samples is not None and i == 0) else 0)
+            bucket = Bucket(i, [ordered[j] for j in members], extra=self.TALLY if i == 0 else 0)
             self.buckets.append(bucket)
             for p, view in zip(bucket.params, bucket.buffer.views):
-                self._bucket_of[id(p)] = bucket
-                self._view_of[id(p)] = view
+                self._slot[id(p)] = len(self._view_of)
+                self._bucket_of.append(bucket)
+                self._view_of.append(view)
                 p.grad = view
             self.reducer.prepare(bucket)
+        first = self.buckets[0]
+        self._tally = first.wire[first.buffer.numel :]
         self.samples = samples
+        self._generation = 0  # this step's number: a parameter reported in it carries it
+        self._reported = [-1] * len(self._view_of)
         self._next = 0  # the next bucket to start, in bucket order
+        self._reduced: Reduction | None = None
+        self._withheld = False
+        self._accumulating = 0
+        #: Whether backward brought a gradient since the last step (under no_sync too).
+        self.backward_ran = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a bucket of this step has started and the step's reduction is not complete."""
+        return self._next > 0 and self._reduced is None
 
     # ------------------------------------------------------------------ hooks
     def _on_grad(self, param: torch.nn.Parameter) -> None:
-        bucket = self._bucket_of[id(param)]
-        view = self._view_of[id(param)]
+        i = self._slot[id(param)]
+        view = self._view_of[i]
         assert param.grad is not None  # a post-accumulate-grad hook runs once the gradient is written
         if param.grad.data_ptr() != view.data_ptr():
-            # The user set grads to None (optimizer.zero_grad()): bring the fresh gradient
-            # into the bucket and make the grad a view again.
+            # Set to None (or replaced) since: the fresh gradient comes into the bucket.
             view.copy_(param.grad)
             param.grad = view
+        self.backward_ran = True
+        if self._accumulating:
+            return
+        if self._reduced is not None:
+            raise RuntimeError(
+                "mpisolve: backward() ran after solver.synchronize() and before solver.step(): the reduced "
+                "gradients were overwritten; call step() first"
+            )
+        if self._reported[i] == self._generation:
+            raise RuntimeError(
+                f"mpisolve: a second backward() reached parameter {tuple(param.shape)} before solver.step(): its "
+                "gradient is already being reduced. For gradient accumulation, run every backward but the "
+                "last inside `with solver.no_sync():`"
+            )
+        self._reported[i] = self._generation
+        bucket = self._bucket_of[i]
         bucket.pending -= 1
         if bucket.pending == 0:
             self._start_ready()
@@ -237,10 +301,12 @@ class GradientBuckets:
 
     def _start(self, bucket: Bucket) -> None:
         bucket.to_wire()
-        if self.samples is not None and bucket.index == 0:
+        if bucket.index == 0:
             # Written into the wire buffer: half-precision buckets travel in float32, which
             # holds any realistic count exactly, where bfloat16 would round it past 256.
-            bucket.wire[-1] = self.samples()
+            withheld = self._withheld
+            self._tally[0] = 0 if withheld or self.samples is None else self.samples()
+            self._tally[1] = 0 if withheld else 1
         self.reducer.start(bucket)
         bucket.launched = True
 
@@ -250,44 +316,96 @@ class GradientBuckets:
             self._next += 1
 
     # ------------------------------------------------------------------ steps
+    def no_sync(self) -> AbstractContextManager[None]:
+        """Backward passes inside only accumulate into the buckets; the next one outside launches them."""
+        if self.in_flight or self._reduced is not None:
+            raise RuntimeError(
+                "mpisolve: solver.no_sync() entered after a backward() outside it in the same step: that "
+                "backward's gradients are already being reduced. Run every backward but the last inside no_sync()"
+            )
+        return self._accumulate()
+
+    @contextmanager
+    def _accumulate(self) -> Iterator[None]:
+        self._accumulating += 1
+        try:
+            yield
+        finally:
+            self._accumulating -= 1
+
     def zero_(self) -> None:
-        """Zero every gradient in place (one fill per bucket) and rearm the buckets."""
+        """Zero every gradient in place (one fill per bucket); gradients set to None become views again."""
+        if self.in_flight:
+            raise RuntimeError(
+                "mpisolve: solver.zero_grad() between backward() and step(): the gradients are being reduced; "
+                "zero them before the forward pass (or after step())"
+            )
         for bucket in self.buckets:
             bucket.buffer.flat.zero_()
             for p, view in zip(bucket.params, bucket.buffer.views):
                 if p.grad is None or p.grad.data_ptr() != view.data_ptr():
                     p.grad = view
-        self.rearm()
 
-    def rearm(self) -> None:
-        """Expect a new backward pass: every bucket waits for all its gradients again."""
+    def withhold(self) -> None:
+        """This rank contributes nothing to this step: zeros, no samples, not counted as a rank."""
+        if self.in_flight or self._reduced is not None:
+            raise RuntimeError("mpisolve: a rank can withhold only from a step it has not started")
+        self._withheld = True
         for bucket in self.buckets:
-            bucket.pending = len(bucket.params)
-            bucket.launched = False
-        self._next = 0
+            bucket.buffer.flat.zero_()
+            for p, view in zip(bucket.params, bucket.buffer.views):
+                p.grad = view
 
-    def finish(self, scale: float | None = None, local_samples: int | None = None) -> int:
-        """Start what backward did not, complete every bucket and scale the gradients.
+    def finish(self) -> Reduction:
+        """Start what backward did not, complete every bucket, average if asked; the step's :class:`Reduction`.
 
-        Returns the global sample count: the one that rode with the first bucket, or, when
-        ``local_samples`` is given (on every rank alike), the sum of those by one small
-        allreduce. 0 without ``samples``.
+        Called again before :meth:`rearm`, it returns the same reduction without reducing again.
         """
+        if self._reduced is not None:
+            return self._reduced
+        for bucket in self.buckets[self._next :]:
+            self._take_unreported(bucket)
         while self._next < len(self.buckets):
             self._start(self.buckets[self._next])
             self._next += 1
         for bucket in self.buckets:
             self.reducer.finish(bucket)
-        samples = 0
-        if local_samples is not None:
-            samples = int(self.comm.allreduce_(torch.tensor([float(local_samples)]), what="sample count").item())
-        elif self.samples is not None:
-            samples = int(round(self.buckets[0].wire[-1].item()))
+        samples, ranks = (int(round(v)) for v in self._tally.tolist())
+        scale = 1.0 / ranks if self.average and ranks > 0 else None
         for bucket in self.buckets:
             bucket.from_wire(scale)
-        return samples
+        self._reduced = Reduction(samples, ranks)
+        return self._reduced
+
+    def _take_unreported(self, bucket: Bucket) -> None:
+        """Gradients backward did not bring this step into the bucket: None counts as zero."""
+        if self._withheld:
+            return
+        for p, view in zip(bucket.params, bucket.buffer.views):
+            if self._reported[self._slot[id(p)]] == self._generation:
+                continue
+            if p.grad is None:
+                view.zero_()
+                p.grad = view
+            elif p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
+                p.grad = view
+
+    def rearm(self) -> None:
+        """Expect the next step's backward: every bucket waits for all its gradients again."""
+        if self.in_flight:
+            raise RuntimeError("mpisolve: buckets rearmed while their reduction is in flight")
+        for bucket in self.buckets:
+            bucket.pending = len(bucket.params)
+            bucket.launched = False
+        self._next = 0
+        self._generation += 1
+        self._reduced = None
+        self._withheld = False
+        self.backward_ran = False
 
     def close(self) -> None:
+        """Remove the hooks and free the reducer's MPI resources (complete a step in flight first)."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()

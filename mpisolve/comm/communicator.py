@@ -146,7 +146,11 @@ class Communicator:
         self.cuda_aware, self.cuda_aware_source = detect_cuda_aware(cuda_aware)
         self.device: torch.device = local_device(self.local_rank)
         self._named_splits: dict[Any, Communicator | None] = {}
+        self._children: list[Communicator] = []
         self._blocking: BlockingCall | None = None
+        #: Checks run between the polls of every wait here and on communicators split from
+        #: this one; a check ends the wait by raising (a solver's: another rank reached close()).
+        self.interrupts: list[Callable[[], None]] = []
 
     # ----------------------------------------------------------------- waiting
     def wait(self, requests: MPI.Request | Sequence[MPI.Request], what: str) -> None:
@@ -176,6 +180,7 @@ class Communicator:
                 now = time.perf_counter()
                 if now > deadline:
                     raise self.timed_out(what() if callable(what) else what)
+                self.check_interrupts()
                 if self.wait_policy == "yield":
                     if now < sleep_after:
                         os.sched_yield()
@@ -185,14 +190,25 @@ class Communicator:
         finally:
             self.add_blocked(time.perf_counter() - start)
 
+    def check_interrupts(self) -> None:
+        """Run the :attr:`interrupts` of this communicator and of those it was split from."""
+        comm: Communicator | None = self
+        while comm is not None:
+            for check in comm.interrupts:
+                check()
+            comm = comm._parent
+
     def blocking(self, what: str, target: int | None = None) -> BlockingCall:
         """A context for one call MPI offers only as blocking (``with comm.blocking("MPI_Win_lock", 2): ...``).
 
         Such a call cannot be polled by :meth:`wait`, so a watchdog thread watches it
         instead: past the timeout it reports :class:`CommTimeout` naming ``what`` (and
         the ``target`` rank) and aborts the job, since the blocked thread cannot raise.
-        The time spent in the call counts in :attr:`blocked_s`. One call at a time.
+        The time spent in the call counts in :attr:`blocked_s`. One call at a time, one
+        watchdog thread for a communicator and those split from it.
         """
+        if self._parent is not None:
+            return self._parent.blocking(what, target)
         if self._blocking is None:
             self._blocking = BlockingCall(self)
         return self._blocking.arm(what, target)
@@ -288,9 +304,23 @@ class Communicator:
         if sub != MPI.COMM_NULL:
             child = Communicator(sub, timeout_s=self.timeout_s, wait=self.wait_policy, cuda_aware=self.cuda_aware)
             child._parent = self
+            self._children.append(child)
         if name is not None:
             self._named_splits[name] = child
         return child
+
+    def free(self) -> None:
+        """Free the communicators split from this one and, if it was split itself, this one
+        (collective: every member calls it, with nothing in flight). Never the world."""
+        for child in self._children:
+            child.free()
+        self._children.clear()
+        self._named_splits.clear()
+        if self._parent is not None:
+            if self in self._parent._children:
+                self._parent._children.remove(self)
+            self.node.Free()
+            self.comm.Free()
 
     def agree(self, check: Callable[[], T]) -> T:
         """Run ``check`` on every rank; if it raises :class:`InputError` on any, raise it on all.
@@ -419,6 +449,10 @@ class PersistentCollective:
         self.stager.from_mpi()
 
     def free(self) -> None:
+        """Release the persistent request; refused while a started collective has not completed
+        (MPI forbids freeing an active request: complete it first, on every rank)."""
+        if self.request != MPI.REQUEST_NULL and not self.request.Test():
+            raise RuntimeError(f"a persistent {self.kind} was freed while still in flight: complete it first")
         if self._persistent is not None:
             self._persistent.Free()
             self._persistent = None

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from torch.amp import GradScaler
 
 from ..comm.buckets import FusedBuffer, wire_dtype
 from ..comm.communicator import CommTimeout
@@ -54,6 +55,7 @@ from ..comm.progress import ProgressThread, require_async_progress
 from ..options import require
 from .base import Solver, StepInfo, register
 from .lb_bsp import measure_speeds, proportional_batches
+from .nonfinite import all_finite
 
 Trigger = Literal["collective", "window", "samples"]
 LRScaling = Literal["none", "linear", "sqrt"]
@@ -174,6 +176,8 @@ class ABSSGD(Solver):
 
     name = "abs-sgd"
     Options = ABSSGDOptions
+    #: A rank may stop rounds before the others: ``close`` lets it catch up (see there).
+    tolerates_uneven = True
 
     def setup(self) -> None:
         if self.options.progress != "poll":
@@ -243,7 +247,9 @@ class ABSSGD(Solver):
     def _point_grads_at_views(self) -> None:
         for p, view in zip(self.params, self.grads.views):
             if p.grad is None or p.grad.data_ptr() != view.data_ptr():
-                if p.grad is not None:
+                if p.grad is None:  # set to None and then given no gradient: it contributes zeros
+                    view.zero_()
+                else:
                     view.copy_(p.grad)
                 p.grad = view
 
@@ -253,20 +259,31 @@ class ABSSGD(Solver):
         self._point_grads_at_views()
 
     # -------------------------------------------------------------------- step
-    def step(self, batch_size: int | None = None) -> StepInfo:
-        """Add this micro-batch to the round; apply last round's mean if its allreduce has completed."""
+    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
+        """Add this micro-batch to the round; apply last round's mean if its allreduce has completed.
+
+        ``scaler``: the micro-batch's gradients are unscaled; a non-finite micro-batch is left
+        out of the round (the scaler's skip); the rounds go on as usual.
+        """
         if self.closed:
             raise RuntimeError("solver 'abs-sgd' is closed")
         started_at = self._forward_at  # this micro-batch's first training forward
         n = self.take_samples(batch_size)
         if n == 0:  # no micro-batch: nothing to add, and a round needs one
+            self._end_step()
             return StepInfo(applied=False, global_samples=0, local_samples=0)
         if started_at is not None:
             self._timed_s += time.perf_counter() - started_at
             self._timed_samples += n
         self._point_grads_at_views()  # gradients set to None by the user come back into the buffer
-        self._sums[self._acc][: self._numel].add_(self.grads.flat, alpha=n)  # the mean gradient, summed
-        self._round_samples += n
+        finite = True
+        if scaler is not None and scaler.is_enabled():
+            self._unscale(scaler)
+            finite = all_finite([self.grads.flat])
+        self._end_step()
+        if finite:
+            self._sums[self._acc][: self._numel].add_(self.grads.flat, alpha=n)  # the mean gradient, summed
+            self._round_samples += n
         if self._in_flight and not self._round_over():
             return StepInfo(applied=False, global_samples=0, local_samples=n)
         applied, samples = self._finish_round() if self._in_flight else (False, 0)

@@ -33,18 +33,19 @@ center (the result) in every rank's model, and :meth:`evaluating` shows it meanw
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+from torch.amp import GradScaler
 
 from ..comm.buckets import FusedBuffer
 from ..comm.windows import Layout, Progress, SharedVector
 from ..kernels.elastic import elastic_exchange_
 from ..options import OptionError, option, require
-from .base import Solver, StepInfo, register
+from .base import Solver, StepInfo, collective_round, register
 
 
 # ------------------------------------------------------------------ options
@@ -158,9 +159,10 @@ class NesterovMomentum:
         self.velocity = torch.zeros_like(flat)
         self._delta = torch.empty_like(flat)
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, optimizer_step: Callable[[], None]) -> None:
+        """Around ``optimizer_step`` (the user's optimizer stepping the flat parameters)."""
         self._delta.copy_(self.flat)
-        optimizer.step()
+        optimizer_step()
         torch.sub(self.flat, self._delta, out=self._delta)
         self.velocity.mul_(self.momentum).add_(self._delta)
         self.flat.add_(self.velocity, alpha=self.momentum)
@@ -195,21 +197,23 @@ class _LocalSteps(Solver):
     def setup_exchange(self) -> None:
         """Build what the exchange needs (called once, at the end of construction)."""
 
-    def step(self, batch_size: int | None = None) -> StepInfo:
+    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         if self.closed:
             raise RuntimeError(f"solver {self.name!r} is closed")
+        self._unscale(scaler)
         local = self.take_samples(batch_size)
         # Each rank checks its own gradients and skips alone: nothing non-finite is exchanged.
-        applied = self.nonfinite.ok([p.grad for p in self.params if p.grad is not None], "local gradients")
+        applied = self._may_apply([p.grad for p in self.params if p.grad is not None], "local gradients", scaler)
         if applied and self.momentum is not None:
-            self.momentum.step(self.optimizer)
+            self.momentum.step(lambda: self._step_optimizer(scaler))
         elif applied:
-            self.optimizer.step()
+            self._step_optimizer(scaler)
         self.steps += 1  # a skipped step still counts towards tau: exchanges stay on schedule
         self._round_samples += local if applied else 0
         exchanged = self.steps % self.options.tau == 0
         if exchanged:
             self.exchange()
+        self._end_step()
         # A lockstep solver (easgd) reports every step as applied on every rank, so that all
         # count the same steps; its skipped steps add no samples.
         counted = self.reported_samples(local if applied else 0, exchanged)
@@ -220,7 +224,7 @@ class _LocalSteps(Solver):
 
     @abstractmethod
     def exchange(self) -> None:
-        """Meet the other workers (called every ``tau`` local steps)."""
+        """Meet the other workers (called every ``tau`` local steps; ends the round)."""
 
     def reported_samples(self, local: int, exchanged: bool) -> int:
         """``StepInfo.global_samples`` of a step: this rank's ``local`` samples (not lockstep)."""
@@ -280,10 +284,13 @@ class EASGD(_LocalSteps):
 
     x_c += alpha sum_i (x_i - x_c) and x_i -= alpha (x_i - x_c), both from the old
     values, with one allreduce of the differences. beta = ranks * alpha must be <= 1.
+    Under ``join()`` a rank whose data has run out pulls on the center at the next
+    exchange if it stepped since the last one, and not after.
     """
 
     name = "easgd"
     Options = EASGDOptions
+    round_unit = "exchanges"
     #: Every rank steps and exchanges in lockstep, and an exchange reports the samples all
     #: ranks covered since the previous one (they ride in its allreduce). Counted as the
     #: asynchronous solvers are, a rank could stop or evaluate while another waits in an
@@ -297,21 +304,39 @@ class EASGD(_LocalSteps):
         )
         self.center = self.flat.clone()
         n = self.flat.numel()
-        self._wire = torch.empty(n + 1, dtype=self.flat.dtype)  # the differences, then the round's samples
+        # The differences, then the round's samples and the ranks still in their loops.
+        self._wire = torch.empty(n + 2, dtype=self.flat.dtype)
         self._diff = self._wire[:n]
+        self._tally = self._wire[n:]
         self._sum = self.comm.persistent_allreduce(self._wire)
 
     def exchange(self) -> None:
-        torch.sub(self.flat, self.center, out=self._diff)
-        self.flat.sub_(self._diff, alpha=self.alpha)
-        self._wire[-1] = self._round_samples
+        self._exchange(active=True)
+
+    @collective_round
+    def _exchange(self, active: bool) -> None:
+        if active or self._round_samples > 0:
+            torch.sub(self.flat, self.center, out=self._diff)
+            self.flat.sub_(self._diff, alpha=self.alpha)
+        else:  # a rank that joined and has not stepped since the last exchange pulls nothing
+            self._diff.zero_()
+        self._tally[0] = self._round_samples
+        self._tally[1] = int(active)
         self._sum.start()
         self._sum.wait("easgd exchange")
         self.center.add_(self._diff, alpha=self.alpha)
+        self._end_round(int(round(float(self._tally[1]))))
+
+    def _shadow_round(self) -> bool:
+        """A joined rank's part in the next exchange."""
+        self.steps += self.options.tau - self.steps % self.options.tau
+        self._exchange(active=False)
+        self._round_samples = 0
+        return self._active_ranks > 0
 
     def reported_samples(self, local: int, exchanged: bool) -> int:
         """All ranks' samples since the previous exchange at an exchange, else 0 (lockstep)."""
-        return int(self._wire[-1]) if exchanged else 0
+        return int(self._tally[0]) if exchanged else 0
 
     def read_center(self, out: torch.Tensor) -> None:
         out.copy_(self.center)
@@ -323,6 +348,7 @@ class EASGD(_LocalSteps):
     def close(self) -> None:
         """Every rank's model becomes rank 0's center (bit for bit)."""
         if not self.closed:
+            self._end_rounds(busy=False, drain=None)
             self.comm.bcast_(self.center, what="easgd center")
             self.flat.copy_(self.center)
             self._sum.free()
@@ -331,9 +357,14 @@ class EASGD(_LocalSteps):
 
 # ------------------------------------------------------------------ windowed, asynchronous
 class _Windowed(_LocalSteps):
-    """The asynchronous solvers: the shared vector lives in a :class:`SharedVector`."""
+    """The asynchronous solvers: the shared vector lives in a :class:`SharedVector`.
+
+    Ranks may stop at different steps: ``close`` waits until every rank has stopped
+    writing, so ``join()`` has nothing to do.
+    """
 
     locked: ClassVar[bool]
+    tolerates_uneven = True
 
     def setup_exchange(self) -> None:
         self.vector = SharedVector(

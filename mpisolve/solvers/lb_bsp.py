@@ -14,13 +14,16 @@ import heapq
 import math
 import statistics
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
+
+from torch.amp import GradScaler
 
 from ..comm.buckets import Bucket, GradientBuckets, SumReducer
 from ..comm.communicator import Communicator
 from ..options import OptionError, option, require
-from .base import Solver, StepInfo, register
+from .base import Solver, StepInfo, SynchronousOptions, collective_round, register
 
 
 def parse_speeds(text: str) -> tuple[float, ...]:
@@ -74,7 +77,7 @@ def measure_speeds(
 
 
 @dataclass(frozen=True, kw_only=True)
-class LBBSPOptions:
+class LBBSPOptions(SynchronousOptions):
     """How the ranks' speeds are known, and the gradient buckets."""
 
     speeds: str = option(
@@ -97,7 +100,8 @@ class SampleWeightedSum:
 
     Each rank's gradients are the mean over its own micro-batch; the bucket is scaled by
     this rank's sample count before its allreduce starts, and by the global count (which
-    rides with the first bucket) when it completes.
+    rides with the first bucket) when it completes. A rank that contributes no samples
+    (under ``join()``) weighs nothing: the mean is over the samples present.
     """
 
     def __init__(self, comm: Communicator) -> None:
@@ -109,8 +113,8 @@ class SampleWeightedSum:
         self._sum.prepare(bucket)
 
     def start(self, bucket: Bucket) -> None:
-        if bucket.index == 0:  # started first; its extra element holds this rank's count
-            self._local = bucket.wire[-1].item()
+        if bucket.index == 0:  # started first; its first extra element holds this rank's count
+            self._local = bucket.wire[bucket.buffer.numel].item()
         bucket.wire[: bucket.buffer.numel].mul_(self._local)
         self._sum.start(bucket)
 
@@ -120,8 +124,8 @@ class SampleWeightedSum:
     def finish(self, bucket: Bucket) -> None:
         self._sum.finish(bucket)
         if bucket.index == 0:  # finished first
-            self._global = bucket.wire[-1].item()
-        bucket.wire[: bucket.buffer.numel].mul_(1.0 / self._global)
+            self._global = bucket.wire[bucket.buffer.numel].item()
+        bucket.wire[: bucket.buffer.numel].mul_(1.0 / self._global if self._global > 0 else 0.0)
 
     def close(self) -> None:
         self._sum.close()
@@ -166,20 +170,26 @@ class LBBSP(Solver):
     def zero_grad(self) -> None:
         self.grads.zero_()
 
-    def step(self, batch_size: int | None = None) -> StepInfo:
+    def no_sync(self) -> AbstractContextManager[None]:
+        return self.grads.no_sync()
+
+    @collective_round
+    def synchronize(self, *, scaler: GradScaler | None = None) -> None:
+        self.grads.finish()
+        self._unscale(scaler)
+
+    @collective_round
+    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         """Complete the weighted reduction and step. The sample counts are the forward passes'."""
         if batch_size is not None:
             raise ValueError(
                 "lb-bsp weights each rank's gradients by the samples its forward passes saw, "
                 "while backward runs: step(batch_size=...) cannot change them afterwards"
             )
-        global_samples = self.grads.finish()
-        local = self.take_samples(None)
-        # The reduced gradients are the same everywhere: every rank decides alike, unasked.
-        if not self.nonfinite.ok([b.buffer.flat for b in self.grads.buckets], "weighted gradients"):
-            return StepInfo(applied=False, global_samples=0, local_samples=local)
-        self.optimizer.step()
-        return StepInfo(applied=True, global_samples=global_samples, local_samples=local)
+        return self._bucket_step(self.grads, None, scaler, "weighted gradients")
+
+    def _shadow_round(self) -> bool:
+        return self._shadow_bucket_round(self.grads)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "speeds": self.speeds, "batch_sizes": self.batch_sizes}
@@ -192,5 +202,6 @@ class LBBSP(Solver):
 
     def close(self) -> None:
         if not self.closed:
+            self._end_rounds(busy=self.grads.in_flight, drain=self.grads.finish)
             self.grads.close()
         super().close()
