@@ -414,6 +414,19 @@ class Communicator:
         """The MPI library's own version string, first line."""
         return MPI.Get_library_version().strip().splitlines()[0]
 
+    def free(self) -> None:
+        """Free what this wrapper made (its node split, its named splits, theirs in turn); not ``comm`` itself.
+
+        Collective over the ranks of ``comm``. The wrapper cannot be used afterwards.
+        """
+        for child in self._named_splits.values():
+            if child is not None:
+                child.free()
+                child.comm.Free()
+        self._named_splits.clear()
+        if self.node != MPI.COMM_NULL:
+            self.node.Free()
+
     def abort(self, code: int = 1) -> None:
         """End the whole job now (every rank), e.g. after an unrecoverable error."""
         self.comm.Abort(code)
@@ -627,16 +640,43 @@ def finalize() -> None:
 
 
 def as_communicator(comm: MPI.Comm | Communicator | None) -> Communicator:
-    """The communicator a solver or collective should use: the world by default."""
+    """The communicator a solver or collective should use: the world by default.
+
+    An mpi4py communicator is wrapped once: the wrapper is cached on the communicator
+    itself (an MPI attribute), so a later call with it (or with another mpi4py object of
+    the same communicator) gets the same wrapper back without communicating, and freeing
+    the communicator frees what the wrapper made (its node split, Adasum's splits).
+    """
     if comm is None:
         return init()
     if isinstance(comm, Communicator):
         return comm
     if isinstance(comm, MPI.Comm):
-        # The world is wrapped once; other communicators are wrapped per call (a split
-        # of the node is a collective, so callers that reuse one should pass a Communicator).
-        return init() if comm == MPI.COMM_WORLD else Communicator(comm)
+        if comm == MPI.COMM_WORLD:
+            return init()
+        keyval = _wrapper_keyval()
+        wrapper = comm.Get_attr(keyval)
+        if not isinstance(wrapper, Communicator):
+            wrapper = Communicator(comm)
+            comm.Set_attr(keyval, wrapper)
+        return wrapper
     raise TypeError(f"comm must be an mpi4py communicator or a mpisolve Communicator, got {type(comm).__name__}")
+
+
+_WRAPPER_KEYVAL: int | None = None
+
+
+def _free_wrapper(comm: MPI.Comm, keyval: int, wrapper: Communicator) -> None:
+    """The attribute's delete callback: runs inside ``comm.Free()``, on every rank of ``comm``."""
+    wrapper.free()
+
+
+def _wrapper_keyval() -> int:
+    global _WRAPPER_KEYVAL
+    with _INIT_LOCK:
+        if _WRAPPER_KEYVAL is None:
+            _WRAPPER_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free_wrapper)
+        return _WRAPPER_KEYVAL
 
 
 __all__ = [
