@@ -367,7 +367,9 @@ class _SharedParameters(_Windowed):
         torch.sub(x, anchor, out=anchor)  # this worker's progress since its last pull
         shared.add_(anchor)
         x.copy_(shared)
-        anchor.copy_(shared)
+        # From the same read: on a wild window another rank may write between two reads of
+        # shared, and an anchor off the pulled x would make the next push cancel that write.
+        anchor.copy_(x)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "anchor": self.anchor.clone()}
