@@ -249,14 +249,16 @@ class Communicator:
         """
         return host_twin(tensor) if self.needs_staging(tensor) else None
 
-    def stager(self, tensor: torch.Tensor) -> Stager:
+    def stager(self, tensor: torch.Tensor, *, host: bool = False) -> Stager:
         """How ``tensor`` reaches MPI: directly, or through its own host twin.
 
         Call ``to_mpi()``, start the MPI operation on ``mpi_buffer(stager.memory)`` through
         :meth:`start` (it posts once the data is ready), and call ``from_mpi()`` after it
-        completed. Keep the stager to reuse its host buffer.
+        completed. Keep the stager to reuse its host buffer. ``host``: the memory must be
+        host memory whatever MPI takes (a window in host memory): a GPU tensor is staged.
         """
-        return Stager(tensor, self.host_twin(tensor))
+        staged = self.needs_staging(tensor) or (host and tensor.device.type != "cpu")
+        return Stager(tensor, host_twin(tensor) if staged else None)
 
     # ---------------------------------------------------------------- posting
     def start(self, posting: Posting) -> None:
