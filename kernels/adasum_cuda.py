@@ -11,13 +11,14 @@ its segment found by binary search, its coefficients computed from the summed st
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
 from numba import cuda
 
 from .adasum import TINY, _check
-from .dispatch import device_array
+from .dispatch import device_array, launch_stream, on_device
 
 #: Threads per block and elements per thread in the statistics pass.
 THREADS = 128
@@ -91,32 +92,36 @@ def _combine_kernel(a, b, bounds, stats, out):  # noqa: ANN001, ANN202
         out[i] = ca * a[i] + cb * b[i]
 
 
-def stats_arrays(a, b, bounds, out) -> None:  # noqa: ANN001 (numba device arrays)
+def stats_arrays(a: Any, b: Any, bounds: Any, out: Any, *, stream: Any = 0) -> None:
     """:func:`segment_stats` on numba device arrays; ``out`` must hold zeros."""
     n = a.shape[0]
     if n:
-        _stats_kernel[math.ceil(n / (THREADS * ITEMS)), THREADS](a, b, bounds, out)
+        _stats_kernel[math.ceil(n / (THREADS * ITEMS)), THREADS, stream](a, b, bounds, out)
 
 
-def combine_arrays(a, b, bounds, stats, out) -> None:  # noqa: ANN001 (numba device arrays)
+def combine_arrays(a: Any, b: Any, bounds: Any, stats: Any, out: Any, *, stream: Any = 0) -> None:
     """:func:`segment_combine` on numba device arrays."""
     n = a.shape[0]
     if n:
-        _combine_kernel[min(math.ceil(n / THREADS), 4096), THREADS](a, b, bounds, stats, out)
+        _combine_kernel[min(math.ceil(n / THREADS), 4096), THREADS, stream](a, b, bounds, stats, out)
 
 
 def segment_stats(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """GPU twin of :func:`mpisolve.kernels.adasum.segment_stats`."""
+    """GPU twin of :func:`mpisolve.kernels.adasum.segment_stats`, on torch's current stream."""
     _check(a, b, bounds, out)
     out.zero_()
-    stats_arrays(device_array(a), device_array(b), device_array(bounds), device_array(out))
+    with on_device(a):
+        arrays = [device_array(t) for t in (a, b, bounds, out)]
+        stats_arrays(*arrays, stream=launch_stream(a))
     return out
 
 
 def segment_combine(
     a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor, out: torch.Tensor
 ) -> torch.Tensor:
-    """GPU twin of :func:`mpisolve.kernels.adasum.segment_combine`."""
+    """GPU twin of :func:`mpisolve.kernels.adasum.segment_combine`, on torch's current stream."""
     _check(a, b, bounds, stats)
-    combine_arrays(device_array(a), device_array(b), device_array(bounds), device_array(stats), device_array(out))
+    with on_device(a):
+        arrays = [device_array(t) for t in (a, b, bounds, stats, out)]
+        combine_arrays(*arrays, stream=launch_stream(a))
     return out

@@ -82,6 +82,7 @@ class FusedBuffer:
             from ..kernels.fused import unpack
 
             unpack(self.flat, [t.detach() for t in tensors])
+            torch.autograd.graph.increment_version(list(tensors))  # written behind autograd's back
             return
         for view, t in zip(self.views, tensors):
             t.detach().copy_(view)

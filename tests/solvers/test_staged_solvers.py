@@ -18,6 +18,7 @@ from torch import nn
 
 import mpisolve
 from mpisolve.comm.communicator import Communicator
+from mpisolve.comm.device import detect_cuda_aware
 
 WINDOWED = ("async-sgd", "async-msgd", "hogwild-sgd", "async-easgd", "async-measgd", "ea-wild")
 OPTIONS = {
@@ -40,29 +41,32 @@ OPTIONS = {
 STEPS = 4
 
 
-def train(comm, name, **extra):
+def train(comm, name, device="cpu", **extra):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).to(device)
     options = {**OPTIONS.get(name, {}), **extra}
     if name == "lb-bsp":
         options["speeds"] = ",".join(["1"] * comm.size)
     solver = mpisolve.make_solver(name, model, torch.optim.SGD(model.parameters(), lr=0.05), comm, **options)
     windowed = name in WINDOWED
     if windowed:
-        assert (solver.local is not solver.flat) == (comm.stage_all and extra.get("window") != "device")
+        staged = comm.stage_all or device != "cpu"
+        assert (solver.local is not solver.flat) == (staged and extra.get("window") != "device")
     gen = torch.Generator().manual_seed(10 + comm.rank)
     for _ in range(STEPS):
         for turn in range(comm.size) if windowed else [comm.rank]:
             if turn == comm.rank:
                 solver.zero_grad()
-                model(torch.randn(4, 6, generator=gen)).square().mean().backward()
+                model(torch.randn(4, 6, generator=gen).to(device)).square().mean().backward()
+                if device != "cpu":
+                    torch.cuda._sleep(20_000_000)  # what step queues runs late: MPI must wait for it
                 solver.step()
             if windowed:
                 solver.vector.quiesce()
         if name == "abs-sgd":
             solver.state_dict()  # collective: completes the round in flight, so the next step applies it
     solver.close()
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
 
 
 @pytest.mark.mpi(min_size=2)
@@ -90,3 +94,20 @@ def test_a_window_in_the_models_memory_equals_the_host_windows_rma_path(name):
     internode = train(comm, name, force_internode=True)
     device = train(comm, name, window="device")
     assert torch.equal(device, internode)
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize("name", mpisolve.solvers())
+def test_every_solver_trains_a_cuda_model_as_a_cpu_one(name):
+    # Staged (any MPI) and, with a CUDA-aware MPI, direct; every step's work queued
+    # behind a long kernel, so MPI reading device memory early would see stale values.
+    reference = train(Communicator(), name)
+    aware = detect_cuda_aware()[0]
+    for cuda_aware in [False, True] if aware else [False]:
+        got = train(Communicator(cuda_aware=cuda_aware), name, device="cuda")
+        torch.testing.assert_close(got, reference, rtol=1e-4, atol=1e-5)
+    if name in WINDOWED and aware:
+        got = train(Communicator(cuda_aware=True), name, device="cuda", window="device")
+        torch.testing.assert_close(got, train(Communicator(), name, force_internode=True), rtol=1e-4, atol=1e-5)
