@@ -60,9 +60,9 @@ class FusedBuffer:
         """Copy ``tensors`` into their places in the flat buffer.
 
         Tensors of the buffer's dtype and device move in one fused byte copy
-        (``mpisolve.kernels.fused``: on the CPU about twice torch's copy speed on large
-        buffers, see ``bench kernels``; on a GPU one launch per 32 tensors on torch's
-        current stream); others are copied (and cast) tensor by tensor by torch.
+        (``mpisolve.kernels.fused``: on the CPU faster than torch's copy on large buffers,
+        ``bench kernels``, docs/studies/benchmarks.md; on a GPU one launch per 32 tensors on
+        torch's current stream); others are copied (and cast) tensor by tensor by torch.
         """
         if [t.numel() for t in tensors] != self.numels:
             raise ValueError("pack needs tensors of the sizes the buffer was laid out for")
