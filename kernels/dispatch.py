@@ -136,7 +136,7 @@ def on_device(tensor: torch.Tensor) -> Iterator[None]:
 class BenchCase:
     """One kernel against its plain torch/numpy equivalent on the same prepared data.
 
-    Each kernel module exposes ``bench_cases(numel: int) -> list[BenchCase]``;
+    Each kernel module exposes ``bench_cases(numel: int, device="cpu") -> list[BenchCase]``;
     ``python -m mpisolve bench kernels`` times both callables and prints their ratio.
     """
 

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 #: benchmark -> module. Each module is imported only when it runs.
 BENCHES: dict[str, str] = {
     "allreduce": "mpisolve.bench.allreduce",
@@ -26,6 +28,7 @@ BENCHES: dict[str, str] = {
     "kfac": "mpisolve.bench.kfac",
     "soak": "mpisolve.bench.soak",
     "sweep": "mpisolve.bench.sweep",
+    "step": "mpisolve.bench.step",
 }
 
 
@@ -53,6 +56,31 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """``--device``: the benchmark's tensors on the CPU or on this rank's GPU (``comm.device``)."""
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the benchmark's tensors live: cpu, or cuda (this rank's GPU; MPI staged or direct as detected)",
+    )
+
+
+def bench_device(args: argparse.Namespace, comm: Any) -> torch.device:
+    """The device ``--device`` names for this rank; an input error on every rank without CUDA."""
+    if args.device == "cpu":
+        return torch.device("cpu")
+    comm.agree(_require_cuda)
+    return comm.device
+
+
+def _require_cuda() -> None:
+    from ..options import InputError
+
+    if not torch.cuda.is_available():
+        raise InputError("--device cuda needs a CUDA device, and torch sees none here")
+
+
 def median_seconds(fn: Callable[[], None], comm, repeats: int, warmup: int) -> float:  # noqa: ANN001
     """Median wall seconds of ``fn`` over ``repeats``, all ranks starting together each time.
 
@@ -73,6 +101,8 @@ def interleaved_medians(fns: dict[str, Callable[[], None]], comm, repeats: int, 
             comm.barrier()
             start = time.perf_counter()
             fn()
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()  # the GPU work fn queued is part of its time
             times[name].append(comm.reduce_scalar(time.perf_counter() - start, op="max"))
     return {name: statistics.median(t) for name, t in times.items()}
 
