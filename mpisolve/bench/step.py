@@ -12,6 +12,7 @@ one), each time including the wait for the GPU work it queued.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from torch import nn
 from ..comm.communicator import Communicator
 from ..options import InputError
 from ..solvers import make_solver, solvers
+from ..solvers.base import solver_class
 from ..train.models import MODELS, build_model
 from . import add_device_argument, bench_device, interleaved_medians
 from .allreduce import MODEL_INPUTS
@@ -45,10 +47,13 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     y = torch.randint(0, classes, (args.batch,), generator=generator).to(device)
     loss_fn = nn.CrossEntropyLoss()
 
+    # Solvers that apply their own momentum (async-msgd, async-measgd) take an optimizer without.
+    momentum = 0.0 if "momentum" in {f.name for f in dataclasses.fields(solver_class(args.solver).Options)} else 0.9
+
     def model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(0)
         model = build_model(args.model, in_shape, classes).to(device)
-        return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum)
 
     plain_model, plain_optimizer = model_and_optimizer()
     model, optimizer = model_and_optimizer()
