@@ -150,17 +150,17 @@ def torch_segment_combine(
     return out
 
 
-def bench_cases(numel: int) -> list[BenchCase]:
+def bench_cases(numel: int, device: str | torch.device = "cpu") -> list[BenchCase]:
     """The kernels against their torch equivalents on a float32 buffer of ``numel``
     elements cut into 62 segments of uneven sizes (as resnet18's tensors are)."""
     generator = torch.Generator().manual_seed(0)
     weights = torch.rand(62, generator=generator) ** 4
     lengths = torch.floor(weights / weights.sum() * numel).to(torch.int64)
     lengths[0] += numel - int(lengths.sum())
-    bounds = torch.cat((torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)))
-    a = torch.randn(numel, generator=generator)
-    b = torch.randn(numel, generator=generator)
-    stats = torch.zeros(len(lengths), 3, dtype=torch.float64)
+    bounds = torch.cat((torch.zeros(1, dtype=torch.int64), lengths.cumsum(0))).to(device)
+    a = torch.randn(numel, generator=generator).to(device)
+    b = torch.randn(numel, generator=generator).to(device)
+    stats = torch.zeros(len(lengths), 3, dtype=torch.float64, device=device)
     segment_stats(a, b, bounds, stats)
     out = torch.empty_like(a)
     return [

@@ -11,14 +11,14 @@ its segment found by binary search, its coefficients computed from the summed st
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from numba import cuda
 
 from .adasum import TINY, _check
-from .dispatch import device_array
+from .dispatch import device_array, launch_stream, on_device
 
 if TYPE_CHECKING:
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
@@ -98,34 +98,46 @@ def _combine_kernel(
         out[i] = ca * a[i] + cb * b[i]
 
 
-def stats_arrays(a: DeviceNDArray, b: DeviceNDArray, bounds: DeviceNDArray, out: DeviceNDArray) -> None:
+def stats_arrays(
+    a: DeviceNDArray, b: DeviceNDArray, bounds: DeviceNDArray, out: DeviceNDArray, *, stream: Any = 0
+) -> None:
     """:func:`segment_stats` on numba device arrays; ``out`` must hold zeros."""
     n = a.shape[0]
     if n:
-        _stats_kernel[math.ceil(n / (THREADS * ITEMS)), THREADS](a, b, bounds, out)
+        _stats_kernel[math.ceil(n / (THREADS * ITEMS)), THREADS, stream](a, b, bounds, out)
 
 
 def combine_arrays(
-    a: DeviceNDArray, b: DeviceNDArray, bounds: DeviceNDArray, stats: DeviceNDArray, out: DeviceNDArray
+    a: DeviceNDArray,
+    b: DeviceNDArray,
+    bounds: DeviceNDArray,
+    stats: DeviceNDArray,
+    out: DeviceNDArray,
+    *,
+    stream: Any = 0,
 ) -> None:
     """:func:`segment_combine` on numba device arrays."""
     n = a.shape[0]
     if n:
-        _combine_kernel[min(math.ceil(n / THREADS), 4096), THREADS](a, b, bounds, stats, out)
+        _combine_kernel[min(math.ceil(n / THREADS), 4096), THREADS, stream](a, b, bounds, stats, out)
 
 
 def segment_stats(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """GPU twin of :func:`mpisolve.kernels.adasum.segment_stats`."""
+    """GPU twin of :func:`mpisolve.kernels.adasum.segment_stats`, on torch's current stream."""
     _check(a, b, bounds, out)
     out.zero_()
-    stats_arrays(device_array(a), device_array(b), device_array(bounds), device_array(out))
+    with on_device(a):
+        arrays = [device_array(t) for t in (a, b, bounds, out)]
+        stats_arrays(*arrays, stream=launch_stream(a))
     return out
 
 
 def segment_combine(
     a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor, out: torch.Tensor
 ) -> torch.Tensor:
-    """GPU twin of :func:`mpisolve.kernels.adasum.segment_combine`."""
+    """GPU twin of :func:`mpisolve.kernels.adasum.segment_combine`, on torch's current stream."""
     _check(a, b, bounds, stats)
-    combine_arrays(device_array(a), device_array(b), device_array(bounds), device_array(stats), device_array(out))
+    with on_device(a):
+        arrays = [device_array(t) for t in (a, b, bounds, stats, out)]
+        combine_arrays(*arrays, stream=launch_stream(a))
     return out

@@ -55,11 +55,11 @@ def _exchange_cpu(x: torch.Tensor, center: torch.Tensor, alpha: float) -> None:
 elastic_exchange_ = by_device(_exchange_cpu, "mpisolve.kernels.elastic_cuda:elastic_exchange_")
 
 
-def bench_cases(numel: int) -> list[BenchCase]:
+def bench_cases(numel: int, device: str | torch.device = "cpu") -> list[BenchCase]:
     """The kernel against the same update in plain torch (its temporary preallocated)."""
     gen = torch.Generator().manual_seed(0)
-    x, center = torch.randn(numel, generator=gen), torch.randn(numel, generator=gen)
-    tmp = torch.empty(numel)
+    x, center = torch.randn(numel, generator=gen).to(device), torch.randn(numel, generator=gen).to(device)
+    tmp = torch.empty(numel, device=device)
     alpha = 0.1
 
     def torch_exchange() -> None:

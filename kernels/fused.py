@@ -148,15 +148,15 @@ def bench_sizes(numel: int, count: int) -> list[int]:
     return [int(s) for s in sizes]
 
 
-def bench_cases(numel: int) -> list[BenchCase]:
+def bench_cases(numel: int, device: str | torch.device = "cpu") -> list[BenchCase]:
     """Pack against ``torch.cat(..., out=flat)`` and unpack against split-and-copy, few and many tensors."""
-    return [case for count in (4, 200) for case in _bench_cases(bench_sizes(numel, min(count, numel)))]
+    return [case for count in (4, 200) for case in _bench_cases(bench_sizes(numel, min(count, numel)), device)]
 
 
-def _bench_cases(sizes: list[int]) -> list[BenchCase]:
-    tensors = [torch.randn(n) for n in sizes]
+def _bench_cases(sizes: list[int], device: str | torch.device) -> list[BenchCase]:
+    tensors = [torch.randn(n, device=device) for n in sizes]
     views = [t.view(-1) for t in tensors]
-    flat = torch.empty(sum(sizes))
+    flat = torch.empty(sum(sizes), device=device)
     pieces = flat.split(sizes)
 
     def torch_unpack() -> None:

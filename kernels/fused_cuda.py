@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from numba import cuda
 
-from .dispatch import device_array, launch_stream
+from .dispatch import device_array, launch_stream, on_device
 from .fused import layout
 
 if TYPE_CHECKING:
@@ -97,9 +97,9 @@ def _copy(tensors: Sequence[torch.Tensor], flat: torch.Tensor, into_flat: bool) 
             raise ValueError(f"tensor {i} is on {t.device}, the flat buffer on {flat.device}")
     unit = copy_unit(flat.dtype)
     offsets = (layout(tensors, flat)[:-1] // unit.itemsize).tolist()
-    with cuda.gpus[flat.device.index]:
-        arrays = [device_array(as_units(t, unit), sync=False) for t in tensors]
-        flat_array = device_array(as_units(flat, unit), sync=False)
+    with on_device(flat):
+        arrays = [device_array(as_units(t, unit)) for t in tensors]
+        flat_array = device_array(as_units(flat, unit))
         _copy_arrays(arrays, flat_array, offsets, into_flat, launch_stream(flat), MAX_BLOCKS)
 
 

@@ -203,7 +203,7 @@ inverse_spd_ = by_device(_inverse_spd_cpu, "mpisolve.kernels.inverse_cuda:invers
 eigh_psd_ = by_device(_eigh_psd_cpu, "mpisolve.kernels.inverse_cuda:eigh_psd_")
 
 
-def bench_cases(numel: int) -> list[BenchCase]:
+def bench_cases(numel: int, device: str | torch.device = "cpu") -> list[BenchCase]:
     """One batched call against a loop of per-matrix calls, for a few matrix sizes.
 
     Each size stacks as many matrices as fit in ``numel`` elements (at least 2); both
@@ -214,9 +214,9 @@ def bench_cases(numel: int) -> list[BenchCase]:
     for n in (16, 64, 256):
         batch = max(2, numel // (n * n))
         x = torch.randn(batch, n, 2 * n, generator=generator)
-        source = x @ x.transpose(1, 2) / (2 * n)
+        source = (x @ x.transpose(1, 2) / (2 * n)).to(device)
         stack = torch.empty_like(source)
-        values = torch.empty(batch, n)
+        values = torch.empty(batch, n, device=device)
         shifts = [1e-3] * batch
 
         def batched_inverse(

@@ -83,15 +83,15 @@ pack_triu = by_device(_pack_cpu, "mpisolve.kernels.triangle_cuda:pack_triu")
 unpack_triu_ = by_device(_unpack_cpu, "mpisolve.kernels.triangle_cuda:unpack_triu_")
 
 
-def bench_cases(numel: int) -> list[BenchCase]:
+def bench_cases(numel: int, device: str | torch.device = "cpu") -> list[BenchCase]:
     """Packing and unpacking an n x n matrix of about ``numel`` elements against torch's
     index-based gather and scatter (``index_select``, two ``index_copy_``)."""
     n = max(2, int(numel**0.5))
     x = torch.randn(n, n)
-    matrix = x + x.T
-    packed = torch.empty(triangle_numel(n))
-    out = torch.empty(n, n)
-    rows, cols = torch.triu_indices(n, n)
+    matrix = (x + x.T).to(device)
+    packed = torch.empty(triangle_numel(n), device=device)
+    out = torch.empty(n, n, device=device)
+    rows, cols = torch.triu_indices(n, n, device=device)
     upper, lower = rows * n + cols, cols * n + rows
 
     def reference_pack() -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from numba import cuda
 
-from .dispatch import device_array, launch_stream
+from .dispatch import device_array, launch_stream, on_device
 from .triangle import _check
 
 if TYPE_CHECKING:
@@ -56,14 +56,14 @@ def unpack_arrays(packed: Any, out: Any, *, stream: Any = 0) -> None:
 def pack_triu(matrix: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """On torch's current stream, ordered after the work that produced ``matrix``."""
     _check(matrix, out)
-    with cuda.gpus[matrix.device.index]:
-        pack_arrays(device_array(matrix, sync=False), device_array(out, sync=False), stream=launch_stream(matrix))
+    with on_device(matrix):
+        pack_arrays(device_array(matrix), device_array(out), stream=launch_stream(matrix))
     return out
 
 
 def unpack_triu_(packed: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """On torch's current stream, ordered after the work that produced ``packed``."""
     _check(out, packed)
-    with cuda.gpus[packed.device.index]:
-        unpack_arrays(device_array(packed, sync=False), device_array(out, sync=False), stream=launch_stream(packed))
+    with on_device(packed):
+        unpack_arrays(device_array(packed), device_array(out), stream=launch_stream(packed))
     return out

@@ -14,11 +14,13 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..comm.communicator import Communicator
+
+import torch
 
 #: benchmark -> module. Each module is imported only when it runs.
 BENCHES: dict[str, str] = {
@@ -29,6 +31,7 @@ BENCHES: dict[str, str] = {
     "kfac": "mpisolve.bench.kfac",
     "soak": "mpisolve.bench.soak",
     "sweep": "mpisolve.bench.sweep",
+    "step": "mpisolve.bench.step",
 }
 
 
@@ -56,6 +59,31 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """``--device``: the benchmark's tensors on the CPU or on this rank's GPU (``comm.device``)."""
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the benchmark's tensors live: cpu, or cuda (this rank's GPU; MPI staged or direct as detected)",
+    )
+
+
+def bench_device(args: argparse.Namespace, comm: Communicator) -> torch.device:
+    """The device ``--device`` names for this rank; an input error on every rank without CUDA."""
+    if args.device == "cpu":
+        return torch.device("cpu")
+    comm.agree(_require_cuda)
+    return comm.device
+
+
+def _require_cuda() -> None:
+    from ..options import InputError
+
+    if not torch.cuda.is_available():
+        raise InputError("--device cuda needs a CUDA device, and torch sees none here")
+
+
 def median_seconds(fn: Callable[[], object], comm: Communicator, repeats: int, warmup: int) -> float:
     """Median wall seconds of ``fn`` over ``repeats``, all ranks starting together each time.
 
@@ -65,7 +93,7 @@ def median_seconds(fn: Callable[[], object], comm: Communicator, repeats: int, w
 
 
 def interleaved_medians(
-    fns: dict[str, Callable[[], object]], comm: Communicator, repeats: int, warmup: int
+    fns: Mapping[str, Callable[[], object]], comm: Communicator, repeats: int, warmup: int
 ) -> dict[str, float]:
     """:func:`median_seconds` of several functions, timed in turn within each repeat, so
     that load from outside the benchmark falls on all of them alike and their ratios hold."""
@@ -78,6 +106,8 @@ def interleaved_medians(
             comm.barrier()
             start = time.perf_counter()
             fn()
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()  # the GPU work fn queued is part of its time
             times[name].append(comm.reduce_scalar(time.perf_counter() - start, op="max"))
     return {name: statistics.median(t) for name, t in times.items()}
 

@@ -61,19 +61,37 @@ class FusedBuffer:
     def pack(self, tensors: Sequence[torch.Tensor]) -> None:
         """Copy ``tensors`` into their places in the flat buffer.
 
-        On the CPU, tensors of the buffer's dtype move in one fused byte copy
-        (``mpisolve.kernels.fused``, faster than torch's copy on large buffers: ``bench kernels``,
-        docs/studies/benchmarks.md); otherwise each tensor is copied (and cast) by torch.
+        Tensors of the buffer's dtype and device move in one fused byte copy
+        (``mpisolve.kernels.fused``: on the CPU faster than torch's copy on large buffers,
+        ``bench kernels``, docs/studies/benchmarks.md; on a GPU one launch per 32 tensors on
+        torch's current stream); others are copied (and cast) tensor by tensor by torch.
         """
         if [t.numel() for t in tensors] != self.numels:
             raise ValueError("pack needs tensors of the sizes the buffer was laid out for")
-        if self.flat.is_cpu and all(t.is_cpu and t.dtype == self.flat.dtype for t in tensors):
+        if self._fusable(tensors):
             from ..kernels.fused import pack
 
-            pack([t.contiguous() for t in tensors], self.flat)
+            pack([t.detach().contiguous() for t in tensors], self.flat)
             return
         for view, t in zip(self.views, tensors):
             view.copy_(t)
+
+    def unpack(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Copy the flat buffer's pieces into ``tensors`` (of the sizes laid out), as :meth:`pack` moves them."""
+        if [t.numel() for t in tensors] != self.numels:
+            raise ValueError("unpack needs tensors of the sizes the buffer was laid out for")
+        if self._fusable(tensors) and all(t.is_contiguous() for t in tensors):
+            from ..kernels.fused import unpack
+
+            unpack(self.flat, [t.detach() for t in tensors])
+            torch.autograd.graph.increment_version(list(tensors))  # written behind autograd's back
+            return
+        for view, t in zip(self.views, tensors):
+            t.detach().copy_(view)
+
+    def _fusable(self, tensors: Sequence[torch.Tensor]) -> bool:
+        """Whether the fused kernel moves ``tensors``: all of the buffer's dtype and device."""
+        return all(t.dtype == self.flat.dtype and t.device == self.flat.device for t in tensors)
 
 
 def plan_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:

@@ -26,8 +26,17 @@ shard while reading and writing it (a parameter server serving one worker at a t
 is the EASGD paper's beta = p alpha = 0.9). The ``m`` variants apply Nesterov momentum
 to each local step of the user's optimizer (v = mu v + delta; x += mu v), so give them an
 optimizer without momentum. The model's parameters become views into one flat tensor
-(one dtype, CPU); buffers (batch-norm statistics) stay per rank. ``close()`` leaves the
-center (the result) in every rank's model, and :meth:`evaluating` shows it meanwhile.
+(one dtype, on the model's device, CPU or GPU); buffers (batch-norm statistics) stay per
+rank. ``close()`` leaves the center (the result) in every rank's model, and
+:meth:`evaluating` shows it meanwhile.
+
+On a GPU, ``easgd``'s allreduce goes to MPI as every collective does (directly to a
+CUDA-aware MPI, else staged). The windowed solvers keep the shared vector in host memory
+(``window="host"``, the default): an exchange copies the parameters into a pinned host
+twin, reused every time, runs there (on the host, as on the CPU) and copies them back.
+``window="device"`` puts the shared vector in the model's device memory instead
+(``MPI_Win_create``; needs an MPI whose one-sided operations take device memory), and
+the exchange runs on the device with the GPU kernels, without copies to the host.
 """
 
 from __future__ import annotations
@@ -36,12 +45,13 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch.amp import GradScaler
 
 from ..comm.buckets import FusedBuffer
+from ..comm.device import Stager
 from ..comm.windows import Layout, Progress, SharedVector
 from ..kernels.elastic import elastic_exchange_
 from ..options import OptionError, option, require
@@ -66,9 +76,13 @@ class EASGDOptions:
         require(self.rho is None or self.rho > 0, f"rho must be > 0, got {self.rho}")
 
 
+WindowMemory = Literal["host", "device"]
+WINDOW_MEMORY: tuple[str, ...] = ("host", "device")
+
+
 @dataclass(frozen=True, kw_only=True)
 class WindowOptions:
-    """The shared vector's MPI window: who owns it, who moves its operations along."""
+    """The shared vector's MPI window: who owns it, who moves its operations along, where it lives."""
 
     layout: Layout = option(
         "sharded",
@@ -80,6 +94,18 @@ class WindowOptions:
         "(launch with MPICH_ASYNC_PROGRESS=1), or the library alone (none)",
     )
     force_internode: bool = option(False, "use the inter-node path even when all ranks share a node (to test it)")
+    window: WindowMemory = option(
+        "host",
+        "host: MPI allocates the shared vector in host memory, a GPU model's parameters reach it through a pinned "
+        "host twin; device: the vector lives in the model's device memory (MPI_Win_create; a GPU model needs an "
+        "MPI whose one-sided operations take device memory)",
+    )
+
+    def __post_init__(self) -> None:
+        require(self.window in WINDOW_MEMORY, f"window must be one of {', '.join(WINDOW_MEMORY)}, got {self.window!r}")
+        later = getattr(super(), "__post_init__", None)  # EASGDOptions' checks, for the async EASGD options
+        if later is not None:
+            later()
 
 
 def _check_momentum(momentum: float) -> None:
@@ -93,6 +119,7 @@ class AsyncSGDOptions(WindowOptions):
     tau: int = option(1, "local steps between pushes to the shared parameters (1: every step)")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
 
 
@@ -132,7 +159,7 @@ class AsyncMEASGDOptions(AsyncEASGDOptions):
 def flatten_parameters(
     params: list[torch.nn.Parameter], *, who: str = "the EASGD family", extra: int = 0
 ) -> torch.Tensor:
-    """Make ``params`` views into one flat tensor (one copy, now) and return it.
+    """Make ``params`` views into one flat tensor on their device (one copy, now) and return it.
 
     ``extra`` trailing elements follow the parameters (e.g. a sample count that rides
     along in the same message); ``who`` names the solver in errors.
@@ -141,9 +168,10 @@ def flatten_parameters(
     if len(dtypes) != 1 or not dtypes <= {torch.float32, torch.float64}:
         found = ", ".join(sorted(map(str, dtypes)))
         raise OptionError(f"{who} needs parameters of one dtype, float32 or float64; got {found}")
-    if any(p.device.type != "cpu" for p in params):
-        raise OptionError(f"{who} keeps its vectors in host memory: move the model to the CPU")
-    flat = FusedBuffer([p.shape for p in params], params[0].dtype, extra=extra)
+    devices = {p.device for p in params}
+    if len(devices) != 1:
+        raise OptionError(f"{who} needs parameters on one device; got {', '.join(sorted(map(str, devices)))}")
+    flat = FusedBuffer([p.shape for p in params], params[0].dtype, params[0].device, extra=extra)
     flat.pack([p.detach() for p in params])
     for p, view in zip(params, flat.views):
         p.data = view
@@ -305,7 +333,7 @@ class EASGD(_LocalSteps):
         self.center = self.flat.clone()
         n = self.flat.numel()
         # The differences, then the round's samples and the ranks still in their loops.
-        self._wire = torch.empty(n + 2, dtype=self.flat.dtype)
+        self._wire = torch.empty(n + 2, dtype=self.flat.dtype, device=self.flat.device)
         self._diff = self._wire[:n]
         self._tally = self._wire[n:]
         self._sum = self.comm.persistent_allreduce(self._wire)
@@ -361,12 +389,20 @@ class _Windowed(_LocalSteps):
 
     Ranks may stop at different steps: ``close`` waits until every rank has stopped
     writing, so ``join()`` has nothing to do.
+
+    The exchange's function sees this worker's parameters as :attr:`local`, in the
+    memory the vector lives in: the flat parameters themselves (a CPU model, or
+    ``window="device"``), else their pinned host twin, which :attr:`stage` fills before
+    the exchange and copies back after (reused every time).
     """
 
     locked: ClassVar[bool]
     tolerates_uneven = True
 
     def setup_exchange(self) -> None:
+        on_device = self.options.window == "device"
+        if on_device and self.flat.device.type == "cuda":
+            self.comm.agree(lambda: _require_cuda_aware(self.comm.cuda_aware, self.comm.cuda_aware_source))
         self.vector = SharedVector(
             self.comm,
             self.flat.numel(),
@@ -375,11 +411,29 @@ class _Windowed(_LocalSteps):
             locked=self.locked,
             force_internode=self.options.force_internode,
             progress=self.options.progress,
+            device=self.flat.device if on_device else None,
         )
+        self.stage = Stager(self.flat) if on_device else self.comm.stager(self.flat, host=True)
+        #: This worker's parameters where the exchange sees them (the vector's memory).
+        self.local = self.stage.memory
         self.vector.store_(self.flat)
 
+    def exchange(self) -> None:
+        self.stage.to_mpi()
+        self.comm.wait_for(self.stage.ready, f"{self.name}: parameters to reach the exchange")
+        self.vector.update(self.exchange_function)
+        self.stage.from_mpi()
+
+    @abstractmethod
+    def exchange_function(self, center: torch.Tensor, start: int, stop: int) -> None:
+        """Exchange elements ``start:stop`` of :attr:`local` with ``center`` (in place, both)."""
+
     def read_center(self, out: torch.Tensor) -> None:
-        self.vector.read(out)
+        if self.local is self.flat or out.device == self.local.device:
+            self.vector.read(out)
+        else:
+            self.vector.read(self.local)  # refilled from the parameters by the next exchange
+            out.copy_(self.local)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -389,9 +443,17 @@ class _Windowed(_LocalSteps):
         """Collective: wait until every rank has stopped writing, load the center, free the window."""
         if not self.closed:
             self.vector.quiesce()
-            self.vector.read(self.flat)
+            self.read_center(self.flat)
             self.vector.close()
         super().close()
+
+
+def _require_cuda_aware(aware: bool, source: str) -> None:
+    require(
+        aware,
+        f"window='device' puts the shared vector in GPU memory, which needs a CUDA-aware MPI; this one is not "
+        f"({source}): use window='host'",
+    )
 
 
 class _SharedParameters(_Windowed):
@@ -399,17 +461,18 @@ class _SharedParameters(_Windowed):
 
     def setup_exchange(self) -> None:
         super().setup_exchange()
-        self.anchor = self.flat.clone()
+        #: The parameters as last pulled, in the vector's memory.
+        self.anchor = torch.empty_like(self.local)
+        self.anchor.copy_(self.flat)
 
-    def exchange(self) -> None:
-        self.vector.update(self._push_pull)
-
-    def _push_pull(self, shared: torch.Tensor, start: int, stop: int) -> None:
-        x, anchor = self.flat[start:stop], self.anchor[start:stop]
+    def exchange_function(self, shared: torch.Tensor, start: int, stop: int) -> None:
+        x, anchor = self.local[start:stop], self.anchor[start:stop]
         torch.sub(x, anchor, out=anchor)  # this worker's progress since its last pull
         shared.add_(anchor)
         x.copy_(shared)
-        anchor.copy_(shared)
+        # From the same read: on a wild window another rank may write between two reads of
+        # shared, and an anchor off the pulled x would make the next push cancel that write.
+        anchor.copy_(x)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "anchor": self.anchor.clone()}
@@ -422,11 +485,8 @@ class _SharedParameters(_Windowed):
 class _ElasticExchange(_Windowed):
     """Asynchronous EASGD: d = alpha (x_i - x_c); x_i -= d; x_c += d, against the shared center."""
 
-    def exchange(self) -> None:
-        self.vector.update(self._pull_together)
-
-    def _pull_together(self, center: torch.Tensor, start: int, stop: int) -> None:
-        elastic_exchange_(self.flat[start:stop], center, self.alpha)
+    def exchange_function(self, center: torch.Tensor, start: int, stop: int) -> None:
+        elastic_exchange_(self.local[start:stop], center, self.alpha)
 
 
 @register

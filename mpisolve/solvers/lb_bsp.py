@@ -18,6 +18,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch.amp import GradScaler
 
 from ..comm.buckets import Bucket, GradientBuckets, SumReducer
@@ -106,15 +107,19 @@ class SampleWeightedSum:
 
     def __init__(self, comm: Communicator) -> None:
         self._sum = SumReducer(comm)
-        self._local = 1.0
+        self._local = torch.ones(())  # this rank's count, on the buckets' device (set in prepare)
         self._global = 1.0
 
     def prepare(self, bucket: Bucket) -> None:
         self._sum.prepare(bucket)
+        if bucket.index == 0:
+            self._local = torch.ones((), dtype=bucket.wire.dtype, device=bucket.wire.device)
 
     def start(self, bucket: Bucket) -> None:
+        # Called from autograd hooks: device operations only, no read back to the host
+        # (that would synchronize the stream inside backward).
         if bucket.index == 0:  # started first; its first extra element holds this rank's count
-            self._local = bucket.wire[bucket.buffer.numel].item()
+            self._local.copy_(bucket.wire[bucket.buffer.numel])  # a copy: the element itself is summed in flight
         bucket.wire[: bucket.buffer.numel].mul_(self._local)
         self._sum.start(bucket)
 
