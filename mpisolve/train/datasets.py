@@ -62,6 +62,11 @@ def read_cifar10(path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, t
             f"cifar10: {path} is not a directory (give the cifar-10-batches-py directory of CIFAR-10's python version)"
         )
     missing = [name for name in CIFAR10_FILES if not (root / name).is_file()]
+    if len(missing) == len(CIFAR10_FILES):
+        raise InputError(
+            f"cifar10: {root} holds none of CIFAR-10's files "
+            "(give the cifar-10-batches-py directory of CIFAR-10's python version)"
+        )
     if missing:
         raise InputError(
             f"cifar10: {root} lacks {', '.join(missing)} "
@@ -235,6 +240,12 @@ def factory_datasets(spec: str) -> tuple[Any, Any, int | None]:
             f"--dataset {spec}: the factory returned a {type(result).__name__}; "
             "expected (train, test) or (train, test, classes)"
         )
+    for side, dataset in zip(("training", "test"), result[:2]):
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise InputError(
+                f"--dataset {spec}: the {side} set is a {type(dataset).__name__}, "
+                "not a map-style torch Dataset (len, [i])"
+            )
     classes = result[2] if len(result) == 3 else None
     if classes is not None and (not isinstance(classes, int) or isinstance(classes, bool) or classes < 1):
         raise InputError(f"--dataset {spec}: classes must be an int >= 1, got {classes!r}")

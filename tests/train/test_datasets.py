@@ -66,6 +66,7 @@ def test_cifar10_batches_stream_through_the_shards(tmp_path):
     ("damage", "message"),
     [
         ("missing_folder", "is not a directory"),
+        ("empty_folder", "holds none of CIFAR-10's files"),
         ("missing_file", "lacks data_batch_3"),
         ("not_a_pickle", "data_batch_2 is not a CIFAR-10 batch"),
         ("wrong_shape", "b'data' must be a uint8 array of N x 3072"),
@@ -78,6 +79,8 @@ def test_cifar10_problems_name_the_file(tmp_path, damage, message):
     spec = f"cifar10:{folder}"
     if damage == "missing_folder":
         spec = f"cifar10:{tmp_path / 'nowhere'}"
+    elif damage == "empty_folder":
+        spec = f"cifar10:{tmp_path}"
     elif damage == "missing_file":
         (folder / "data_batch_3").unlink()
     elif damage == "not_a_pickle":
@@ -210,6 +213,7 @@ def test_factory_data_and_model(user_module):
         ("{m}:absent", "--dataset {m}:absent: {m} has no attribute 'absent'"),
         ("{m}:NOT_CALLABLE", "--dataset {m}:NOT_CALLABLE: NOT_CALLABLE is a int, not a callable"),
         ("{m}:broken_data", "the factory returned a list; expected (train, test) or (train, test, classes)"),
+        ("{m}:two_numbers", "the training set is a int, not a map-style torch Dataset"),
         ("{m}:raising_data", "the factory raised RuntimeError: no data here (at tiny_user_code.py:"),
         ("{m}:make_model", "the factory requires in_shape, classes; mpisolve gives no arguments"),
         ("cifar10:", "give the path, cifar10:PATH"),

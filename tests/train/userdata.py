@@ -123,6 +123,10 @@ def write_module(folder: Path) -> Path:
                 return [1, 2, 3, 4]
 
 
+            def two_numbers():
+                return 1, 2
+
+
             def raising_data():
                 raise RuntimeError("no data here")
             """
