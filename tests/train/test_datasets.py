@@ -202,6 +202,7 @@ def test_factory_data_and_model(user_module):
     assert len(data.train) == 64 and len(data.test) == 32
     model = model_for(f"{user_module}:make_model", data, seed=0)
     assert model[1].in_features == 3 * 6 * 6 and model[3].out_features == 4  # it got in_shape and classes
+    assert model.training  # the check's forward pass in eval mode leaves it in training mode
     digits = load_dataset(f"{user_module}:digits_data")
     assert digits.classes == 10 and digits.in_shape == (1, 8, 8)
 
