@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The ABS-SGD heterogeneous-cluster study (issues 5 and 19), one command: bash perf/abs_sgd.sh
+# Write-up, figures and provenance: docs/studies/abs-sgd.md
 #
 # 4 ranks; the homogeneous cluster, the three presets of mpisolve/train/hetero.py and
 # moving-straggler (straggler, the slow rank changing every 2 s: --hetero-every); the
@@ -9,7 +10,7 @@
 # OUT/mlp-<cluster>/seed<k>, and each job holds the CPU lock alone (one run per hold, 1-2
 # minutes; CLUSTERS picks clusters). perf/abs_sgd_report.py then writes results.csv,
 # results.json, table.md and abs_sgd.png into OUT (medians over the seeds) and prints the
-# verdicts. Write-up: docs/studies/abs-sgd.md.
+# verdicts.
 #
 # Every rank computes on an emulated device (--device-ms 10: a micro-batch of n samples
 # takes factor x n x 10 ms, real compute included), so 4 ranks sharing 2 cores behave as
