@@ -3,7 +3,7 @@
 # One command: bash perf/abs_sgd_ablation.sh
 #
 # Every combination of four factors, each on (the default) or off:
-#   prediction   delay compensation: weight_prediction=1, off: 0
+#   prediction   delay compensation: weight_prediction=1.5, off: 0
 #   momentum     momentum_correction=true, off: false
 #   lr           batch-proportional learning rate: on: lr_scaling=linear, off (the default): none
 #   bounded      max_round_batches=1, off: none (rounds last until the allreduce completes)
@@ -21,7 +21,7 @@ OUT=${OUT:-perf/results/abs_sgd_ablation}
 SEEDS=${SEEDS:-0 1 2 3 4}
 MODES=${MODES:-real emulated}
 export VENV SEEDS MODES
-for prediction in 1 0; do
+for prediction in 1.5 0; do
     for momentum in true false; do
         for lr in none linear; do
             for bounded in 1 none; do

@@ -1,7 +1,8 @@
 """Summarise the ABS-SGD ablation (perf/abs_sgd_ablation.sh): OUT/ablation.csv and OUT/ablation.md.
 
 Reads ``OUT/<variant>/<cell>/seed<k>/abs-sgd.summary.json``, the variant naming each
-factor's setting (``prediction1-momentum_true-lr_none-bounded_1``). Per variant and cell:
+factor's setting (``prediction1.5-momentum_true-lr_none-bounded_1``; the prediction column
+gives c). Per variant and cell:
 the seeds that reached the target, the median epochs to it (a miss counting as infinitely
 long: "miss" when half the seeds or more missed), the median final accuracy, the median
 number of updates in the run and the mean global batch of an update (samples over
@@ -46,7 +47,7 @@ def main(out: str) -> int:
             train_size = runs[0]["samples_per_s"] * runs[0]["wall_s"] / runs[0]["epochs"]  # samples in an epoch
             rows.append(
                 {
-                    "prediction": on(float(variant["p"]) > 0),
+                    "prediction": f"c={float(variant['p']):g}" if float(variant["p"]) > 0 else "off",
                     "momentum correction": on(variant["m"] == "true"),
                     "batch-proportional lr": on(variant["lr"] != "none"),
                     "bounded rounds": on(variant["b"] != "none"),
@@ -62,7 +63,7 @@ def main(out: str) -> int:
     if not rows:
         print(f"no results under {root}", file=sys.stderr)
         return 1
-    rows.sort(key=lambda r: (r["compute"] != "real", [r[k] == "off" for k in list(r)[:4]]))
+    rows.sort(key=lambda r: (r["compute"] != "real", [r[k] == "off" for k in list(r)[:4]], r["prediction"]))
     with (root / "ablation.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -29,7 +29,7 @@ measures them):
   previous round's allreduce. Unbounded rounds (the rule as written) grow to several times
   synchronous SGD's global batch wherever the allreduce outlasts a micro-batch, and at one
   learning rate each update then costs that many more samples.
-- ``weight_prediction=1``: a round's micro-batches compute their gradients at the weights
+- ``weight_prediction=1.5``: a round's micro-batches compute their gradients at the weights
   predicted for when the round is applied, ``w + c (w - w_before_last_update)``. The model
   holds the predicted weights while it trains; :meth:`ABSSGD.evaluating`, ``close`` and
   checkpoints keep the true ones.
@@ -48,7 +48,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -56,7 +56,7 @@ import torch
 from ..comm.buckets import FusedBuffer, wire_dtype
 from ..comm.communicator import CommTimeout
 from ..comm.progress import ProgressThread, require_async_progress
-from ..options import require
+from ..options import option, require
 from .base import Solver, StepInfo, register
 from .lb_bsp import measure_speeds, proportional_batches
 
@@ -78,72 +78,50 @@ class ABSSGDOptions:
     """When a round ends, how an update follows the delay and the round's batch, who moves
     MPI along, how large each rank's micro-batches are (docs/solvers/abs-sgd.md)."""
 
-    trigger: Trigger = field(
-        default="collective",
-        metadata={
-            "help": "when a round ends: at the first micro-batch after the previous round's allreduce completed; "
-            "'window': also not before window_s seconds; 'samples': a round whose global count (with any carried "
-            "before it) is below min_samples is carried into the next"
-        },
+    trigger: Trigger = option(
+        "collective",
+        "when a round ends: at the first micro-batch after the previous round's allreduce completed; 'window': "
+        "also not before window_s seconds; 'samples': a round whose global count (with any carried before it) is "
+        "below min_samples is carried into the next",
     )
-    window_s: float | None = field(
-        default=None, metadata={"help": "trigger='window': the shortest round, in seconds on this rank"}
+    window_s: float | None = option(None, "trigger='window': the shortest round, in seconds on this rank")
+    min_samples: int | None = option(None, "trigger='samples': the smallest global sample count of an update")
+    lr_scaling: LRScaling = option(
+        "none",
+        "each update's learning rate: as given, or times N / reference_batch ('linear') or its square root "
+        "('sqrt'), N the update's global samples",
     )
-    min_samples: int | None = field(
-        default=None, metadata={"help": "trigger='samples': the smallest global sample count of an update"}
+    reference_batch: int | None = option(
+        None,
+        "the global batch lr_scaling and momentum_correction compare an update's with (default: the first "
+        "update's, synchronous SGD's global batch)",
     )
-    lr_scaling: LRScaling = field(
-        default="none",
-        metadata={
-            "help": "each update's learning rate: as given, or times N / reference_batch ('linear') or its square "
-            "root ('sqrt'), N the update's global samples"
-        },
+    progress: ProgressMode = option(
+        "thread",
+        "who moves the allreduce along while the rank computes: a thread testing it every progress_ms; 'poll': "
+        "step()'s tests only; 'mpich': MPICH's own thread (launch with MPICH_ASYNC_PROGRESS=1)",
     )
-    reference_batch: int | None = field(
-        default=None,
-        metadata={
-            "help": "the global batch lr_scaling and momentum_correction compare an update's with "
-            "(default: the first update's, synchronous SGD's global batch)"
-        },
+    progress_ms: float = option(1.0, "the progress thread's interval, in milliseconds")
+    micro_batch: MicroBatch = option(
+        "adaptive",
+        "each rank's micro-batch: synchronous SGD's global batch split by the speeds every rank measures, split "
+        "again as they change; 'speed': split once; 'fixed': the configured size everywhere",
     )
-    progress: ProgressMode = field(
-        default="thread",
-        metadata={
-            "help": "who moves the allreduce along while the rank computes: a thread testing it every progress_ms; "
-            "'poll': step()'s tests only; 'mpich': MPICH's own thread (launch with MPICH_ASYNC_PROGRESS=1)"
-        },
+    measure_batches: int = option(3, "timed micro-batches whose median gives each rank's speed at the start")
+    weight_prediction: float = option(
+        1.5,
+        "delay compensation c: a round's gradients are computed at w + c * (the last update); 0: at w, the rule "
+        "as written",
     )
-    progress_ms: float = field(default=1.0, metadata={"help": "the progress thread's interval, in milliseconds"})
-    micro_batch: MicroBatch = field(
-        default="adaptive",
-        metadata={
-            "help": "each rank's micro-batch: synchronous SGD's global batch split by the speeds every rank "
-            "measures, split again as they change; 'speed': split once; 'fixed': the configured size everywhere"
-        },
+    max_round_batches: int | None = option(
+        1,
+        "micro-batches a rank computes per round before it waits for the previous round's allreduce; None: no "
+        "limit (the rule as written)",
     )
-    measure_batches: int = field(
-        default=3, metadata={"help": "timed micro-batches whose median gives each rank's speed at the start"}
-    )
-    weight_prediction: float = field(
-        default=1.0,
-        metadata={
-            "help": "delay compensation c: a round's gradients are computed at w + c * (the last update); "
-            "0: at w, the rule as written"
-        },
-    )
-    max_round_batches: int | None = field(
-        default=1,
-        metadata={
-            "help": "micro-batches a rank computes per round before it waits for the previous round's allreduce; "
-            "None: no limit (the rule as written)"
-        },
-    )
-    momentum_correction: bool = field(
-        default=True,
-        metadata={
-            "help": "each update lowers the optimizer's momentum for the one-round delay and the round's batch "
-            "and raises its lr to keep lr / (1 - momentum); False: the optimizer's settings as given"
-        },
+    momentum_correction: bool = option(
+        True,
+        "each update lowers the optimizer's momentum for the one-round delay and the round's batch and raises "
+        "its lr to keep lr / (1 - momentum); False: the optimizer's settings as given",
     )
 
     def __post_init__(self) -> None:

@@ -54,7 +54,7 @@ def documented_momentum(momentum, ratio):
 @pytest.mark.parametrize(
     "progress, prediction, correction, max_round_batches",
     [
-        ("thread", 1.0, True, 1),  # the defaults
+        ("thread", 1.5, True, 1),  # the defaults
         ("thread", 1.0, True, None),  # rounds of several micro-batches: the correction follows their size
         ("poll", 1.0, False, None),
         ("thread", 0.0, False, 1),
