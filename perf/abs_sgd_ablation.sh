@@ -9,7 +9,9 @@
 #   bounded      max_round_batches=1, off: none (rounds last until the allreduce completes)
 # on make demo's configuration (4 ranks, --hetero straggler, the MLP on digits, batch 32,
 # lr 0.05, momentum 0.9; real compute) and on the same with emulated devices
-# (--device-ms 4), SEEDS seeds each (default 0-4), 5 epochs, target 0.95: the grid's cells
+# (--device-ms 4), SEEDS seeds each (default 0-4), 5 epochs, target 0.95 (SCALINGS and
+# BOUNDS restrict the last two factors: the emulated runs, whose rounds hold one
+# micro-batch either way, take only SCALINGS=none BOUNDS=1): the grid's cells
 # (perf/abs_sgd_grid.sh runs them, one job per seed under the shared lock), into
 # OUT/<variant>/. perf/abs_sgd_ablation_report.py then writes OUT/ablation.csv and
 # OUT/ablation.md: per variant and cell, the seeds that reached the target, the median
@@ -20,11 +22,13 @@ VENV=${VENV:-.venv}
 OUT=${OUT:-perf/results/abs_sgd_ablation}
 SEEDS=${SEEDS:-0 1 2 3 4}
 MODES=${MODES:-real emulated}
+SCALINGS=${SCALINGS:-none linear}  # batch-proportional lr: off, on
+BOUNDS=${BOUNDS:-1 none}           # bounded rounds: on, off
 export VENV SEEDS MODES
 for prediction in 1.5 0; do
     for momentum in true false; do
-        for lr in none linear; do
-            for bounded in 1 none; do
+        for lr in $SCALINGS; do
+            for bounded in $BOUNDS; do
                 variant="prediction$prediction-momentum_$momentum-lr_$lr-bounded_$bounded"
                 SET="--set abs-sgd.weight_prediction=$prediction --set abs-sgd.momentum_correction=$momentum"
                 SET="$SET --set abs-sgd.lr_scaling=$lr --set abs-sgd.max_round_batches=$bounded"

@@ -12,6 +12,12 @@ delay 0 with rounds of one batch. Test accuracy is evaluated every quarter epoch
 script prints, per setting, the epochs each seed needed to reach ``--target`` (None: not
 within ``--epochs``) and appends them to ``--csv``. Counts only, no timing:
 ``python perf/abs_sgd_delay.py --batch 128 --lr 0.05``. Write-up: docs/studies/abs-sgd.md.
+
+``--stability`` prints instead, for heavy ball with momentum b whose gradient is one update
+late and taken at the prediction with coefficient c, the largest stable ``lr x curvature``
+on a quadratic, in units of ``1 - b`` (so that it compares step sizes ``lr / (1 - b)``): the
+largest root of ``z^3 - (1 + b) z^2 + (b + a (1 + c)) z - a c`` stays inside the unit circle
+for ``a = lr x curvature`` below it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -125,6 +132,31 @@ def epochs_to_target(
     return None
 
 
+def largest_stable_step(momentum: float, prediction: float) -> float:
+    """The largest ``lr x curvature`` (over ``1 - momentum``) for which the delayed heavy ball converges."""
+
+    def stable(a: float) -> bool:
+        roots = np.roots([1.0, -(1.0 + momentum), momentum + a * (1.0 + prediction), -a * prediction])
+        return bool(np.max(np.abs(roots)) < 1.0)
+
+    low, high = 0.0, 1e-3
+    while stable(high):
+        low, high = high, 2 * high
+    for _ in range(50):
+        middle = (low + high) / 2
+        low, high = (middle, high) if stable(middle) else (low, middle)
+    return low / (1.0 - momentum)
+
+
+def stability_table() -> None:
+    predictions = (0.0, 0.5, 1.0, 1.25, 1.5, 1.75, 2.0)
+    print("momentum | " + " | ".join(f"c={c:g}" for c in predictions))
+    for momentum in (0.8, 8 / 9, 0.9, 0.95):
+        row = [f"{largest_stable_step(momentum, c):.2f}" for c in predictions]
+        print(f"{momentum:.3f} | " + " | ".join(row))
+    print("without the delay: lr x curvature / (1 - b) < 2 (1 + b) / (1 - b), 38 at b = 0.9")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=128, help="synchronous SGD's global batch")
@@ -134,7 +166,11 @@ def main() -> None:
     parser.add_argument("--epochs", type=float, default=5.0)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--csv", type=Path, default=Path("perf/results/abs_sgd_delay/delay.csv"))
+    parser.add_argument("--stability", action="store_true", help="print the quadratic's stability table and stop")
     args = parser.parse_args()
+    if args.stability:
+        stability_table()
+        return
     torch.set_num_threads(1)
     data = load_dataset("digits")
     print(f"MLP on digits, global batch {args.batch}, lr {args.lr}, momentum {args.momentum}: epochs to {args.target}")
