@@ -111,7 +111,7 @@ def _time_kfac(args, comm, x, y, in_shape, classes, options) -> dict[str, Any]: 
         "factors": len(solver.factors),
         "replicated_factors": sum(1 for o in solver.owners if o == EVERY_RANK),
         "factor_messages": len(solver.exchange.groups),
-        "inverse_broadcasts": len(solver.inverter.broadcast_groups),
+        "inverse_broadcasts": len(solver.inverter.messages),
         "packed_inverses": sum(solver.inverse_packed),
     }
     if solver.comm_models:

@@ -1,6 +1,7 @@
 """The "kfac" solver on real ranks: the contract, variant equivalence, placement, state, fallbacks."""
 
 import copy
+import time
 
 import pytest
 import torch
@@ -266,9 +267,24 @@ def test_inverter_places_inverts_and_shares_results(method, fuse):
     owners = [i % comm.size if i % 3 else EVERY_RANK for i in range(len(dims))]
     shifts = [0.1 * (i + 1) for i in range(len(dims))]
     packed = [i % 2 == 1 for i in range(len(dims))]  # inverses broadcast as triangles or in full
-    inverter = Inverter(comm.split(0), factors, owners, method=method, packed=packed, fuse_broadcasts=fuse)
-    statuses = inverter.run(shifts)
-    assert statuses == [0] * len(dims)
+    inverter = Inverter(
+        comm.split(0),
+        factors,
+        range(len(dims)),
+        owners,
+        method=method,
+        packed=packed,
+        fuse_broadcasts=fuse,
+        epoch=time.perf_counter(),
+    )
+    inverter.start(shifts)
+    assert all(inverter.ready(f) for f, owner in enumerate(owners) if owner in (EVERY_RANK, comm.rank))
+    inverter.wait(len(dims) - 1)
+    assert inverter.ready(len(dims) - 1)
+    inverter.finish()
+    assert inverter.statuses.tolist() == [0] * len(dims)
+    seconds = inverter.seconds
+    assert seconds["inversion"] > 0 and seconds["inverse_wait"] >= 0 and seconds["inverse_transfer"] >= 0
     for f, factor in enumerate(factors):
         dense = factor.matrix()
         if method == "inverse":
