@@ -230,7 +230,7 @@ class KFACSolver(Solver):
             self.group_comm,
             self.factors,
             members,
-            [o_ if o_ == placement.EVERY_RANK else group_ranks.index(o_) for o_ in self.owners],
+            [group_ranks.index(r) if r in group_ranks else placement.EVERY_RANK for r in self.owners],
             method=o.method,
             packed=self.inverse_packed,
             fuse_broadcasts=o.variant == "spd-kfac",

@@ -55,11 +55,25 @@ def same_on_every_rank(comm, tensor):
     return all(g == gathered[0] for g in gathered)
 
 
+#: Gradient-worker fractions: every rank preconditions every layer, groups of two, one rank per layer.
+FRACTIONS = (1.0, 0.5, 0.0)
+
+
+def workers_or_skip(comm, fraction):
+    """Gradient workers per layer at this world size, or skip a fraction that does not divide it."""
+    workers = max(1, round(comm.size * fraction))
+    if comm.size % workers:
+        pytest.skip(f"grad_worker_fraction {fraction} does not divide {comm.size} ranks")
+    return workers
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3, 4)
+@pytest.mark.parametrize("fraction", FRACTIONS)
 @pytest.mark.parametrize("method", ["eigen", "inverse"])
-def test_variants_equal_one_process_on_the_global_batch(method):
+def test_variants_equal_one_process_on_the_global_batch(method, fraction):
     comm = Communicator()
+    workers_or_skip(comm, fraction)
     alone = comm.split(comm.rank)  # a one-rank communicator: the single-process reference
     shard = slice(comm.rank * 3, (comm.rank + 1) * 3)
     data = batches(4, comm.size)
@@ -85,6 +99,7 @@ def test_variants_equal_one_process_on_the_global_batch(method):
             torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
             comm=comm.comm,
             variant=variant,
+            grad_worker_fraction=fraction,
             **options,
         )
         train(model, solver, data, shard)
