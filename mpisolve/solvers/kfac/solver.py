@@ -259,6 +259,7 @@ class KFACSolver(Solver):
         self.steps = 0
         self._damping_used = 0.0
         self._capturing = True
+        self._invert_next = False
         self.timings = dict.fromkeys(PHASES, 0.0)
 
     # ------------------------------------------------------------ structure
@@ -448,7 +449,8 @@ class KFACSolver(Solver):
             self.timings["factor_compute"] += time.perf_counter() - middle
             if self._fusion_pending:
                 self._profile()
-        inverting = step % o.inv_update_steps == 0
+        inverting = step % o.inv_update_steps == 0 or self._invert_next
+        self._invert_next = False
         if inverting:
             self._start_inverses(_schedule(o.damping, step, "damping"))
         global_samples = self.grads.finish(scale=1.0 / self.comm.size, local_samples=batch_size)
@@ -601,6 +603,7 @@ class KFACSolver(Solver):
             steps=self.steps,
             damping_used=self._damping_used,
             factors={f.name: f.state_dict() for f in self.factors},
+            decomposed=sorted(self.layers[i].spec.name for i in self.own_layers),
         )
         return state
 
@@ -616,6 +619,11 @@ class KFACSolver(Solver):
         for layer in self.layers:
             layer.refresh_scale(self._damping_used)
         self._capturing = self.steps % self.options.factor_update_steps == 0
+        # A rank's state holds the decompositions of the layers it preconditioned; loaded where
+        # other layers are this rank's (another world size or fraction), invert at the next step.
+        own = {self.layers[i].spec.name for i in self.own_layers}
+        missing = torch.tensor([0 if own <= set(state.get("decomposed", ())) else 1], dtype=torch.int32)
+        self._invert_next = bool(self.factor_comm.allreduce_(missing, op="max", what="K-FAC state check"))
         self.exchange.rearm()
 
     def close(self) -> None:
