@@ -26,7 +26,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
@@ -36,7 +36,7 @@ from torch import nn
 from ...comm.buckets import GradientBuckets
 from ...kernels.inverse import FAILED, RECOVERED, eigh_psd_, inverse_spd_
 from ...kernels.triangle import triangle_numel, unpack_triu_
-from ...options import OptionError, require
+from ...options import OptionError, option, require
 from ..base import Solver, StepInfo, register
 from . import placement
 from .exchange import FactorExchange
@@ -51,10 +51,6 @@ VARIANTS = ("d-kfac", "mpd-kfac", "spd-kfac")
 PROBE_LIMIT = 1 << 22
 
 
-def _option(default: Any, help_text: str) -> Any:
-    return field(default=default, metadata={"help": help_text})
-
-
 @dataclass(frozen=True, kw_only=True)
 class KFACOptions:
     """Options of the "kfac" solver (docs/solvers/kfac.md gives the defaults' reasons).
@@ -64,44 +60,44 @@ class KFACOptions:
     ("never" for mpd-kfac, "auto" for spd-kfac), ``pack_triangles`` (True for spd-kfac).
     """
 
-    variant: Literal["d-kfac", "mpd-kfac", "spd-kfac"] = _option(
+    variant: Literal["d-kfac", "mpd-kfac", "spd-kfac"] = option(
         "spd-kfac", "how factor work is spread and communicated: d-kfac, mpd-kfac or spd-kfac (same parameters)"
     )
-    method: Literal["eigen", "inverse"] = _option(
+    method: Literal["eigen", "inverse"] = option(
         "inverse", "inverse (factored Tikhonov damping, batched Cholesky) or eigen (exact damping, eigh)"
     )
-    damping: float | Callable[[int], float] = _option(
+    damping: float | Callable[[int], float] = option(
         0.001, "Tikhonov damping, or callable(step) -> damping read at inversion steps; > 0"
     )
-    factor_decay: float = _option(0.95, "running-average decay of the Kronecker factors, in [0, 1)")
-    kl_clip: float | None = _option(0.001, "KL clip of the preconditioned step; None disables it")
-    factor_update_steps: int = _option(10, "steps between factor updates")
-    inv_update_steps: int = _option(100, "steps between inversions; a multiple of factor_update_steps")
-    lr: float | Callable[[int], float] | None = _option(
+    factor_decay: float = option(0.95, "running-average decay of the Kronecker factors, in [0, 1)")
+    kl_clip: float | None = option(0.001, "KL clip of the preconditioned step; None disables it")
+    factor_update_steps: int = option(10, "steps between factor updates")
+    inv_update_steps: int = option(100, "steps between inversions; a multiple of factor_update_steps")
+    lr: float | Callable[[int], float] | None = option(
         None, "sets every param group's lr before each step (float or callable(step)); None keeps the optimizer's"
     )
-    skip: tuple | list = _option((), "module names, class names or classes left unpreconditioned")
-    bucket_mb: float = _option(25.0, "gradient bucket size in MB, as the allreduce solver's")
-    grad_worker_fraction: float = _option(
+    skip: tuple | list = option((), "module names, class names or classes left unpreconditioned")
+    bucket_mb: float = option(25.0, "gradient bucket size in MB, as the allreduce solver's")
+    grad_worker_fraction: float = option(
         1.0,
         "fraction of ranks that precondition each layer (KAISA's): 1 every rank; 1/ranks or 0 the rank that "
         "inverts it, which broadcasts the result; between: groups; ranks x fraction must divide the ranks",
     )
-    fusion: Literal["dynamic", "none"] | None = _option(
+    fusion: Literal["dynamic", "none"] | None = option(
         None, "spd-kfac: dynamic (fitted-model merge of factor messages) or none; None: the variant's"
     )
-    fusion_profile_steps: int = _option(5, "factor steps measured (after one warm-up) before the fusion plan")
-    placement: Literal["balanced", "round-robin"] | None = _option(
+    fusion_profile_steps: int = option(5, "factor steps measured (after one warm-up) before the fusion plan")
+    placement: Literal["balanced", "round-robin"] | None = option(
         None, "who inverts and preconditions what (mpd/spd): balanced or round-robin; None: the variant's"
     )
-    placement_cost: Literal["flops", "measured"] = _option(
+    placement_cost: Literal["flops", "measured"] = option(
         "flops", "placement cost of inversions and preconditioning: flop counts, or seconds timed at construction"
     )
-    replicate: Literal["auto", "never"] | None = _option(
+    replicate: Literal["auto", "never"] | None = option(
         None,
         "auto: a group inverts a factor on every member where that beats its broadcast (timed); None: the variant's",
     )
-    pack_triangles: bool | None = _option(
+    pack_triangles: bool | None = option(
         None, "factors travel and are averaged as upper triangles; None: the variant's (spd-kfac: True)"
     )
 
