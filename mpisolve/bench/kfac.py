@@ -87,9 +87,8 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
                 inv_update_steps=1,
                 kl_clip=0.001,
                 grad_worker_fraction=fraction,
+                placement_cost=args.placement_cost,
             )
-            if variant != "d-kfac":
-                options["placement_cost"] = args.placement_cost
             if variant == "spd-kfac":
                 options["fusion_profile_steps"] = args.profile_steps
             key = variant if fraction == fractions[0] else f"{variant}@{fraction:g}"
