@@ -19,7 +19,7 @@ import torch
 
 from ...comm.buckets import FusedBuffer
 from ...comm.communicator import Communicator, PersistentBcast
-from .inversion import STAMP_SLOTS, read_stamp, split_blocked, write_stamp
+from .inversion import STAMP_SLOTS, duplicate, read_stamp, split_blocked, write_stamp
 
 
 class GradientSharing:
@@ -45,7 +45,7 @@ class GradientSharing:
         self._root_comms: list[Communicator] = []
         if comm.size > 1:
             for root in sorted(set(self.roots)):
-                root_comm = comm.split(0)
+                root_comm = duplicate(comm)
                 self._root_comms.append(root_comm)
                 for layer, r in enumerate(self.roots):
                     if r == root:

@@ -28,12 +28,13 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
 
 from ...comm.buckets import GradientBuckets
+from ...comm.communicator import Communicator
 from ...kernels.inverse import FAILED, RECOVERED, eigh_psd_, inverse_spd_
 from ...kernels.triangle import triangle_numel, unpack_triu_
 from ...options import OptionError, option, require
@@ -42,7 +43,7 @@ from . import placement
 from .exchange import FactorExchange
 from .factors import find_layers
 from .fusion import CommModel, measure_comm_model, plan_fusion, probe_sizes
-from .inversion import Inverter, result_shapes
+from .inversion import Inverter, duplicate, result_shapes
 from .layers import KFACLayer, factored_damping, precondition_matrix
 from .sharing import GradientSharing
 
@@ -196,7 +197,7 @@ class KFACSolver(Solver):
         for s in specs:
             if s.module.weight.dtype not in (torch.float16, torch.bfloat16):
                 dtype = torch.promote_types(dtype, s.module.weight.dtype)
-        self.device = devices.pop()
+        self.device = cast(torch.device, devices.pop())
         ranks, rank = self.comm.size, self.comm.rank
         #: Gradient-worker groups (see placement): this rank's group and row.
         self.groups = placement.worker_groups(ranks, gradient_workers(o.grad_worker_fraction, ranks))
@@ -206,9 +207,9 @@ class KFACSolver(Solver):
         )
         # Factor traffic has its own communicator: its collectives, started from forward and
         # backward hooks, never have to be ordered against the gradient buckets'.
-        self.factor_comm = self.comm.split(0)
-        self.group_comm = self.comm.split(self.group)
-        self.row_comm = self.comm.split(rank // len(self.groups))
+        self.factor_comm = duplicate(self.comm)
+        self.group_comm = self._split(self.group)
+        self.row_comm = self._split(rank // len(self.groups))
         self.factor_comm.barrier("K-FAC clock")
         epoch = time.perf_counter()  # an instant every rank shares, to split waiting from transfer
         self.packed = bool(o.resolved("pack_triangles"))
@@ -259,6 +260,11 @@ class KFACSolver(Solver):
         self.timings = dict.fromkeys(PHASES, 0.0)
 
     # ------------------------------------------------------------ structure
+    def _split(self, color: int) -> Communicator:
+        sub = self.comm.split(color)
+        assert sub is not None  # every rank passes a color
+        return sub
+
     def _unfused_groups(self) -> list[list[int]]:
         """Before (or without) fusion: one message for all (d/mpd) or one per factor (spd)."""
         forward = [2 * i for i in range(len(self.layers))]
