@@ -12,13 +12,14 @@
 # launched with mpiexec (rank and size from MPI), with its default gradient-worker
 # fraction (COMM-OPT); mpisolve runs spd-kfac at GRAD_WORKER_FRACTIONS.
 #
-# Each configuration (implementation, method, kind of iteration) is one mpiexec run in one
-# hold of the exclusive CPU lock (LOCK), so other work gets through between them. Kinds:
-# inverse (factors and inverses every step: the every-step figure), factor (factors every
-# step, inverses at step 0 only) and plain (neither after step 0); the typical schedule
-# (factors every 10 steps, inverses every 100) is weighted from them (perf/kfac_kaisa.py).
-# ONLY="regex" runs the configurations whose name matches. Results: OUT/<name>.json
-# (one JSON line each), OUT/<name>.load (the load average before the run), OUT/table.md.
+# Each method and kind of iteration is one hold of the exclusive CPU lock (LOCK), in which
+# the implementations run back to back, one mpiexec run each (a few minutes in all), so
+# other work gets through between holds. Kinds: inverse (factors and inverses every step:
+# the every-step figure), factor (factors every step, inverses at step 0 only) and plain
+# (neither after step 0); the typical schedule (factors every 10 steps, inverses every 100)
+# is weighted from them (perf/kfac_kaisa.py). ONLY="regex" runs the configurations whose
+# name matches. Results: OUT/<name>.json (one JSON line each), OUT/<name>.load (the load
+# average before the run), OUT/table.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,32 +41,39 @@ mkdir -p "$OUT"
 kaisa=0
 if [[ -n $SRC ]]; then
     [[ -f $SRC/kfac/preconditioner.py ]] || { echo "$SRC is not a kfac-pytorch tree (no kfac/preconditioner.py)" >&2; exit 2; }
-    "$PY" -m pip install --quiet --no-deps --no-build-isolation "$SRC"
+    [[ -n ${KFAC_KAISA_HOLD:-} ]] || "$PY" -m pip install --quiet --no-deps --no-build-isolation "$SRC"
     kaisa=1
 else
     echo "no kfac-pytorch tree given (argument or KFAC_PYTORCH_SRC): mpisolve rows only" >&2
 fi
 
-run() {  # run NAME WARMUP ARGS...: one configuration in one hold of the lock
+run() {  # run NAME WARMUP ARGS...: one configuration (inside a hold of the lock)
     local name=$1 warmup=$2
     shift 2
     [[ $name =~ $ONLY ]] || return 0
     echo "== $name" >&2
-    flock "$LOCK" bash -c 'uptime > "$0.load"; exec timeout 900 "$@"' "$OUT/$name" \
-        "$MPIEXEC" -n "$RANKS" "$PY" perf/kfac_kaisa.py worker --batch "$BATCH" --iters "$ITERS" --warmup "$warmup" "$@" \
-        2> "$OUT/$name.err" | grep '^{' > "$OUT/$name.json" || { echo "$name failed: $OUT/$name.err" >&2; exit 1; }
+    uptime > "$OUT/$name.load"
+    timeout 900 "$MPIEXEC" -n "$RANKS" "$PY" perf/kfac_kaisa.py worker --batch "$BATCH" --iters "$ITERS" \
+        --warmup "$warmup" "$@" 2> "$OUT/$name.err" | grep '^{' > "$OUT/$name.json" \
+        || { echo "$name failed: $OUT/$name.err" >&2; exit 1; }
 }
+
+if [[ -n ${KFAC_KAISA_HOLD:-} ]]; then  # inside one hold: every implementation for one method and kind
+    read -r method kind <<< "$KFAC_KAISA_HOLD"
+    if (( kaisa )); then
+        run "kaisa-$method-$kind" 2 --impl kaisa --method "$method" --kind "$kind"
+    fi
+    for fraction in $GRAD_WORKER_FRACTIONS; do
+        # 4 warm-up iterations: spd-kfac's fusion plan is made after its profiled steps.
+        run "mpisolve-spd-f$fraction-$method-$kind" 4 --impl mpisolve --variant spd-kfac \
+            --grad-worker-fraction "$fraction" --method "$method" --kind "$kind"
+    done
+    exit 0
+fi
 
 for method in $METHODS; do
     for kind in $KINDS; do
-        if (( kaisa )); then
-            run "kaisa-$method-$kind" 2 --impl kaisa --method "$method" --kind "$kind"
-        fi
-        for fraction in $GRAD_WORKER_FRACTIONS; do
-            # 4 warm-up iterations: spd-kfac's fusion plan is made after its profiled steps.
-            run "mpisolve-spd-f$fraction-$method-$kind" 4 --impl mpisolve --variant spd-kfac \
-                --grad-worker-fraction "$fraction" --method "$method" --kind "$kind"
-        done
+        KFAC_KAISA_HOLD="$method $kind" flock "$LOCK" "$0" "$@"
     done
 done
 "$PY" perf/kfac_kaisa.py table "$OUT"
