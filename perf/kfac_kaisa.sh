@@ -12,13 +12,14 @@
 # launched with mpiexec (rank and size from MPI), with its default gradient-worker
 # fraction (COMM-OPT); mpisolve runs spd-kfac at GRAD_WORKER_FRACTIONS.
 #
-# Each method and kind of iteration is one hold of the exclusive CPU lock (LOCK), in which
-# the implementations run back to back, one mpiexec run each (a few minutes in all), so
-# other work gets through between holds. Kinds: inverse (factors and inverses every step:
-# the every-step figure), factor (factors every step, inverses at step 0 only) and plain
-# (neither after step 0); the typical schedule (factors every 10 steps, inverses every 100)
-# is weighted from them (perf/kfac_kaisa.py). ONLY="regex" runs the configurations whose
-# name matches. Results: OUT/<name>.json (one JSON line each), OUT/<name>.load (the load
+# Each method is one hold of the exclusive CPU lock (LOCK), in which every kind of
+# iteration runs, each with the implementations back to back, one mpiexec run per
+# configuration (about 10-15 minutes in all at 4 ranks on 2 cores), so other work gets
+# through between holds. Kinds: inverse (factors and inverses every step: the every-step
+# figure), factor (factors every step, inverses at step 0 only) and plain (neither after
+# step 0); the typical schedule (factors every 10 steps, inverses every 100) is weighted
+# from them (perf/kfac_kaisa.py). ONLY="regex" runs the configurations whose name
+# matches. Results: OUT/<name>.json (one JSON line each), OUT/<name>.load (the load
 # average before the run), OUT/table.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,22 +59,22 @@ run() {  # run NAME WARMUP ARGS...: one configuration (inside a hold of the lock
         || { echo "$name failed: $OUT/$name.err" >&2; exit 1; }
 }
 
-if [[ -n ${KFAC_KAISA_HOLD:-} ]]; then  # inside one hold: every implementation for one method and kind
-    read -r method kind <<< "$KFAC_KAISA_HOLD"
-    if (( kaisa )); then
-        run "kaisa-$method-$kind" 2 --impl kaisa --method "$method" --kind "$kind"
-    fi
-    for fraction in $GRAD_WORKER_FRACTIONS; do
-        # 4 warm-up iterations: spd-kfac's fusion plan is made after its profiled steps.
-        run "mpisolve-spd-f$fraction-$method-$kind" 4 --impl mpisolve --variant spd-kfac \
-            --grad-worker-fraction "$fraction" --method "$method" --kind "$kind"
+if [[ -n ${KFAC_KAISA_HOLD:-} ]]; then  # inside one hold: every kind and implementation for one method
+    method=$KFAC_KAISA_HOLD
+    for kind in $KINDS; do
+        if (( kaisa )); then
+            run "kaisa-$method-$kind" 2 --impl kaisa --method "$method" --kind "$kind"
+        fi
+        for fraction in $GRAD_WORKER_FRACTIONS; do
+            # 4 warm-up iterations: spd-kfac's fusion plan is made after its profiled steps.
+            run "mpisolve-spd-f$fraction-$method-$kind" 4 --impl mpisolve --variant spd-kfac \
+                --grad-worker-fraction "$fraction" --method "$method" --kind "$kind"
+        done
     done
     exit 0
 fi
 
 for method in $METHODS; do
-    for kind in $KINDS; do
-        KFAC_KAISA_HOLD="$method $kind" flock "$LOCK" "$0" "$@"
-    done
+    KFAC_KAISA_HOLD=$method flock "$LOCK" "$0" "$@"
 done
 "$PY" perf/kfac_kaisa.py table "$OUT"
