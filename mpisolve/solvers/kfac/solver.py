@@ -23,6 +23,7 @@ The variants differ in how the factor work is spread and communicated, not in th
 from __future__ import annotations
 
 import math
+import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -367,7 +368,7 @@ class KFACSolver(Solver):
         return [rank for rank, seated in enumerate(seats) if seated]
 
     def _time_inversion(self, n: int) -> float:
-        """Seconds to decompose one n x n factor here, best of a few after a warm-up call;
+        """Seconds to decompose one n x n factor here, the median of a few after a warm-up call;
         the slowest rank's, so all ranks agree."""
         generator = torch.Generator().manual_seed(n)
         x = torch.randn(n, 2 * n, generator=generator, dtype=self.factors[0].running.dtype)
@@ -383,10 +384,10 @@ class KFACSolver(Solver):
             else:
                 eigh_psd_(stack, values)
             times.append(time.perf_counter() - start)
-        return self._slowest(min(times[1:]), "inversion timing")  # the first call pays for lazy initialisation
+        return self._slowest(statistics.median(times[1:]), "inversion timing")  # the first pays for initialisation
 
     def _time_precondition(self, g: int, a: int) -> float:
-        """Seconds to precondition one ``g x a`` gradient here, best of a few after a warm-up;
+        """Seconds to precondition one ``g x a`` gradient here, the median of a few after a warm-up;
         the slowest rank's."""
         dtype = self.factors[0].running.dtype
         generator = torch.Generator().manual_seed(g * 100003 + a)
@@ -399,7 +400,7 @@ class KFACSolver(Solver):
             start = time.perf_counter()
             precondition_matrix(self.options.method, tensors[0], tensors[1], scale, *tensors[2:])
             times.append(time.perf_counter() - start)
-        return self._slowest(min(times[1:]), "preconditioning timing")
+        return self._slowest(statistics.median(times[1:]), "preconditioning timing")
 
     def placement_loads(self) -> list[float]:
         """Each rank's predicted cost under the placement: inversions plus preconditioning (flops
