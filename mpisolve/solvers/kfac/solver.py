@@ -312,7 +312,9 @@ class KFACSolver(Solver):
             if o.resolved("replicate") == "auto" or packable:
                 largest = max(sum(s.numel() for s in result_shapes(n, o.method, False)) for n in dims)
                 sizes = probe_sizes(min(largest, PROBE_LIMIT))
-                self.comm_models["bcast"] = measure_comm_model(self.group_comm, "bcast", sizes)
+                # Measured in each group at once, agreed on by all: replication and packing, decided
+                # from the model, must be the same on every rank (the placement is computed everywhere).
+                self.comm_models["bcast"] = measure_comm_model(self.group_comm, "bcast", sizes, agree=self.factor_comm)
             pays = {n: packable and self._packing_pays(n) for n in sorted(set(dims))}
             self.inverse_packed = [pays[n] for n in dims]
             wire = [sum(s.numel() for s in result_shapes(n, o.method, p)) for n, p in zip(dims, self.inverse_packed)]
