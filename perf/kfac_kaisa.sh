@@ -19,8 +19,8 @@
 # figure), factor (factors every step, inverses at step 0 only) and plain (neither after
 # step 0); the typical schedule (factors every 10 steps, inverses every 100) is weighted
 # from them (perf/kfac_kaisa.py). ONLY="regex" runs the configurations whose name
-# matches. Results: OUT/<name>.json (one JSON line each), OUT/<name>.load (the load
-# average before the run), OUT/table.md.
+# matches. Results: OUT/<name>.json (one JSON line each), OUT/<name>.load (the date,
+# the commit and the load average before the run), OUT/table.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,7 +53,7 @@ run() {  # run NAME WARMUP ARGS...: one configuration (inside a hold of the lock
     shift 2
     [[ $name =~ $ONLY ]] || return 0
     echo "== $name" >&2
-    uptime > "$OUT/$name.load"
+    { date -u +%FT%TZ; git rev-parse --short HEAD; uptime; } > "$OUT/$name.load"  # when, which commit, the load before
     timeout 900 "$MPIEXEC" -n "$RANKS" "$PY" perf/kfac_kaisa.py worker --batch "$BATCH" --iters "$ITERS" \
         --warmup "$warmup" "$@" 2> "$OUT/$name.err" | grep '^{' > "$OUT/$name.json" \
         || { echo "$name failed: $OUT/$name.err" >&2; exit 1; }
