@@ -227,6 +227,8 @@ class Inverter:
         """Let MPI move the broadcasts along; commit those that arrived."""
         for message in list(self._pending):
             if message.request.test():
+                # Complete it (at once): a staged broadcast's result reaches the buffer only here.
+                message.request.wait(f"K-FAC inverse broadcast from rank {message.root}")
                 self._arrived(message)
         self._sending = [m for m in self._sending if not m.request.test()]
 
