@@ -489,9 +489,17 @@ class KFACSolver(Solver):
             self._precondition(inverting)
 
         # The averaged gradients are the same everywhere: every rank decides alike, unasked.
-        info = self._bucket_step(self.grads, batch_size, scaler, "averaged gradients", before_update=precondition)
-        if inverting:
-            self._finish_inverses(refresh=not info.applied)
+        def finish_inverses(applied: bool) -> None:
+            self._finish_inverses(refresh=not applied)
+
+        info = self._bucket_step(
+            self.grads,
+            batch_size,
+            scaler,
+            "averaged gradients",
+            before_update=precondition,
+            after_update=finish_inverses if inverting else None,
+        )
         self.steps += 1
         if self._capturing:
             self.exchange.rearm()
