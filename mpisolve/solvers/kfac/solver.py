@@ -318,7 +318,14 @@ class KFACSolver(Solver):
             wire = [sum(s.numel() for s in result_shapes(n, o.method, p)) for n, p in zip(dims, self.inverse_packed)]
             replicated = [False] * len(dims)
             if o.resolved("replicate") == "auto":
-                broadcast = {n: self.comm_models["bcast"].seconds(w) for n, w in zip(dims, wire)}
+                # Each group timed its own broadcasts; the slowest group's figures decide everywhere,
+                # so every rank times the same inversions below (each timing is collective over all ranks).
+                local = {n: self.comm_models["bcast"].seconds(w) for n, w in zip(dims, wire)}
+                order = sorted(local)
+                agreed = self.factor_comm.allreduce_(
+                    torch.tensor([local[n] for n in order], dtype=torch.float64), op="max", what="K-FAC broadcast model"
+                )
+                broadcast = dict(zip(order, agreed.tolist()))
                 # Smallest first until an inversion costs more than its broadcast: beyond, inversions
                 # grow as n^3 and broadcasts as n^2.
                 for n in sorted(broadcast):
