@@ -218,6 +218,11 @@ class Inverter:
         message.request.start()
         self._sending.append(message)
 
+    @property
+    def in_flight(self) -> bool:
+        """Whether a round's broadcasts were started and not all completed."""
+        return bool(self._pending or self._sending)
+
     def ready(self, f: int) -> bool:
         """Whether factor ``f``'s decomposition of this round is here and committed."""
         message = self._message_of.get(f)

@@ -517,10 +517,13 @@ class KFACSolver(Solver):
         return self._shadow_bucket_round(self.grads)
 
     def _drain(self) -> None:
-        """Complete a round some rank left in flight (close): the factors' messages, the gradients'."""
+        """Complete a round some rank left in flight (close): the factors' messages, the gradients',
+        the inverses' (a step that raised, e.g. on non-finite gradients, left them travelling)."""
         if self._capturing:
             self.exchange.finish()
         self.grads.finish()
+        if self.inverter.in_flight:
+            self.inverter.finish()
 
     def _update_factors(self, scaler: GradScaler | None) -> None:
         """Fold this step's summed batch factors into the running averages.
@@ -691,7 +694,8 @@ class KFACSolver(Solver):
         if not self.closed:
             for hook in self._hooks:
                 hook.remove()
-            self._end_rounds(busy=self.grads.in_flight or self.exchange.in_flight, drain=self._drain)
+            busy = self.grads.in_flight or self.exchange.in_flight or self.inverter.in_flight
+            self._end_rounds(busy=busy, drain=self._drain)
             self.grads.close()
             self.exchange.close()
             self.inverter.close()
