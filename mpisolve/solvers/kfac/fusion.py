@@ -56,21 +56,12 @@ def probe_sizes(largest: int, points: int = 6, smallest: int = 256) -> list[int]
 
 
 def measure_comm_model(
-    comm: Communicator,
-    kind: str,
-    sizes: Sequence[int],
-    *,
-    repeats: int = 3,
-    dtype: torch.dtype = torch.float32,
-    agree: Communicator | None = None,
+    comm: Communicator, kind: str, sizes: Sequence[int], *, repeats: int = 3, dtype: torch.dtype = torch.float32
 ) -> CommModel:
     """Time ``kind`` ("allreduce" or "bcast") collectives of ``sizes`` elements and fit a model.
 
-    Each timing is the median over ``repeats`` of the slowest rank's (what a collective
-    costs), the slowest over ``agree`` (default ``comm``): every rank of ``agree`` gets the
-    same numbers and so the same model. With several sub-communicators measuring at once,
-    ``agree`` is one that spans them all (each of its ranks calls this), so that decisions
-    taken from the model are the same on every rank.
+    Each timing is the slowest rank's (what a collective costs), the median over
+    ``repeats``; every rank gets the same numbers and so the same model.
     """
     if kind not in ("allreduce", "bcast"):
         raise ValueError(f"kind must be 'allreduce' or 'bcast', got {kind!r}")
@@ -88,9 +79,7 @@ def measure_comm_model(
                 comm.bcast_(view, root=0, what="communication model probe")
             times.append(time.perf_counter() - start)
         medians.append(statistics.median(times))
-    slowest = (agree or comm).allreduce_(
-        torch.tensor(medians, dtype=torch.float64), op="max", what="communication model"
-    )
+    slowest = comm.allreduce_(torch.tensor(medians, dtype=torch.float64), op="max", what="communication model")
     return fit_comm_model(sizes, slowest.tolist())
 
 
