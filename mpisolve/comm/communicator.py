@@ -108,6 +108,10 @@ class Communicator:
     ``cuda_aware`` says whether MPI may be given CUDA device memory (default: detected,
     or ``MPISOLVE_CUDA_AWARE=0/1``; see :func:`.device.detect_cuda_aware`). ``device`` is the
     device this rank should compute on: GPU ``local_rank % count``, or the CPU.
+
+    ``node_shm``: whether sums between ranks of one node may go through node-shared
+    memory (:mod:`.shm`; default True unless ``MPISOLVE_NODE_SHM=0``); False keeps every
+    sum on MPI's own path.
     """
 
     def __init__(
@@ -117,6 +121,7 @@ class Communicator:
         timeout_s: float | None = None,
         wait: str | None = None,
         cuda_aware: bool | None = None,
+        node_shm: bool | None = None,
     ) -> None:
         self.comm: MPI.Comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank: int = self.comm.Get_rank()
@@ -126,6 +131,7 @@ class Communicator:
         self.local_size: int = self.node.Get_size()
         self.nodes: int = self.comm.allreduce(1 if self.local_rank == 0 else 0)
         self.cores: int = _available_cores()
+        self.node_shm: bool = node_shm if node_shm is not None else os.environ.get("MPISOLVE_NODE_SHM", "1") != "0"
         self.timeout_s = float(
             timeout_s if timeout_s is not None else os.environ.get("MPISOLVE_TIMEOUT", DEFAULT_TIMEOUT_S)
         )
@@ -277,7 +283,9 @@ class Communicator:
         sub = self.comm.Split(MPI.UNDEFINED if color is None else color, self.rank if key is None else key)
         child = None
         if sub != MPI.COMM_NULL:
-            child = Communicator(sub, timeout_s=self.timeout_s, wait=self.wait_policy, cuda_aware=self.cuda_aware)
+            child = Communicator(
+                sub, timeout_s=self.timeout_s, wait=self.wait_policy, cuda_aware=self.cuda_aware, node_shm=self.node_shm
+            )
             child._parent = self
         if name is not None:
             self._named_splits[name] = child
@@ -473,6 +481,7 @@ def init(
     wait: str | None = None,
     threads: int | None = None,
     cuda_aware: bool | None = None,
+    node_shm: bool | None = None,
 ) -> Communicator:
     """Initialise mpisolve on ``MPI.COMM_WORLD`` and return the world communicator.
 
@@ -480,12 +489,13 @@ def init(
     ``python -m mpi4py`` does), gives each rank its share of the node's cores for
     torch's intra-op threads unless ``OMP_NUM_THREADS`` or ``threads`` says otherwise,
     and, where CUDA is available, makes ``comm.device`` (GPU ``local_rank % count``)
-    torch's current device. Calling it again returns the same communicator.
+    torch's current device. ``node_shm=False`` keeps every sum on MPI's own path (see
+    :class:`Communicator`). Calling it again returns the same communicator.
     """
     global _WORLD
     with _INIT_LOCK:
         if _WORLD is None:
-            _WORLD = Communicator(timeout_s=timeout_s, wait=wait, cuda_aware=cuda_aware)
+            _WORLD = Communicator(timeout_s=timeout_s, wait=wait, cuda_aware=cuda_aware, node_shm=node_shm)
             if _WORLD.device.type == "cuda":
                 torch.cuda.set_device(_WORLD.device)
             if sys.excepthook is sys.__excepthook__:

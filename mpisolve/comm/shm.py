@@ -1,0 +1,345 @@
+"""Node-aware allreduce: ranks that share memory sum in a node-shared window, nodes talk by MPI.
+
+A :class:`NodeGroup` is a communicator's view of its node: the node's ranks
+(``MPI_COMM_TYPE_SHARED``) and, when there are several nodes, the ranks that have the
+same local rank on every node (the "cross" communicator: local rank ``i`` of every node
+talks to the others' local rank ``i``, so every rank's network link carries a slice).
+
+A :class:`NodeAllreduce` is one persistent sum of ``numel`` elements. Its memory is one
+``MPI_Win_allocate_shared`` window holding, for each local rank, a *slot* (the rank's
+input: a bucket's gradients are written there by backward itself), the *flags*, and on the
+bandwidth path the *result*. A round:
+
+1. ``start``: this rank's slot is final: it bumps its ``arrived`` counter.
+2. Once every local rank has arrived (their counters, no barrier), either
+   - **bandwidth path**: this rank sums the slots over its own share of the elements into
+     the node-shared result (:func:`mpisolve.kernels.slots.sum_slots`), allreduces that
+     share over the cross communicator when there are several nodes, and bumps its
+     ``done`` counter; the round is complete when every local rank is done, and the whole
+     result is read in place by every local rank; or
+   - **latency path** (at most :data:`LATENCY_MAX_BYTES`): this rank sums every slot over
+     the whole range into its own private result, bumps ``done`` (it has finished reading
+     the slots) and, with several nodes, allreduces its result over the cross
+     communicator. One flag-synchronised pass, no wait for the others to finish.
+3. A slot may be written again (the next backward, the next copy in) once every local rank
+   is done with this round: :meth:`NodeAllreduce.wait_writable`, immediate on the
+   bandwidth path, where completion already implies it.
+
+Counters are int64 in their own cache lines; a counter is bumped after ``MPI_Win_sync``
+(the data written before it is visible first) and read before one (the data read after it
+is the data written before it): MPI's unified-model rule for load/store on a shared window,
+a memory barrier on the CPU. Every wait goes through :meth:`Communicator.wait_for`, with
+its watchdog. Inter-node collectives are posted in the order rounds were started (one
+ticket counter per group), so every rank posts them in the same order.
+
+The node-aware path applies to CPU floating-point buffers on a communicator with more
+than one rank per node and the same number on every node; it is off with
+``MPISOLVE_NODE_SHM=0`` or ``Communicator(node_shm=False)``. Otherwise callers use the
+plain MPI path (:func:`persistent_sum` makes that choice).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from ..kernels.slots import host_rows, sum_slots
+from .communicator import Communicator, PersistentAllreduce, mpi_buffer
+from .windows import shard_bounds
+
+#: Buffers of at most this many bytes take the latency path (docs/studies/node-aware.md).
+LATENCY_MAX_BYTES = 64 * 1024
+
+#: Element types a node-shared sum takes; half precision is summed in float32.
+NODE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+_CACHE_LINE = 64
+_FLAG_STRIDE = _CACHE_LINE // 8  # int64 counters, one per cache line
+
+_GROUPS: weakref.WeakKeyDictionary[Communicator, NodeGroup | None] = weakref.WeakKeyDictionary()
+
+
+def _padded(nbytes: int) -> int:
+    return -(-nbytes // _CACHE_LINE) * _CACHE_LINE
+
+
+class NodeGroup:
+    """A communicator's node split and cross-node split, shared by all its node-shared sums.
+
+    Build through :func:`node_group` (collective on ``comm``), which returns None where the
+    node-aware path does not apply.
+    """
+
+    def __init__(self, comm: Communicator) -> None:
+        self.comm = comm
+        self.node: MPI.Comm = comm.node
+        self.local_rank = comm.local_rank
+        self.local_size = comm.local_size
+        self.nodes = comm.nodes
+        #: Ranks with this rank's local rank on every node (None on one node).
+        self.cross: Communicator | None = None
+        if self.nodes > 1:
+            self.cross = comm.split(self.local_rank, name=("mpisolve.shm", "cross"))
+        self._tickets = 0  # rounds started, in start order
+        self._posted = 0  # inter-node collectives posted, in ticket order
+        self.lock = threading.RLock()  # a progress thread may drive rounds beside the main thread
+        self._one_shot: dict[tuple[int, torch.dtype], NodeAllreduce] = {}
+
+    def ticket(self) -> int:
+        self._tickets += 1
+        return self._tickets
+
+    def may_post(self, ticket: int) -> bool:
+        return ticket == self._posted + 1
+
+    def posted(self) -> None:
+        self._posted += 1
+
+    def reusable(self, numel: int, dtype: torch.dtype) -> NodeAllreduce:
+        """A node-shared sum of ``numel`` elements kept for one-shot callers (``mpisolve.allreduce``)."""
+        key = (numel, dtype)
+        op = self._one_shot.get(key)
+        if op is None:
+            if len(self._one_shot) >= ONE_SHOT_KEPT:  # every rank evicts alike: same calls, same order
+                oldest = next(iter(self._one_shot))
+                self._one_shot.pop(oldest).free()
+            op = self._one_shot[key] = NodeAllreduce(self, numel, dtype)
+        return op
+
+
+#: How many one-shot sums (by size and dtype) a group keeps, each with its window.
+ONE_SHOT_KEPT = 8
+
+
+def node_group(comm: Communicator) -> NodeGroup | None:
+    """``comm``'s :class:`NodeGroup`, or None where the node-aware path does not apply (collective once)."""
+    if comm in _GROUPS:
+        return _GROUPS[comm]
+    sizes = comm.comm.allgather(comm.local_size) if comm.size > 1 else [1]
+    applies = comm.node_shm and comm.local_size > 1 and min(sizes) == max(sizes)
+    group = NodeGroup(comm) if applies else None
+    _GROUPS[comm] = group
+    return group
+
+
+def takes(tensor: torch.Tensor) -> bool:
+    """Whether a node-shared sum can reduce ``tensor`` (a contiguous CPU float tensor)."""
+    return tensor.device.type == "cpu" and tensor.dtype in NODE_DTYPES and tensor.is_contiguous()
+
+
+class NodeAllreduce:
+    """One persistent node-aware sum of ``numel`` elements of ``dtype`` (collective to build and free).
+
+    ``slot``: this rank's input (write it, then :meth:`start`); ``result``: the sum (shared
+    by the node's ranks on the bandwidth path: read it, never write it), valid from
+    completion until the next round is started. ``scale`` multiplies every result.
+    """
+
+    def __init__(self, group: NodeGroup, numel: int, dtype: torch.dtype, *, scale: float = 1.0) -> None:
+        if dtype not in NODE_DTYPES:
+            raise TypeError(f"a node-shared sum takes {', '.join(map(str, NODE_DTYPES))}; got {dtype}")
+        if numel < 1:
+            raise ValueError(f"numel must be >= 1, got {numel}")
+        self.group = group
+        self.comm = group.comm
+        self.numel = numel
+        self.dtype = dtype
+        self.scale = float(scale)
+        self.half = dtype in (torch.float16, torch.bfloat16)
+        acc_dtype = torch.float32 if self.half else dtype
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        ranks = group.local_size
+        self.latency = numel * itemsize <= LATENCY_MAX_BYTES
+        row = _padded(numel * itemsize)
+        flags_bytes = 2 * ranks * _CACHE_LINE
+        result_bytes = 0 if self.latency else row + (_padded(numel * 4) if self.half else 0)
+        total = flags_bytes + ranks * row + result_bytes
+        with self.comm.blocking("MPI_Win_allocate_shared"):
+            self.win = MPI.Win.Allocate_shared(total if group.local_rank == 0 else 0, 1, comm=group.node)
+        memory = torch.frombuffer(MPI.buffer.fromaddress(self.win.Shared_query(0)[0].address, total), dtype=torch.uint8)
+        if group.local_rank == 0:
+            memory[:flags_bytes].zero_()
+        flags = memory[:flags_bytes].view(torch.int64).numpy()
+        self._arrived = flags[: ranks * _FLAG_STRIDE : _FLAG_STRIDE]
+        self._done = flags[ranks * _FLAG_STRIDE :: _FLAG_STRIDE]
+        slots = memory[flags_bytes : flags_bytes + ranks * row].view(dtype).view(ranks, -1)
+        self._rows = host_rows(slots)
+        self.slot = slots[group.local_rank, :numel]
+        if self.latency:
+            self.result = torch.zeros(numel, dtype=dtype)
+            self._acc = torch.zeros(numel, dtype=torch.float32) if self.half else self.result
+            self.share = (0, numel)
+        else:
+            start = flags_bytes + ranks * row
+            self.result = memory[start : start + numel * itemsize].view(dtype)
+            self._acc = memory[start + row : start + row + numel * 4].view(torch.float32) if self.half else self.result
+            self.share = shard_bounds(numel, ranks, "sharded", itemsize)[group.local_rank]
+        self._acc_host = self._acc.numpy()
+        lo, hi = self.share
+        self._acc_share = self._acc[lo:hi]
+        self._result_share = self.result[lo:hi]
+        self._brain = dtype == torch.bfloat16
+        self._seq = 0
+        self._stage = "idle"
+        self._ticket = 0
+        self._request: MPI.Request = MPI.REQUEST_NULL
+        self.comm.wait(group.node.Ibarrier(), "node-shared window setup")  # flags zeroed before anyone reads them
+        with self.comm.blocking("MPI_Win_lock_all"):
+            self.win.Lock_all(MPI.MODE_NOCHECK)
+
+    # ----------------------------------------------------------------- round
+    def start(self) -> None:
+        """This rank's slot holds its input: take part in a new round (local; never blocks)."""
+        with self.group.lock:
+            if self._stage != "idle":
+                raise RuntimeError("a node-shared sum was started again before its round completed")
+            self._seq += 1
+            self._ticket = self.group.ticket()
+            self.win.Sync()
+            self._arrived[self.group.local_rank] = self._seq
+            self._stage = "arrived"
+            self._advance()
+
+    def test(self) -> bool:
+        """Drive the round as far as it can go now; True once this rank's result is complete."""
+        with self.group.lock:
+            return self._advance()
+
+    def wait(self, what: str = "node-shared allreduce") -> None:
+        self.comm.wait_for(self.test, lambda: f"{what} ({self._where()})")
+
+    def wait_writable(self, what: str = "node-shared slot reuse") -> None:
+        """Wait until no local rank still reads this rank's slot (before writing it for the next round)."""
+        seq = self._seq
+        if self._done.min() < seq:
+            self.comm.wait_for(lambda: self._done.min() >= seq, lambda: f"{what} ({self._where()})")
+        self.win.Sync()
+
+    def _where(self) -> str:
+        return (
+            f"round {self._seq}, stage {self._stage}; local ranks arrived {self._arrived.tolist()}, "
+            f"done {self._done.tolist()}"
+        )
+
+    def _advance(self) -> bool:
+        seq = self._seq
+        if self._stage == "arrived":
+            if self._arrived.min() < seq:
+                return False
+            self.win.Sync()
+            lo, hi = self.share
+            cross = self.group.cross
+            scale = self.scale if cross is None else 1.0
+            sum_slots(self._rows, lo, hi, self._acc_host, scale, brain=self._brain)
+            if self.latency:  # done reading the slots; the result is this rank's own
+                self._publish()
+            self._stage = "reduced"
+        if self._stage == "reduced":
+            if self.group.cross is not None:
+                if not self.group.may_post(self._ticket):
+                    return False
+                self._request = self.group.cross.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(self._acc_share), MPI.SUM)
+                self.group.posted()
+                self._stage = "internode"
+            else:
+                self._finish_share()
+        if self._stage == "internode":
+            if not self._request.Test():
+                return False
+            if self.scale != 1.0:
+                self._acc_share.mul_(self.scale)
+            self._finish_share()
+        if self._stage == "published":
+            if self._done.min() < seq:
+                return False
+            self.win.Sync()
+            self._stage = "idle"
+        return self._stage == "idle"
+
+    def _finish_share(self) -> None:
+        if self.half:
+            self._result_share.copy_(self._acc_share)  # rounded to half once, from the float32 sum
+        if self.latency:
+            self._stage = "idle"
+        else:
+            self._publish()
+            self._stage = "published"
+
+    def _publish(self) -> None:
+        self.win.Sync()
+        self._done[self.group.local_rank] = self._seq
+
+    def free(self) -> None:
+        """Release the window (collective over the node)."""
+        if self.win == MPI.WIN_NULL:
+            return
+        with self.comm.blocking("MPI_Win_unlock_all"):
+            self.win.Unlock_all()
+        with self.comm.blocking("MPI_Win_free"):
+            self.win.Free()
+
+
+class NodePersistentAllreduce:
+    """:class:`PersistentAllreduce`'s interface over a :class:`NodeAllreduce`, for any CPU tensor.
+
+    The tensor is copied into this rank's slot at ``start`` and the sum back into it at
+    ``wait`` (callers that can let their data live in the slot use :class:`NodeAllreduce`
+    directly and copy nothing).
+    """
+
+    kind = "node-shared allreduce"
+
+    def __init__(self, group: NodeGroup, tensor: torch.Tensor) -> None:
+        self.comm = group.comm
+        self.tensor = tensor
+        self._flat = tensor.view(-1)
+        self.op = NodeAllreduce(group, tensor.numel(), tensor.dtype)
+
+    def start(self) -> None:
+        self.op.wait_writable()
+        self.op.slot.copy_(self._flat)
+        self.op.start()
+
+    def test(self) -> bool:
+        return self.op.test()
+
+    def wait(self, what: str | None = None) -> None:
+        self.op.wait(what or self.kind)
+        self._flat.copy_(self.op.result)
+
+    def free(self) -> None:
+        self.op.free()
+
+
+def persistent_sum(comm: Communicator, tensor: torch.Tensor) -> PersistentAllreduce | NodePersistentAllreduce:
+    """A reusable in-place sum of ``tensor``: node-aware where it applies, else MPI's (collective)."""
+    group = node_group(comm)
+    if group is not None and takes(tensor):
+        return NodePersistentAllreduce(group, tensor)
+    return comm.persistent_allreduce(tensor, "sum")
+
+
+def sum_once(comm: Communicator, flats: Sequence[torch.Tensor], what: str) -> bool:
+    """Sum each of ``flats`` in place over the node-aware path, all in flight together; False if it does not apply.
+
+    Keeps one window per size and dtype for the next call (:meth:`NodeGroup.reusable`).
+    """
+    group = node_group(comm)
+    if group is None or not all(takes(f) for f in flats):
+        return False
+    ops = [group.reusable(f.numel(), f.dtype) for f in flats]
+    if len({id(op) for op in ops}) < len(ops):
+        return False  # two buffers alike in one call: MPI's path (one window each would be kept)
+    for op, flat in zip(ops, flats):
+        op.wait_writable()
+        op.slot.copy_(flat.view(-1))
+        op.start()
+    comm.wait_for(lambda: all([op.test() for op in ops]), what)
+    for op, flat in zip(ops, flats):
+        flat.view(-1).copy_(op.result)
+    return True
