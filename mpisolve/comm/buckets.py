@@ -10,12 +10,14 @@ the rest of the backward pass.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 import torch
 
 from .communicator import MPI_TYPES, Communicator, PersistentAllreduce
+from .shm import NodeSumReducer, node_group, takes
 
 #: float16 and bfloat16 have no MPI reduction type; they are reduced in float32.
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -34,7 +36,8 @@ class FusedBuffer:
     """Tensors of one dtype and device laid end to end; ``views[i]`` aliases tensor ``i``.
 
     ``extra`` adds that many trailing elements after the views (e.g. a sample count that
-    rides along with the gradients).
+    rides along with the gradients). ``flat``: lay the views over this (zeroed) memory of
+    at least that many elements instead of a new tensor (node-shared storage).
     """
 
     def __init__(
@@ -43,6 +46,7 @@ class FusedBuffer:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         extra: int = 0,
+        flat: torch.Tensor | None = None,
     ) -> None:
         self.shapes = [torch.Size(s) for s in shapes]
         self.numels = [s.numel() for s in self.shapes]
@@ -52,7 +56,11 @@ class FusedBuffer:
             self.offsets.append(total)
             total += n
         self.numel = total
-        self.flat = torch.zeros(total + extra, dtype=dtype, device=device)
+        if flat is None:
+            flat = torch.zeros(total + extra, dtype=dtype, device=device)
+        elif flat.dtype != dtype or flat.numel() < total + extra:
+            raise ValueError(f"storage of {flat.numel()} {flat.dtype} cannot hold {total + extra} {dtype}")
+        self.flat = flat[: total + extra]
         self.views = [self.flat[o : o + n].view(s) for o, n, s in zip(self.offsets, self.numels, self.shapes)]
         self.extra = self.flat[total:]
 
@@ -100,16 +108,31 @@ def plan_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[lis
 
 
 class Bucket:
-    """One bucket of gradients: their storage, the wire buffer MPI reduces, and its request."""
+    """One bucket of gradients: their storage, the wire buffer MPI reduces, and its request.
 
-    def __init__(self, index: int, params: list[torch.nn.Parameter], extra: int) -> None:
+    ``buffer`` is where backward writes; ``result`` where the reduced gradients lie after
+    ``finish``: the same buffer, except for node-shared buckets (``node``: the
+    :class:`NodeSumReducer` giving the storage), whose sum is read in place from the window.
+    """
+
+    def __init__(
+        self, index: int, params: list[torch.nn.Parameter], extra: int, node: NodeSumReducer | None = None
+    ) -> None:
         self.index = index
         self.params = params
         dtype = params[0].dtype
-        self.buffer = FusedBuffer([p.shape for p in params], dtype, params[0].device, extra=extra)
-        wire = wire_dtype(dtype)
-        # Half-precision gradients are reduced through a float32 twin of the buffer.
-        self.wire = self.buffer.flat if wire == dtype else torch.zeros_like(self.buffer.flat, dtype=wire)
+        shapes = [p.shape for p in params]
+        if node is None:
+            self.buffer = FusedBuffer(shapes, dtype, params[0].device, extra=extra)
+            wire = wire_dtype(dtype)
+            # Half-precision gradients are reduced through a float32 twin of the buffer.
+            self.wire = self.buffer.flat if wire == dtype else torch.zeros_like(self.buffer.flat, dtype=wire)
+            self.result = self.buffer
+        else:
+            numel = sum(s.numel() for s in shapes) + extra
+            self.buffer = FusedBuffer(shapes, dtype, extra=extra, flat=node.allocate(numel, dtype))
+            self.wire = self.buffer.flat  # the node-shared kernel reads half precision as it is
+            self.result = FusedBuffer(shapes, dtype, extra=extra, flat=node.result(index))
         self.pending = len(params)
         self.launched = False
 
@@ -187,7 +210,20 @@ class GradientBuckets:
 
     With ``samples`` (a callable giving this rank's sample count so far, read when the
     first bucket starts), that bucket carries one extra element, the count, which the sum
-    turns into the global count of the update at no extra message.
+    turns into the global count of the update at no extra message. ``scale``: a factor
+    known up front (``1 / ranks`` for a mean), applied to every reduction.
+
+    **Node-shared buckets**: with the default sum, CPU parameters and more than one rank
+    per node (:func:`.shm.node_group`; off with ``Communicator(node_shm=False)`` or
+    ``MPISOLVE_NODE_SHM=0``), each bucket lives in a node-shared window
+    (:class:`.shm.NodeSumReducer`): backward writes this rank's slot, the node's ranks sum
+    their shares as soon as all have written it (``scale`` fused into the sum), nodes
+    exchange by MPI, and after ``finish`` each ``p.grad`` is a view of the sum in the
+    window, read in place: the node's ranks share it, so nothing may write it. Before the
+    next backward accumulates into a gradient, a hook points it back at this rank's slot
+    (copying the sum there only when the gradient was not zeroed). ``shared_result=False``
+    (for solvers that change gradients in place, as K-FAC's preconditioner does) copies
+    the sum into the slot instead and leaves ``p.grad`` there.
     """
 
     def __init__(
@@ -198,18 +234,35 @@ class GradientBuckets:
         bucket_bytes: int,
         reducer: BucketReducer | None = None,
         samples: Callable[[], int] | None = None,
+        scale: float | None = None,
+        shared_result: bool = True,
     ) -> None:
         self.comm = comm
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no parameters that require gradients")
         ordered = self.params[::-1]
-        self.reducer: BucketReducer = reducer if reducer is not None else SumReducer(comm)
+        self.scale = scale
+        self.shared_result = shared_result
+        group = node_group(comm) if reducer is None else None
+        if group is not None and all(takes(p) for p in self.params):
+            self.node: NodeSumReducer | None = NodeSumReducer(group, 1.0 if scale is None else scale)
+            self.reducer: BucketReducer = self.node
+        else:
+            self.node = None
+            self.reducer = reducer if reducer is not None else SumReducer(comm)
+        plan = plan_buckets(ordered, bucket_bytes)
+        # A half-precision slot would round the count: node-shared half buckets send it apart.
+        self._count_rides = samples is not None and not (
+            self.node is not None and ordered[plan[0][0]].dtype in HALF_DTYPES
+        )
+        self._local_count: int | None = None
         self.buckets: list[Bucket] = []
         self._bucket_of: dict[int, Bucket] = {}
         self._view_of: dict[int, torch.Tensor] = {}
-        for i, members in enumerate(plan_buckets(ordered, bucket_bytes)):
-            bucket = Bucket(i, [ordered[j] for j in members], extra=1 if (samples is not None and i == 0) else 0)
+        for i, members in enumerate(plan):
+            extra = 1 if (self._count_rides and i == 0) else 0
+            bucket = Bucket(i, [ordered[j] for j in members], extra=extra, node=self.node)
             self.buckets.append(bucket)
             for p, view in zip(bucket.params, bucket.buffer.views):
                 self._bucket_of[id(p)] = bucket
@@ -219,8 +272,27 @@ class GradientBuckets:
         self.samples = samples
         self._next = 0  # the next bucket to start, in bucket order
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
+        #: Node-shared buckets whose slot no local rank still reads (free to write).
+        self._writable = [True] * len(self.buckets)
+        if self.node is not None:
+            self._hooks += [p.register_hook(functools.partial(self._before_accumulate, p)) for p in self.params]
 
     # ------------------------------------------------------------------ hooks
+    def _before_accumulate(self, param: torch.nn.Parameter, grad: torch.Tensor) -> None:
+        """Node-shared buckets: make the slot writable and ``param.grad`` its view before autograd adds into it."""
+        bucket = self._bucket_of[id(param)]
+        self._claim(bucket)
+        view = self._view_of[id(param)]
+        if param.grad is not None and param.grad.data_ptr() != view.data_ptr():
+            view.copy_(param.grad)  # not zeroed since the step: the sum accumulates on
+            param.grad = view
+
+    def _claim(self, bucket: Bucket) -> None:
+        if not self._writable[bucket.index]:
+            assert self.node is not None
+            self.node.wait_writable(bucket.index)
+            self._writable[bucket.index] = True
+
     def _on_grad(self, param: torch.nn.Parameter) -> None:
         bucket = self._bucket_of[id(param)]
         view = self._view_of[id(param)]
@@ -235,11 +307,15 @@ class GradientBuckets:
         self.reducer.progress()
 
     def _start(self, bucket: Bucket) -> None:
+        self._claim(bucket)  # a bucket backward did not touch (unused parameters)
         bucket.to_wire()
         if self.samples is not None and bucket.index == 0:
-            # Written into the wire buffer: half-precision buckets travel in float32, which
-            # holds any realistic count exactly, where bfloat16 would round it past 256.
-            bucket.wire[-1] = self.samples()
+            if self._count_rides:
+                # Written into the wire buffer: half-precision buckets travel in float32, which
+                # holds any realistic count exactly, where bfloat16 would round it past 256.
+                bucket.wire[-1] = self.samples()
+            else:
+                self._local_count = self.samples()
         self.reducer.start(bucket)
         bucket.launched = True
 
@@ -252,6 +328,7 @@ class GradientBuckets:
     def zero_(self) -> None:
         """Zero every gradient in place (one fill per bucket) and rearm the buckets."""
         for bucket in self.buckets:
+            self._claim(bucket)
             bucket.buffer.flat.zero_()
             for p, view in zip(bucket.params, bucket.buffer.views):
                 if p.grad is None or p.grad.data_ptr() != view.data_ptr():
@@ -270,21 +347,43 @@ class GradientBuckets:
 
         Returns the global sample count: the one that rode with the first bucket, or, when
         ``local_samples`` is given (on every rank alike), the sum of those by one small
-        allreduce. 0 without ``samples``.
+        allreduce. 0 without ``samples``. ``scale`` overrides the constructor's (not for
+        node-shared buckets, whose sum is scaled as it is made).
         """
+        if self.node is not None and scale is not None:
+            raise ValueError(
+                "node-shared gradient buckets are scaled as they are summed: pass scale= when building them"
+            )
         while self._next < len(self.buckets):
             self._start(self.buckets[self._next])
             self._next += 1
         for bucket in self.buckets:
             self.reducer.finish(bucket)
         samples = 0
-        if local_samples is not None:
-            samples = int(self.comm.allreduce_(torch.tensor([float(local_samples)]), what="sample count").item())
+        if local_samples is not None or self._local_count is not None:
+            mine = local_samples if local_samples is not None else self._local_count
+            samples = int(self.comm.allreduce_(torch.tensor([float(mine)]), what="sample count").item())
+            self._local_count = None
         elif self.samples is not None:
-            samples = int(round(self.buckets[0].wire[-1].item()))
+            count = self.buckets[0].result.flat[-1].item()
+            samples = int(round(count / self.node.scale if self.node is not None else count))
+        if self.node is None:
+            for bucket in self.buckets:
+                bucket.from_wire(self.scale if scale is None else scale)
+            return samples
         for bucket in self.buckets:
-            bucket.from_wire(scale)
+            if self.shared_result:
+                self._writable[bucket.index] = False
+                for p, view in zip(bucket.params, bucket.result.views):
+                    p.grad = view
+            else:
+                self._claim(bucket)
+                bucket.buffer.flat.copy_(bucket.result.flat)
         return samples
+
+    def reduced(self) -> list[torch.Tensor]:
+        """The flat reduced gradients of every bucket (after ``finish``), e.g. to check them."""
+        return [bucket.result.flat for bucket in self.buckets]
 
     def close(self) -> None:
         for h in self._hooks:

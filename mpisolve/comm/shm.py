@@ -43,14 +43,17 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from mpi4py import MPI
 
 from ..kernels.slots import host_rows, sum_slots
 from .communicator import Communicator, PersistentAllreduce, mpi_buffer
 from .windows import shard_bounds
+
+if TYPE_CHECKING:
+    from .buckets import Bucket
 
 #: Buffers of at most this many bytes take the latency path (docs/studies/node-aware.md).
 LATENCY_MAX_BYTES = 64 * 1024
@@ -151,7 +154,6 @@ class NodeAllreduce:
         self.dtype = dtype
         self.scale = float(scale)
         self.half = dtype in (torch.float16, torch.bfloat16)
-        acc_dtype = torch.float32 if self.half else dtype
         itemsize = torch.empty(0, dtype=dtype).element_size()
         ranks = group.local_size
         self.latency = numel * itemsize <= LATENCY_MAX_BYTES
@@ -343,3 +345,54 @@ def sum_once(comm: Communicator, flats: Sequence[torch.Tensor], what: str) -> bo
     for op, flat in zip(ops, flats):
         flat.view(-1).copy_(op.result)
     return True
+
+
+class NodeSumReducer:
+    """Gradient buckets summed in node-shared memory (a ``BucketReducer`` that also holds their storage).
+
+    :meth:`allocate` gives a bucket its flat storage: this rank's slot of a
+    :class:`NodeAllreduce`, which backward writes directly; ``start``, ``progress`` and
+    ``finish`` drive the rounds in bucket order (a bucket is reduced as soon as every local
+    rank has written it, while backward goes on); the sum, scaled by ``scale``, is in
+    :meth:`result` (shared by the node's ranks: read it in place, never write it).
+    """
+
+    def __init__(self, group: NodeGroup, scale: float = 1.0) -> None:
+        self.group = group
+        self.scale = scale
+        self.ops: list[NodeAllreduce] = []
+        self._inflight: list[NodeAllreduce] = []
+
+    def allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Storage for the next bucket (collective): its slot, zeroed."""
+        op = NodeAllreduce(self.group, numel, dtype, scale=self.scale)
+        op.slot.zero_()
+        self.ops.append(op)
+        return op.slot
+
+    def result(self, index: int) -> torch.Tensor:
+        return self.ops[index].result
+
+    def wait_writable(self, index: int) -> None:
+        self.ops[index].wait_writable(f"gradient bucket {index} slot reuse")
+
+    def prepare(self, bucket: Bucket) -> None:
+        """Nothing: the bucket's round was set up by :meth:`allocate`."""
+
+    def start(self, bucket: Bucket) -> None:
+        op = self.ops[bucket.index]
+        op.start()
+        self._inflight.append(op)
+
+    def progress(self) -> None:
+        if self._inflight:
+            self._inflight = [op for op in self._inflight if not op.test()]
+
+    def finish(self, bucket: Bucket) -> None:
+        self.ops[bucket.index].wait(f"node-shared gradient sum of bucket {bucket.index}")
+
+    def close(self) -> None:
+        for op in self.ops:
+            op.free()
+        self.ops.clear()
+        self._inflight.clear()

@@ -35,17 +35,21 @@ class AllreduceSolver(Solver):
 
     def setup(self) -> None:
         self.grads = GradientBuckets(
-            self.params, self.comm, bucket_bytes=int(self.options.bucket_mb * 1e6), samples=self.samples_seen
+            self.params,
+            self.comm,
+            bucket_bytes=int(self.options.bucket_mb * 1e6),
+            samples=self.samples_seen,
+            scale=1.0 / self.comm.size,
         )
 
     def zero_grad(self) -> None:
         self.grads.zero_()
 
     def step(self, batch_size: int | None = None) -> StepInfo:
-        global_samples = self.grads.finish(scale=1.0 / self.comm.size, local_samples=batch_size)
+        global_samples = self.grads.finish(local_samples=batch_size)
         local = self.take_samples(batch_size)
         # The averaged gradients are the same everywhere: every rank decides alike, unasked.
-        if not self.nonfinite.ok([b.buffer.flat for b in self.grads.buckets], "averaged gradients"):
+        if not self.nonfinite.ok(self.grads.reduced(), "averaged gradients"):
             return StepInfo(applied=False, global_samples=0, local_samples=local)
         self.optimizer.step()
         return StepInfo(applied=True, global_samples=global_samples, local_samples=local)

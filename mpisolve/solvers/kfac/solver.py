@@ -146,8 +146,14 @@ class KFACSolver(Solver):
             if s.module.weight.dtype not in (torch.float16, torch.bfloat16):
                 dtype = torch.promote_types(dtype, s.module.weight.dtype)
         self.device = devices.pop()
+        # The preconditioner rewrites the gradients in place: node-shared sums are copied out.
         self.grads = GradientBuckets(
-            self.params, self.comm, bucket_bytes=int(o.bucket_mb * 1e6), samples=self.samples_seen
+            self.params,
+            self.comm,
+            bucket_bytes=int(o.bucket_mb * 1e6),
+            samples=self.samples_seen,
+            scale=1.0 / self.comm.size,
+            shared_result=False,
         )
         # Factor traffic has its own communicator: its collectives, started from forward and
         # backward hooks, never have to be ordered against the gradient buckets'.
@@ -337,10 +343,10 @@ class KFACSolver(Solver):
                 self._profile()
         if step % o.inv_update_steps == 0:
             self._update_inverses(_schedule(o.damping, step, "damping"))
-        global_samples = self.grads.finish(scale=1.0 / self.comm.size, local_samples=batch_size)
+        global_samples = self.grads.finish(local_samples=batch_size)
         local = self.take_samples(batch_size)
         # The averaged gradients are the same everywhere: every rank decides alike, unasked.
-        applied = self.nonfinite.ok([b.buffer.flat for b in self.grads.buckets], "averaged gradients")
+        applied = self.nonfinite.ok(self.grads.reduced(), "averaged gradients")
         if applied:
             start = time.perf_counter()
             lr = None if o.lr is None else _schedule(o.lr, step, "lr")
