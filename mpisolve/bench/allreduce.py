@@ -85,14 +85,14 @@ def solver_allreduce_seconds(
 
     The gradients become views into the buckets (random values) until this returns.
     """
-    grads = GradientBuckets(params, comm, bucket_bytes=bucket_bytes)
+    grads = GradientBuckets(params, comm, bucket_bytes=bucket_bytes, scale=1.0 / comm.size)
     try:
         for p in params:
             p.grad.normal_()
 
         def mpisolve_allreduce() -> None:
             grads.rearm()
-            grads.finish(scale=1.0 / comm.size)
+            grads.finish()
 
         return median_seconds(mpisolve_allreduce, comm, repeats, warmup), len(grads.buckets)
     finally:

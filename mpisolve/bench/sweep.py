@@ -7,7 +7,7 @@ and each operation:
   osu_allreduce does: the MPI library's own figure.
 - ``sum``, ``average``: ``mpisolve.allreduce([t], op=...)``, the functional collective
   (fuse, nonblocking allreduce, watchdogged wait, unfuse).
-- ``bucketed``: the solvers' gradient path, ``GradientBuckets.finish(scale=1/n)`` on one
+- ``bucketed``: the solvers' gradient path, ``GradientBuckets(scale=1/n).finish()`` on one
   bucket (a persistent allreduce, then the average).
 - ``adasum``: ``mpisolve.allreduce([t], op="adasum")``, included by default as soon as
   mpisolve's functional collective offers that op.
@@ -137,12 +137,12 @@ def make_case(op: str, numel: int, comm: Communicator) -> Case:
 
         return Case(functional, lambda: out[0], want)
     param = torch.nn.Parameter(torch.zeros_like(data))  # op == "bucketed"
-    grads = GradientBuckets([param], comm, bucket_bytes=data.numel() * data.element_size())
+    grads = GradientBuckets([param], comm, bucket_bytes=data.numel() * data.element_size(), scale=1.0 / comm.size)
     param.grad.copy_(data)
 
     def bucketed() -> None:
         grads.rearm()
-        grads.finish(scale=1.0 / comm.size)
+        grads.finish()
 
     # After the first call every rank holds the average, which further averages keep.
     return Case(bucketed, lambda: param.grad, pattern * total / comm.size, grads.close)

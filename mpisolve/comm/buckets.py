@@ -352,7 +352,7 @@ class GradientBuckets:
         """
         if self.node is not None and scale is not None:
             raise ValueError(
-                "node-shared gradient buckets are scaled as they are summed: pass scale= when building them"
+                "node-shared gradient buckets are scaled as they are summed: give scale= when building them"
             )
         while self._next < len(self.buckets):
             self._start(self.buckets[self._next])
@@ -372,8 +372,8 @@ class GradientBuckets:
                 bucket.from_wire(self.scale if scale is None else scale)
             return samples
         for bucket in self.buckets:
+            self._writable[bucket.index] = False  # local ranks may still be reading this round's slots
             if self.shared_result:
-                self._writable[bucket.index] = False
                 for p, view in zip(bucket.params, bucket.result.views):
                     p.grad = view
             else:

@@ -11,6 +11,7 @@ from .adasum import Adasum
 from .buckets import FusedBuffer, wire_dtype
 from .communicator import Communicator, as_communicator, mpi_buffer
 from .device import Stager
+from .shm import sum_once
 
 REDUCE_OPS = ("sum", "average", "adasum")
 
@@ -25,7 +26,9 @@ def allreduce(
     Returns new tensors (the inputs are untouched) of the same shapes, dtypes and
     devices. The tensors are fused into one flat buffer per wire dtype and device
     (float16 and bfloat16 are reduced in float32), each reduced by one MPI allreduce,
-    all in flight together; CUDA buffers go to MPI as ``comm.stager`` says.
+    all in flight together; CUDA buffers go to MPI as ``comm.stager`` says. Sums of CPU
+    tensors between ranks of one node go through node-shared memory where it applies
+    (:func:`.shm.sum_once`, which keeps a window per buffer size for the next call).
     ``op="adasum"`` combines each tensor by Adasum's rule instead (see
     :mod:`mpisolve.comm.adasum` for the order over any number of ranks).
     """
@@ -50,7 +53,7 @@ def allreduce(
         fused.append((members, buf, stager))
     if op == "adasum":
         _adasum([stager.memory for _, _, stager in fused], [buf.numels for _, buf, _ in fused], comm)
-    else:
+    elif not sum_once(comm, [stager.memory for _, _, stager in fused], f"allreduce of {len(tensors)} tensors"):
         requests = [comm.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(stager.memory), MPI.SUM) for _, _, stager in fused]
         comm.wait(requests, f"allreduce of {len(tensors)} tensors")
     out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)

@@ -29,8 +29,8 @@ Counters are int64 in their own cache lines; a counter is bumped after ``MPI_Win
 (the data written before it is visible first) and read before one (the data read after it
 is the data written before it): MPI's unified-model rule for load/store on a shared window,
 a memory barrier on the CPU. Every wait goes through :meth:`Communicator.wait_for`, with
-its watchdog. Inter-node collectives are posted in the order rounds were started (one
-ticket counter per group), so every rank posts them in the same order.
+its watchdog. Inter-node collectives are posted in the order rounds were started
+(:meth:`NodeGroup.post_ready`), so every rank posts them in the same order.
 
 The node-aware path applies to CPU floating-point buffers on a communicator with more
 than one rank per node and the same number on every node; it is off with
@@ -88,20 +88,25 @@ class NodeGroup:
         self.cross: Communicator | None = None
         if self.nodes > 1:
             self.cross = comm.split(self.local_rank, name=("mpisolve.shm", "cross"))
-        self._tickets = 0  # rounds started, in start order
-        self._posted = 0  # inter-node collectives posted, in ticket order
+        #: Rounds started whose inter-node collective is not posted yet, in start order.
+        self.unposted: list[NodeAllreduce] = []
         self.lock = threading.RLock()  # a progress thread may drive rounds beside the main thread
         self._one_shot: dict[tuple[int, torch.dtype], NodeAllreduce] = {}
 
-    def ticket(self) -> int:
-        self._tickets += 1
-        return self._tickets
+    def post_ready(self) -> None:
+        """Post the inter-node collectives of rounds whose node part is done, strictly in start order.
 
-    def may_post(self, ticket: int) -> bool:
-        return ticket == self._posted + 1
-
-    def posted(self) -> None:
-        self._posted += 1
+        Every rank starts rounds in the same order, so every rank posts the collectives on
+        the cross communicator in the same order; an earlier round still waiting for its
+        node's ranks holds the later ones back, and is driven from here.
+        """
+        while self.unposted:
+            head = self.unposted[0]
+            head.reduce_if_ready()
+            if head.stage != "reduced":
+                return
+            head.post()
+            self.unposted.pop(0)
 
     def reusable(self, numel: int, dtype: torch.dtype) -> NodeAllreduce:
         """A node-shared sum of ``numel`` elements kept for one-shot callers (``mpisolve.allreduce``)."""
@@ -187,8 +192,8 @@ class NodeAllreduce:
         self._result_share = self.result[lo:hi]
         self._brain = dtype == torch.bfloat16
         self._seq = 0
-        self._stage = "idle"
-        self._ticket = 0
+        #: idle -> arrived -> reduced -> (internode ->) published (bandwidth path) -> idle.
+        self.stage = "idle"
         self._request: MPI.Request = MPI.REQUEST_NULL
         self.comm.wait(group.node.Ibarrier(), "node-shared window setup")  # flags zeroed before anyone reads them
         with self.comm.blocking("MPI_Win_lock_all"):
@@ -198,13 +203,14 @@ class NodeAllreduce:
     def start(self) -> None:
         """This rank's slot holds its input: take part in a new round (local; never blocks)."""
         with self.group.lock:
-            if self._stage != "idle":
+            if self.stage != "idle":
                 raise RuntimeError("a node-shared sum was started again before its round completed")
             self._seq += 1
-            self._ticket = self.group.ticket()
             self.win.Sync()
             self._arrived[self.group.local_rank] = self._seq
-            self._stage = "arrived"
+            self.stage = "arrived"
+            if self.group.cross is not None:
+                self.group.unposted.append(self)
             self._advance()
 
     def test(self) -> bool:
@@ -224,53 +230,56 @@ class NodeAllreduce:
 
     def _where(self) -> str:
         return (
-            f"round {self._seq}, stage {self._stage}; local ranks arrived {self._arrived.tolist()}, "
+            f"round {self._seq}, stage {self.stage}; local ranks arrived {self._arrived.tolist()}, "
             f"done {self._done.tolist()}"
         )
 
+    def reduce_if_ready(self) -> None:
+        """Once every local rank has arrived: sum the slots over this rank's share (stage "reduced")."""
+        if self.stage != "arrived" or self._arrived.min() < self._seq:
+            return
+        self.win.Sync()
+        lo, hi = self.share
+        scale = self.scale if self.group.cross is None else 1.0
+        sum_slots(self._rows, lo, hi, self._acc_host, scale, brain=self._brain)
+        if self.latency:  # done reading the slots; the result is this rank's own
+            self._publish()
+        self.stage = "reduced"
+
+    def post(self) -> None:
+        """Start the inter-node sum of this rank's share (in start order: :meth:`NodeGroup.post_ready`)."""
+        assert self.group.cross is not None
+        self._request = self.group.cross.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(self._acc_share), MPI.SUM)
+        self.stage = "internode"
+
     def _advance(self) -> bool:
-        seq = self._seq
-        if self._stage == "arrived":
-            if self._arrived.min() < seq:
-                return False
-            self.win.Sync()
-            lo, hi = self.share
-            cross = self.group.cross
-            scale = self.scale if cross is None else 1.0
-            sum_slots(self._rows, lo, hi, self._acc_host, scale, brain=self._brain)
-            if self.latency:  # done reading the slots; the result is this rank's own
-                self._publish()
-            self._stage = "reduced"
-        if self._stage == "reduced":
-            if self.group.cross is not None:
-                if not self.group.may_post(self._ticket):
-                    return False
-                self._request = self.group.cross.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(self._acc_share), MPI.SUM)
-                self.group.posted()
-                self._stage = "internode"
-            else:
+        self.reduce_if_ready()
+        if self.stage == "reduced":
+            if self.group.cross is None:
                 self._finish_share()
-        if self._stage == "internode":
+            else:
+                self.group.post_ready()
+        if self.stage == "internode":
             if not self._request.Test():
                 return False
             if self.scale != 1.0:
                 self._acc_share.mul_(self.scale)
             self._finish_share()
-        if self._stage == "published":
-            if self._done.min() < seq:
+        if self.stage == "published":
+            if self._done.min() < self._seq:
                 return False
             self.win.Sync()
-            self._stage = "idle"
-        return self._stage == "idle"
+            self.stage = "idle"
+        return self.stage == "idle"
 
     def _finish_share(self) -> None:
         if self.half:
             self._result_share.copy_(self._acc_share)  # rounded to half once, from the float32 sum
         if self.latency:
-            self._stage = "idle"
+            self.stage = "idle"
         else:
             self._publish()
-            self._stage = "published"
+            self.stage = "published"
 
     def _publish(self) -> None:
         self.win.Sync()

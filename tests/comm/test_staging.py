@@ -73,10 +73,12 @@ def test_staged_functional_allreduce_equals_direct():
 def _model_grads(comm, device="cpu", dtype=torch.float32):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).to(device, dtype)
-    grads = GradientBuckets(model.parameters(), comm, bucket_bytes=100, samples=lambda: 4 + comm.rank)
+    grads = GradientBuckets(
+        model.parameters(), comm, bucket_bytes=100, samples=lambda: 4 + comm.rank, scale=1.0 / comm.size
+    )
     grads.zero_()
     model(_rank_data(comm, 4 + comm.rank, 6, dtype=dtype, device=device)).square().sum().backward()
-    samples = grads.finish(scale=1.0 / comm.size)
+    samples = grads.finish()
     out = [p.grad.detach().cpu().clone() for p in model.parameters()], samples, len(grads.buckets)
     grads.close()
     return out
