@@ -219,16 +219,20 @@ class NodeAllreduce:
             return self._advance()
 
     def wait(self, what: str = "node-shared allreduce") -> None:
-        self.comm.wait_for(self.test, lambda: f"{what} ({self._where()})")
+        self.comm.wait_for(self.test, lambda: f"{what} ({self.where()})")
+
+    def writable(self) -> bool:
+        """Whether no local rank still reads this rank's slot (it may be written for the next round)."""
+        if self._done.min() < self._seq:
+            return False
+        self.win.Sync()
+        return True
 
     def wait_writable(self, what: str = "node-shared slot reuse") -> None:
-        """Wait until no local rank still reads this rank's slot (before writing it for the next round)."""
-        seq = self._seq
-        if self._done.min() < seq:
-            self.comm.wait_for(lambda: self._done.min() >= seq, lambda: f"{what} ({self._where()})")
-        self.win.Sync()
+        """Wait until :meth:`writable` (before writing the slot for the next round)."""
+        self.comm.wait_for(self.writable, lambda: f"{what} ({self.where()})")
 
-    def _where(self) -> str:
+    def where(self) -> str:
         return (
             f"round {self._seq}, stage {self.stage}; local ranks arrived {self._arrived.tolist()}, "
             f"done {self._done.tolist()}"
@@ -310,18 +314,30 @@ class NodePersistentAllreduce:
         self.tensor = tensor
         self._flat = tensor.view(-1)
         self.op = NodeAllreduce(group, tensor.numel(), tensor.dtype)
+        self._unread = False  # a round completed whose sum is not in the tensor yet
+        self._joined = True  # this round's input is in the slot and the round started
 
     def start(self) -> None:
-        self.op.wait_writable()
-        self.op.slot.copy_(self._flat)
-        self.op.start()
+        """Start a round (never blocks: while a local rank still reads the slot, the copy in waits for a test)."""
+        self._unread, self._joined = True, False
+        self._join()
+
+    def _join(self) -> None:
+        if not self._joined and self.op.writable():
+            self.op.slot.copy_(self._flat)  # the tensor is the operation's until it completes, as MPI's
+            self.op.start()
+            self._joined = True
 
     def test(self) -> bool:
-        return self.op.test()
+        self._join()
+        return self._joined and self.op.test()
 
     def wait(self, what: str | None = None) -> None:
-        self.op.wait(what or self.kind)
-        self._flat.copy_(self.op.result)
+        """Complete the round and bring its sum into the tensor (once: as MPI's wait, a no-op after that)."""
+        self.comm.wait_for(self.test, lambda: f"{what or self.kind} ({self.op.where()})")
+        if self._unread:
+            self._flat.copy_(self.op.result)
+            self._unread = False
 
     def free(self) -> None:
         self.op.free()

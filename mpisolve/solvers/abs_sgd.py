@@ -51,7 +51,6 @@ import torch
 from ..comm.buckets import FusedBuffer, wire_dtype
 from ..comm.communicator import CommTimeout
 from ..comm.progress import ProgressThread, require_async_progress
-from ..comm.shm import persistent_sum
 from ..options import require
 from .base import Solver, StepInfo, register
 from .lb_bsp import measure_speeds, proportional_batches
@@ -192,7 +191,7 @@ class ABSSGD(Solver):
         #: Two rounds' sums, one accumulating, one in flight: the gradients, the sample count, then
         #: one slot per rank for its measured speed (a sum of one nonzero term: exact everywhere).
         self._sums = [torch.zeros(numel + 1 + self.comm.size, dtype=wire, device=device) for _ in range(2)]
-        self._rounds = [persistent_sum(self.comm, s) for s in self._sums]
+        self._rounds = [self.comm.persistent_allreduce(s) for s in self._sums]
         self._carry = torch.zeros(numel + 1, dtype=wire, device=device) if self.options.trigger == "samples" else None
         shapes = self.grads.shapes
         #: With weight prediction: the true weights (the model holds the predicted ones) and the last update.
