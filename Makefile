@@ -15,7 +15,7 @@ TEST_TIMEOUT   ?= 240
 MPIRUN  := $(BIN)/mpiexec
 PYTEST  := -m pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) --timeout-method=thread
 
-.PHONY: install demo test lint typecheck wheel-check test-serial test-mpi perf clean
+.PHONY: install demo test lint typecheck wheel-check test-serial test-mpi test-cluster perf clean
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,7 @@ demo: install
 	$(MPIRUN) -n $(NP) $(PY) -m mpi4py -m mpisolve compare --solvers all --model mlp --dataset digits \
 		--epochs 5 --target-accuracy 0.95 --hetero straggler --out runs/demo
 
-test: install lint typecheck wheel-check test-serial test-mpi
+test: install lint typecheck wheel-check test-serial test-mpi test-cluster
 
 # Lint and format check (ruff), configured in pyproject.toml.
 LINTED := mpisolve kernels tests perf setup.py $(wildcard examples)
@@ -65,6 +65,21 @@ test-mpi: install
 		echo "== MPI tests at $$n ranks"; \
 		$(MPIRUN) -n $$n $(PY) -m mpi4py $(PYTEST) -q --with-mpi -m mpi tests; \
 	done
+
+# An emulated 2-node cluster on this machine: tests/cluster/fake-ssh stands in for ssh, so
+# MPI sees each -hosts group as a node (its own shared-memory split, the network between).
+# The MPI tests marked `cluster` at 2x2 and 2x3 ranks, then the checkpoint-resume and two
+# fault jobs (allreduce: an exception; hogwild-sgd: SIGKILL) of tests/train/test_failures.py at 2x2.
+CLUSTER := -launcher ssh -launcher-exec $(CURDIR)/tests/cluster/fake-ssh
+test-cluster: install
+	@set -e; for per_node in 2 3; do \
+		hosts=nodeA:$$per_node,nodeB:$$per_node; \
+		echo "== MPI tests on the emulated cluster $$hosts"; \
+		MPISOLVE_EMULATED_CLUSTER=1 $(MPIRUN) $(CLUSTER) -hosts $$hosts -n $$((2 * per_node)) \
+			$(PY) -m mpi4py $(PYTEST) -q --with-mpi -m mpi tests; \
+	done
+	MPISOLVE_TEST_HOSTS=nodeA:2,nodeB:2 $(PY) $(PYTEST) -q tests/train/test_failures.py \
+		-k "resumed or allreduce or hogwild"
 
 # Every figure and table of the README: each perf/*.sh in name order, from the repository
 # root with PYTHON set to the venv's; results go under perf/results/<name>/. On a shared
