@@ -26,6 +26,7 @@ BENCHES: dict[str, str] = {
     "kfac": "mpisolve.bench.kfac",
     "soak": "mpisolve.bench.soak",
     "sweep": "mpisolve.bench.sweep",
+    "step": "mpisolve.bench.step",
 }
 
 
