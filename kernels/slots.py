@@ -17,9 +17,11 @@ There is no GPU twin: node-shared windows hold host memory only.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
-from llvmlite import ir
+from llvmlite import ir  # type: ignore[import-untyped]
 from numba import njit, types
 from numba.extending import intrinsic
 
@@ -32,14 +34,16 @@ BLOCK = 2048
 _HALF_RESCALE = np.float32(2.0**112)
 
 
-@intrinsic
-def _float32_from_bits(typingctx, bits):  # noqa: ANN001, ARG001 (Numba intrinsic signature)
+def _float32_from_bits_typing(typingctx: Any, bits: Any) -> Any:  # noqa: ARG001 (Numba intrinsic signature)
     """Reinterpret a uint32 bit pattern as a float32 (no conversion)."""
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ARG001
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:  # noqa: ARG001
         return builder.bitcast(args[0], ir.FloatType())
 
     return types.float32(types.uint32), codegen
+
+
+_float32_from_bits: Any = intrinsic(_float32_from_bits_typing)
 
 
 @njit(inline="always")

@@ -25,7 +25,7 @@ import torch
 
 from ..comm.communicator import Communicator
 from ..options import InputError
-from ..solvers import make_solver
+from ..solvers.allreduce import AllreduceSolver
 from ..train.models import MODELS, build_model
 from . import interleaved_medians
 from .allreduce import MODEL_INPUTS, _free_port
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
 
     solver_comm = Communicator(comm.comm, node_shm=args.node_shm == "on")
     ours = copy.deepcopy(base)
-    solver = make_solver("allreduce", ours, optimizer(ours), solver_comm, bucket_mb=args.bucket_mb)
+    solver = AllreduceSolver(ours, optimizer(ours), solver_comm, bucket_mb=args.bucket_mb)
     alone = copy.deepcopy(base)
     alone_opt = optimizer(alone)
     address = comm.bcast_object(socket.gethostname() if comm.rank == 0 else None)

@@ -360,8 +360,8 @@ class GradientBuckets:
         for bucket in self.buckets:
             self.reducer.finish(bucket)
         samples = 0
-        if local_samples is not None or self._local_count is not None:
-            mine = local_samples if local_samples is not None else self._local_count
+        mine = local_samples if local_samples is not None else self._local_count
+        if mine is not None:
             samples = int(self.comm.allreduce_(torch.tensor([float(mine)]), what="sample count").item())
             self._local_count = None
         elif self.samples is not None:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from mpi4py import MPI
@@ -80,7 +80,7 @@ class NodeGroup:
 
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm
-        self.node: MPI.Comm = comm.node
+        self.node = cast(MPI.Intracomm, comm.node)  # Split_type gives an intracommunicator
         self.local_rank = comm.local_rank
         self.local_size = comm.local_size
         self.nodes = comm.nodes
