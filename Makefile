@@ -71,12 +71,14 @@ test-mpi: install
 # The MPI tests marked `cluster` at 2x2 and 2x3 ranks, then the checkpoint-resume and two
 # fault jobs (allreduce: an exception; hogwild-sgd: SIGKILL) of tests/train/test_failures.py at 2x2.
 CLUSTER := -launcher ssh -launcher-exec $(CURDIR)/tests/cluster/fake-ssh
+# The files holding tests marked `cluster` (collecting the whole suite on 6 ranks costs minutes).
+CLUSTER_TESTS := tests/cluster tests/comm/test_shm.py
 test-cluster: install
 	@set -e; for per_node in 2 3; do \
 		hosts=nodeA:$$per_node,nodeB:$$per_node; \
 		echo "== MPI tests on the emulated cluster $$hosts"; \
 		MPISOLVE_EMULATED_CLUSTER=1 $(MPIRUN) $(CLUSTER) -hosts $$hosts -n $$((2 * per_node)) \
-			$(PY) -m mpi4py $(PYTEST) -q --with-mpi -m mpi tests; \
+			$(PY) -m mpi4py $(PYTEST) -q --with-mpi -m mpi $(CLUSTER_TESTS); \
 	done
 	MPISOLVE_TEST_HOSTS=nodeA:2,nodeB:2 $(PY) $(PYTEST) -q tests/train/test_failures.py \
 		-k "resumed or allreduce or hogwild"
