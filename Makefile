@@ -15,7 +15,7 @@ TEST_TIMEOUT   ?= 240
 MPIRUN  := $(BIN)/mpiexec
 PYTEST  := -m pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) --timeout-method=thread
 
-.PHONY: install demo test lint typecheck wheel-check test-serial test-mpi test-cluster perf clean
+.PHONY: install demo test lint typecheck wheel-check test-serial test-mpi test-cluster docs perf clean
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -83,7 +83,12 @@ test-cluster: install
 	MPISOLVE_TEST_HOSTS=nodeA:2,nodeB:2 $(PY) $(PYTEST) -q tests/train/test_failures.py \
 		-k "resumed or allreduce or hogwild"
 
-# Every figure and table of the README: each perf/*.sh in name order, from the repository
+# The options tables of docs/solvers/*.md, regenerated in place from the options dataclasses
+# (tests/test_docs.py fails when a table and the code differ).
+docs: install
+	$(PY) -m mpisolve.solvers.option_docs docs/solvers/*.md
+
+# Every figure and table of the studies (docs/studies): each perf/*.sh in name order, from the repository
 # root with PYTHON set to the venv's; results go under perf/results/<name>/. On a shared
 # machine PERF_LOCK=/tmp/mpisolve-cpu.lock makes each MPI run hold that lock (flock) while
 # it measures (perf/launch.py does it; a script running mpiexec itself prefixes

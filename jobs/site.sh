@@ -2,7 +2,7 @@
 # Edit the lines marked SITE once for your cluster; environment variables set when you
 # submit (sbatch passes your environment on) take precedence over the defaults here.
 
-# SITE: modules. Load the MPI that mpi4py was built against (README, "Installing") and
+# SITE: modules. Load the MPI that mpi4py was built against (docs/guide/install.md) and
 # the Python that holds mpisolve. Examples:
 #   module load gcc/12 openmpi/4.1 python/3.11
 #   module load PrgEnv-gnu cray-mpich cray-python            # HPE Cray EX
@@ -42,7 +42,7 @@ export MPIEXEC_FLAGS=${MPIEXEC_FLAGS--bind-to core:${OMP_NUM_THREADS:-1}}
 
 # SITE: CUDA-aware MPI (GPU jobs), so MPI reads and writes GPU memory directly instead of
 # mpisolve staging it through pinned host buffers. Only with an MPI built with CUDA
-# support (README, "GPUs"); set the one for yours:
+# support (docs/guide/gpus.md); set the one for yours:
 #   module load craype-accel-nvidia80; export MPICH_GPU_SUPPORT_ENABLED=1   # HPE Cray MPICH (A100)
 #   export MPIR_CVAR_ENABLE_GPU=1                     # MPICH 4+ built with CUDA
 #   export OMPI_MCA_pml=ucx UCX_TLS=rc,sm,cuda_copy,cuda_ipc   # Open MPI + UCX

@@ -5,14 +5,14 @@
     d = alpha * (x - center);  x -= d;  center += d
 
 Plain torch needs four passes and a temporary; this reads and writes each element once
-(the vectors are large and the arithmetic trivial, so memory traffic is the cost): on one
-core, 3.9x faster than torch at 10^6 and 10^7 elements, 2.3x at 10^5, 1.2x at 10^4
-(see the README for the command). The CPU twin is a serial Numba loop (every MPI rank already
-owns its share of the cores); the arithmetic runs in the tensors' dtype, as torch's would.
+(the vectors are large and the arithmetic trivial, so memory traffic is the cost; how
+much faster it is, by vector size: docs/studies/benchmarks.md). The CPU twin is a serial
+Numba loop (every MPI rank already owns its share of the cores); the arithmetic runs in
+the tensors' dtype, as torch's would.
 
 (Synchronous EASGD's worker step, ``diff = x - center; x -= alpha diff``, stays in
-torch: two passes that a Numba loop matched only at 10^6 elements and beat by 1.3x at
-10^7, slower below.)
+torch: two passes, which a Numba loop did not beat at the sizes the solvers see; see
+docs/studies/benchmarks.md.)
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 K-FAC factors and inverses are symmetric; SPD-KFAC sends and stores them as the
 row-major upper triangle (diagonal included). Packing is a gather of contiguous row
 pieces; unpacking also writes the mirror image below the diagonal, a transposed write
-that, done element by element (``index_copy_``), runs at a tenth of memory speed on a
-CPU. The CPU twin walks the matrix in square tiles so both writes stay in cache. It runs
-on the calling thread: under MPI each rank has its own core(s), and a Numba OpenMP pool
-beside torch's spins on the cores other ranks compute on (measured: SPD-KFAC's factor
-phase more than twice as slow at 4 ranks on 2 cores). The GPU twin (``triangle_cuda``) gives one thread
+that, done element by element (``index_copy_``), runs far below memory speed on a CPU.
+The CPU twin walks the matrix in square tiles so both writes stay in cache. It runs on
+the calling thread: under MPI each rank has its own core(s), and a Numba OpenMP pool
+beside torch's spins on the cores other ranks compute on (it slowed SPD-KFAC's factor
+phase when ranks shared cores: docs/studies/kfac-bench.md). The GPU twin (``triangle_cuda``) gives one thread
 per matrix entry.
 """
 
@@ -18,8 +18,7 @@ from numba import njit
 
 from .dispatch import BenchCase, by_device, host_array
 
-#: Tile edge for the CPU unpack: measured best among 8..256 for n = 4608 (about the speed of
-#: torch's own transposed copy, about 3x faster than ``index_copy_``).
+#: Tile edge for the CPU unpack: the best of 8..256 for n = 4608 (docs/studies/kfac-bench.md).
 TILE = 16
 
 

@@ -7,9 +7,10 @@ rank starts MPI or training.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -45,10 +46,91 @@ def build_options(solver: str, cls: type, given: dict[str, Any]) -> Any:
     return cls(**given)
 
 
+def option(default: Any, help: str) -> Any:
+    """A dataclass field with a default and a one-line ``help`` (the meaning in the docs' options tables)."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 def option_fields(cls: type) -> dict[str, tuple[Any, Any]]:
     """Option name -> (type, default) for a solver's options dataclass."""
     hints = typing.get_type_hints(cls)
     return {f.name: (hints[f.name], f.default) for f in dataclasses.fields(cls)}
+
+
+def options_table(solvers: Sequence[tuple[str, type]]) -> str:
+    """A Markdown table of solvers' options: option, type, default, meaning (from each field's ``help``).
+
+    With several solvers (one page for a family), a column says which solvers take each
+    option, and a default that differs between them is given per solver. Rows follow the
+    field order of the solver with the most options. A field without ``help`` metadata
+    gets an empty meaning.
+    """
+    rows: dict[str, list[tuple[str, dataclasses.Field[Any], Any]]] = {}
+    for _, cls in sorted(solvers, key=lambda solver: -len(dataclasses.fields(solver[1]))):
+        for f in dataclasses.fields(cls):  # rows in the order of the solver with the most options
+            rows.setdefault(f.name, [])
+    for name, cls in solvers:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            rows[f.name].append((name, f, hints[f.name]))
+    several = len(solvers) > 1
+    lines = ["| option | " + ("solvers | " if several else "") + "type | default | meaning |"]
+    lines.append("| --- | " + ("--- | " if several else "") + "--- | --- | --- |")
+    for option_name, takers in rows.items():
+        names = [name for name, _, _ in takers]
+        defaults: dict[str, list[str]] = {}
+        for name, f, _ in takers:
+            defaults.setdefault(_default_text(f), []).append(name)
+        if len(defaults) == 1:
+            default = next(iter(defaults))
+        else:
+            default = "; ".join(f"{text} ({', '.join(who)})" for text, who in defaults.items())
+        meaning = next((f.metadata["help"] for _, f, _ in takers if f.metadata.get("help")), "")
+        cells = [f"`{option_name}`"]
+        if several:
+            cells.append("all" if len(names) == len(solvers) else ", ".join(f"`{n}`" for n in names))
+        cells += [_doc_type(takers[0][2]), default, meaning]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+#: A generated options table in a Markdown page: the solvers it covers, then the table.
+OPTIONS_TABLE = re.compile(r"(<!-- options: ([a-z0-9, -]+?) -->\n)(.*?)(<!-- /options -->)", re.DOTALL)
+
+
+def update_options_tables(text: str, options_of: Callable[[str], type]) -> str:
+    """``text`` with every table between ``<!-- options: a, b -->`` and ``<!-- /options -->`` regenerated."""
+
+    def regenerate(match: re.Match[str]) -> str:
+        names = [name.strip() for name in match.group(2).split(",")]
+        return match.group(1) + options_table([(name, options_of(name)) for name in names]) + match.group(4)
+
+    return OPTIONS_TABLE.sub(regenerate, text)
+
+
+def _default_text(f: dataclasses.Field[Any]) -> str:
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return "required"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    return f"`{value!r}`"
+
+
+def _doc_type(kind: Any) -> str:
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_doc_type(k) for k in typing.get_args(kind))
+    if origin is typing.Literal:
+        return " or ".join(f'`"{c}"`' if isinstance(c, str) else f"`{c!r}`" for c in typing.get_args(kind))
+    if kind is type(None):
+        return "`None`"
+    if origin is Callable or kind is Callable:
+        return "callable"
+    return f"`{getattr(origin or kind, '__name__', str(kind))}`"
 
 
 def parse_option(solver: str, cls: type, key: str, text: str) -> Any:

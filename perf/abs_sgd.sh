@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The ABS-SGD heterogeneous-cluster study (issue 5), one command: bash perf/abs_sgd.sh
+# Write-up, figures and provenance: docs/studies/abs-sgd.md
 #
 # 4 ranks; the homogeneous cluster, the three presets of mpisolve/train/hetero.py and
 # moving-straggler (straggler, the slow rank changing every 2 s: --hetero-every); the

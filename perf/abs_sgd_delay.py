@@ -1,5 +1,7 @@
 """What a one-update delay costs momentum SGD, and what weight prediction gives back (one process).
 
+Write-up, figures and provenance: docs/studies/abs-sgd.md.
+
 The MLP on digits trained by plain SGD on batches of ``--batch`` samples, where update k
 applies the gradient computed one update earlier (ABS-SGD's delay), optionally at the
 predicted weights ``w + c (w - w_before_last_update)`` (``abs-sgd``'s ``weight_prediction``),

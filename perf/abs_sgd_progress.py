@@ -1,5 +1,7 @@
 """How long a persistent allreduce takes when only a thread's periodic tests move it (ABS-SGD's ``progress_ms``).
 
+Write-up, figures and provenance: docs/studies/abs-sgd.md.
+
 Usage: ``mpiexec -n 4 python -m mpi4py perf/abs_sgd_progress.py INTERVAL_MS [FLOATS]``
 (default 1.1 M floats, the study's MLP). Every rank starts the allreduce, then a thread
 tests it every INTERVAL_MS while the main thread waits for the thread to see it done;

@@ -1,5 +1,7 @@
 """Summarise the ABS-SGD study (perf/abs_sgd.sh): results.csv, results.json, table.md and abs_sgd.png.
 
+Write-up, figures and provenance: docs/studies/abs-sgd.md.
+
 Reads ``OUT/<model>-<preset>/seed<k>/`` (the ``mpisolve compare`` outputs of a model,
 cluster and seed; a solver run in a job of its own is in a folder below) and reports, per model and preset, each solver's median time to the
 target accuracy over the seeds (not reached if it missed in half the seeds or more),
@@ -7,7 +9,7 @@ ABS-SGD's speedup over the best baseline by those medians with its range over th
 ABS-SGD's least busy fraction per rank over the seeds and how often a micro-batch overran
 its emulated device; then the mean speedup over the three heterogeneous presets and
 ABS-SGD's loss against synchronous SGD on the homogeneous cluster. ``table.md`` is the
-README's table. Usage: ``python perf/abs_sgd_report.py OUT``.
+study's table. Usage: ``python perf/abs_sgd_report.py OUT``.
 """
 
 from __future__ import annotations
@@ -174,7 +176,7 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 
 def write_table(summary: dict, path: Path) -> None:
-    """The README's table: per cluster, every solver's median time to target, the speedup, ABS-SGD's busy fractions."""
+    """The study's table: per cluster, every solver's median time to target, the speedup, ABS-SGD's busy fractions."""
     lines = []
     for v in summary.values():
         lines.append(

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Adasum convergence study (issue 4, item 6): does Adasum reach the target accuracy in
 # fewer epochs than averaging at the learning rate tuned for one worker's batch?
+# Write-up, figures and provenance: docs/studies/adasum-convergence.md
 #
 #   perf/adasum_convergence.sh [PIECE ...]     (default: all pieces in order)
 #

@@ -1,5 +1,7 @@
 """Allreduce latency and bus bandwidth over message sizes at 2, 4 and 8 ranks, as CSV and PNG.
 
+Write-up, figures and provenance: docs/studies/comm-sweep.md.
+
 Runs ``python -m mpi4py -m mpisolve bench sweep`` once per rank count (one CSV each),
 then plots every CSV present in the output directory::
 
@@ -10,7 +12,7 @@ then plots every CSV present in the output directory::
 
 Writes ``<out>/comm_sweep_n<N>.csv`` (the rows), ``<out>/comm_sweep_n<N>.json`` (the MPI
 library and the machine's load average around the run), ``<out>/comm_sweep.png`` and
-``<out>/table.md`` (the README's table); default out: perf/results/comm_sweep. Run it
+``<out>/table.md`` (the study's table); default out: perf/results/comm_sweep. Run it
 alone on the machine: other work on the same cores shows up in every figure.
 """
 
@@ -82,7 +84,7 @@ def plot(by_ranks: dict[int, list[dict[str, str]]], png: Path) -> None:
 
 
 def table(by_ranks: dict[int, list[dict[str, str]]]) -> str:
-    """The README's table: latency at 4 B and 64 KiB, busbw at 4 MiB and 64 MiB, per rank count and op."""
+    """The study's table: latency at 4 B and 64 KiB, busbw at 4 MiB and 64 MiB, per rank count and op."""
     lines = [
         "| ranks | op | latency 4 B (us) | latency 64 KiB (us) | busbw 4 MiB (GB/s) | busbw 64 MiB (GB/s) |",
         "| --- | --- | --- | --- | --- | --- |",

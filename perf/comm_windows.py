@@ -1,5 +1,7 @@
 """Window exchanges (``bench windows``) at 2, 4 and 8 ranks over vector sizes, as CSV and a table.
 
+Write-up, figures and provenance: docs/studies/performance-model.md.
+
 Runs ``python -m mpi4py -m mpisolve bench windows`` once per rank count on the shared
 path (one node: what the window solvers use here), both modes and layouts, at
 ``--numel`` sizes that bracket the models of the scaling study (the CNN's 52 thousand

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# When asynchronous beats synchronous (issue 7): every solver of the EASGD family and
+# When asynchronous beats synchronous (issue 7; write-up: docs/studies/easgd-async.md): every solver of the EASGD family and
 # "allreduce" (synchronous SGD) at 4 ranks, trained to a target accuracy on a
 # communication-bound workload (the MLP on digits, micro-batch 8) and a compute-bound one
 # (the CNN on the synthetic set, micro-batch 32); allreduce, easgd and ea-wild again with
@@ -13,7 +13,7 @@
 #   PIECES="repeats advise" perf/easgd.sh mlp   # some pieces only: main, sgd, nesterov, repeats, advise
 #
 # Every rank runs on an emulated device (--device-ms: a micro-batch of n samples takes
-# n x MS ms, the real compute included; README "Emulated devices"): 4 ranks share 2
+# n x MS ms, the real compute included; docs/guide/cli.md, "Emulated devices"): 4 ranks share 2
 # cores here, and without it a solver that keeps every rank computing slows its own
 # ranks down, which a cluster with a device per worker would not. Communication is real.
 # MS is fixed per workload, the same for every solver (--device-ms auto would measure it

@@ -1,5 +1,7 @@
 """Merge the pieces of perf/easgd.sh into one table: results.csv and results.json.
 
+Write-up, figures and provenance: docs/studies/easgd-async.md.
+
 ``python perf/easgd_results.py DIR`` reads ``DIR/<workload>/<piece>/summary.json`` (the
 ``compare`` runs) and ``DIR/<workload>/advise.json``, and writes ``DIR/results.csv`` (one
 row per workload, seed and solver: time to target, samples per second, final accuracy,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # K-FAC convergence study (issue 6, item 6): on the synthetic set with the small CNN, does
 # K-FAC reach the target test accuracy in fewer epochs than SGD, and in less time?
+# Write-up, figures and provenance: docs/studies/kfac-convergence.md
 #
 #   perf/kfac_convergence.sh
 #

@@ -1,5 +1,7 @@
 """Weak scaling of every solver at 1, 2, 4 and 8 ranks: throughput, efficiency, busy/comm/idle.
 
+Write-up, figures and provenance: docs/studies/scaling.md.
+
 Two series, each labelled in every output:
 
 - ``real``: the ranks compute for real, one torch thread each (OMP_NUM_THREADS=1, so a
@@ -29,7 +31,7 @@ busy/comm/idle split (mpisolve.train.accounting), averaged over ranks. Writes, u
     <model>-n<P>/, <model>-dev-n<P>/   the compare runs' logs and summaries (real, emulated)
     device.json                         the emulated device's ms per sample, per model
     scaling.csv                         one row per series, model, solver, ranks
-    table.md                            the README's tables
+    table.md                            the study's tables
     scaling_<model>[_emulated].png      throughput with the ideal line, efficiency, stacked breakdown
 
 Efficiency is weak scaling's, throughput(P) / (P x throughput(1)) within a series;
@@ -299,7 +301,7 @@ def plot(rows: list[dict[str, object]], out: Path, cores: int) -> list[Path]:
 
 
 def table(rows: list[dict[str, object]]) -> str:
-    """The README's tables, one per series: samples/s per rank count, efficiency, busy/comm/idle at 8."""
+    """The study's tables, one per series: samples/s per rank count, efficiency, busy/comm/idle at 8."""
     ranks = sorted({r["ranks"] for r in rows})
     effs = [p for p in ranks if p > 1]
     parts = []

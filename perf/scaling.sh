@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# README "Scaling study": weak scaling (32 samples per rank per step) at 1, 2, 4, 8 ranks on
+# Scaling study (write-up: docs/studies/scaling.md): weak scaling (32 samples per rank per step) at 1, 2, 4, 8 ranks on
 # digits, throughput, efficiency, busy/comm/idle, in two labelled series:
 # - real compute (ranks share the cores): every registered solver, MLP (40 micro-batches per
 #   rank) and CNN (24);

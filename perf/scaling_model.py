@@ -1,6 +1,8 @@
 """The performance model: calibrated on this machine, checked against the scaling study,
 projected to 16-1,024 GPUs.
 
+Write-up, figures and provenance: docs/studies/performance-model.md.
+
 1. Calibration: alpha and beta fitted to the ``bucketed`` rows of the communication
    sweep (perf/results/comm_sweep/*.csv: the solvers' own allreduce path), Adasum's gamma
    to its ``adasum`` rows, once per rank count; the window exchange's alpha and beta, per
@@ -13,7 +15,7 @@ projected to 16-1,024 GPUs.
    of its own), and predicts the 2-8 rank iteration, each solver on its own schedule
    (tau) and exchange (window solvers priced by the window fit; ``error_allreduce_priced``
    keeps what pricing them with the allreduce fit gave). The relative errors go to
-   validation.csv, validation.md (the README's tables: per run, and per solver) and
+   validation.csv, validation.md (the study's tables: per run, and per solver) and
    validation.png.
 3. Projection: ``python -m mpisolve model`` for ResNet-18 and ResNet-50 on 100 Gb/s
    InfiniBand with H100-class compute, 16 to 1,024 GPUs: projection_<model>.csv, the
@@ -136,7 +138,7 @@ def validate(
 
 
 def validation_tables(validation: list[dict[str, object]]) -> list[str]:
-    """The README's validation tables: every run, then the error per solver."""
+    """The study's validation tables: every run, then the error per solver."""
     lines = [
         "| series | model | solver | measured 2 / 4 / 8 ranks (ms) | model (ms) | error 2 | error 4 | error 8 |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -197,7 +199,7 @@ def project(out: Path) -> dict[str, Path]:
 
 
 def projection_table(projections: dict[str, Path]) -> str:
-    """The README's table: efficiency at 16, 128 and 1,024 GPUs and the iteration at 1,024, per model and solver."""
+    """The study's table: efficiency at 16, 128 and 1,024 GPUs and the iteration at 1,024, per model and solver."""
     lines = [
         "| model | solver | efficiency 16 / 128 / 1,024 GPUs | iteration at 1,024 (ms): compute + exposed comm |",
         "| --- | --- | --- | --- |",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# README "Performance model": calibrated on perf/results/comm_sweep, validated against
+# Performance model (write-up: docs/studies/performance-model.md): calibrated on perf/results/comm_sweep, validated against
 # perf/results/scaling (so it runs after both), projected to 16-1,024 GPUs.
 # -> perf/results/scaling_model/ (calibration.csv, validation.csv/.png, projection_*.csv, projection.png)
 set -euo pipefail

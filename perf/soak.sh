@@ -2,6 +2,7 @@
 # Soak: each asynchronous solver (or those named) for 2,000 steps at 4 ranks, one mpiexec
 # each; prints one JSON object per solver (bench soak): every rank's RSS after 200 steps and
 # at the end, and the MPI windows left open after close() (must be 0).
+# Write-up and figures: docs/studies/soak.md
 # On a shared machine, PERF_LOCK=/tmp/mpisolve-cpu.lock holds the CPU lock per solver.
 set -e
 cd "$(dirname "$0")/.."

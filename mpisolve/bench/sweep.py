@@ -9,8 +9,8 @@ and each operation:
   (fuse, nonblocking allreduce, watchdogged wait, unfuse).
 - ``bucketed``: the solvers' gradient path, ``GradientBuckets(scale=1/n).finish()`` on one
   bucket (a persistent allreduce, then the average).
-- ``adasum``: ``mpisolve.allreduce([t], op="adasum")``, included by default as soon as
-  mpisolve's functional collective offers that op.
+- ``adasum``: ``mpisolve.allreduce([t], op="adasum")`` (in the default ``--ops`` wherever the
+  functional collective offers that op).
 
 Each operation's result is checked once per size before it is timed, against the exact
 reduction of known inputs (for Adasum, orthogonal ones, whose Adasum is their sum). The latency is the median over repeats of the slowest rank's time for one

@@ -68,8 +68,8 @@ class FusedBuffer:
         """Copy ``tensors`` into their places in the flat buffer.
 
         On the CPU, tensors of the buffer's dtype move in one fused byte copy
-        (``mpisolve.kernels.fused``: about twice torch's copy speed on large buffers, see
-        ``bench kernels``); otherwise each tensor is copied (and cast) by torch.
+        (``mpisolve.kernels.fused``, faster than torch's copy on large buffers: ``bench kernels``,
+        docs/studies/benchmarks.md); otherwise each tensor is copied (and cast) by torch.
         """
         if [t.numel() for t in tensors] != self.numels:
             raise ValueError("pack needs tensors of the sizes the buffer was laid out for")

@@ -18,7 +18,7 @@ import torch
 from ..comm.adasum import AdasumReducer
 from ..comm.buckets import Bucket, FusedBuffer, GradientBuckets, plan_buckets
 from ..comm.communicator import Communicator
-from ..options import require
+from ..options import option, require
 from .base import Solver, StepInfo, register
 
 MODES = ("delta", "gradient")
@@ -26,12 +26,14 @@ MODES = ("delta", "gradient")
 
 @dataclass(frozen=True, kw_only=True)
 class AdasumOptions:
-    """``mode``: ``"delta"`` (local step, Adasum of model deltas) or ``"gradient"``
-    (Adasum of gradients, then the step). ``bucket_mb``: size of the fused buckets that
-    are reduced as units, in MB (10^6 bytes)."""
+    """What Adasum combines, and in which units."""
 
-    mode: Literal["delta", "gradient"] = "delta"
-    bucket_mb: float = 25.0
+    mode: Literal["delta", "gradient"] = option(
+        "delta",
+        "delta: each rank takes its local optimizer step and the model deltas are combined (Horovod's); "
+        "gradient: the gradients are combined during backward, then one optimizer step",
+    )
+    bucket_mb: float = option(25.0, "size of the fused buckets reduced as units, in MB (10^6 bytes)")
 
     def __post_init__(self) -> None:
         require(self.mode in MODES, f"mode must be one of {', '.join(map(repr, MODES))}, got {self.mode!r}")

@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..comm.buckets import GradientBuckets
-from ..options import require
+from ..options import option, require
 from .base import Solver, StepInfo, register
 
 
 @dataclass(frozen=True, kw_only=True)
 class AllreduceOptions:
-    """``bucket_mb``: size of the fused gradient buckets, in MB (10^6 bytes), as DDP's bucket_cap_mb."""
+    """The bucketed allreduce's one knob."""
 
-    bucket_mb: float = 25.0
+    bucket_mb: float = option(25.0, "size of the fused gradient buckets, in MB (10^6 bytes), as DDP's bucket_cap_mb")
 
     def __post_init__(self) -> None:
         require(self.bucket_mb > 0, f"bucket_mb must be > 0, got {self.bucket_mb}")

@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from ..comm.communicator import Communicator, as_communicator
 from ..comm.state import broadcast_module_and_optimizer, check_same_model
-from ..options import OptionError, build_options, options_to_dict
+from ..options import OptionError, build_options, option, options_to_dict
 from .nonfinite import NonFiniteGuard, NonFinitePolicy
 
 
@@ -52,14 +52,13 @@ class StepInfo:
 
 @dataclass(frozen=True, kw_only=True)
 class CommonOptions:
-    """Options every solver takes, besides its own.
+    """Options every solver takes, besides its own (see :mod:`mpisolve.solvers.nonfinite`)."""
 
-    ``nonfinite``: a step whose gradients or update hold a NaN or Inf "raise"s an error
-    (default), is "skip"ped on every rank alike (counted), or is not checked ("ignore");
-    see :mod:`mpisolve.solvers.nonfinite`.
-    """
-
-    nonfinite: NonFinitePolicy = "raise"
+    nonfinite: NonFinitePolicy = option(
+        "raise",
+        "a step whose gradients or update hold a NaN or Inf: raise an error, skip it on every rank alike "
+        "(counted; an error after 100 in a row), or do not check (ignore)",
+    )
 
 
 def with_common_options(own: type) -> type:

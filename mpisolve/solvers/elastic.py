@@ -43,19 +43,20 @@ import torch
 from ..comm.buckets import FusedBuffer
 from ..comm.windows import Layout, Progress, SharedVector
 from ..kernels.elastic import elastic_exchange_
-from ..options import OptionError, require
+from ..options import OptionError, option, require
 from .base import Solver, StepInfo, register
 
 
 # ------------------------------------------------------------------ options
 @dataclass(frozen=True, kw_only=True)
 class EASGDOptions:
-    """``tau``: local steps between exchanges. ``alpha``: the elastic moving rate, or
-    ``rho``: the elastic penalty (alpha = lr * rho); neither: alpha = 0.9 / ranks."""
+    """The elastic exchange: how often, and how strongly workers and center pull together."""
 
-    tau: int = 4
-    alpha: float | None = None
-    rho: float | None = None
+    tau: int = option(4, "local steps between exchanges")
+    alpha: float | None = option(
+        None, "elastic moving rate, in (0, 1]; None (and no rho): 0.9 / ranks; easgd needs alpha * ranks <= 1"
+    )
+    rho: float | None = option(None, "elastic penalty instead of alpha: alpha = lr * rho")
 
     def __post_init__(self) -> None:
         require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
@@ -66,13 +67,18 @@ class EASGDOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class WindowOptions:
-    """``layout``: "sharded" (each rank owns a slice) or "server" (rank 0 owns all).
-    ``progress``: "thread", "mpich" or "none" (who progresses passive-target RMA).
-    ``force_internode``: use the inter-node RMA path even on one node (for testing)."""
+    """The shared vector's MPI window: who owns it, who moves its operations along."""
 
-    layout: Layout = "sharded"
-    progress: Progress = "thread"
-    force_internode: bool = False
+    layout: Layout = option(
+        "sharded",
+        "sharded: rank r owns a contiguous, cache-line aligned slice of the vector; server: rank 0 owns it all",
+    )
+    progress: Progress = option(
+        "thread",
+        "who completes passive-target RMA at a target busy computing: a thread of ours, MPICH's progress thread "
+        "(launch with MPICH_ASYNC_PROGRESS=1), or the library alone (none)",
+    )
+    force_internode: bool = option(False, "use the inter-node path even when all ranks share a node (to test it)")
 
 
 def _check_momentum(momentum: float) -> None:
@@ -81,9 +87,9 @@ def _check_momentum(momentum: float) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class AsyncSGDOptions(WindowOptions):
-    """``tau``: local steps between pushes to the shared parameters (1: every step)."""
+    """Downpour's push period."""
 
-    tau: int = 1
+    tau: int = option(1, "local steps between pushes to the shared parameters (1: every step)")
 
     def __post_init__(self) -> None:
         require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
@@ -91,9 +97,11 @@ class AsyncSGDOptions(WindowOptions):
 
 @dataclass(frozen=True, kw_only=True)
 class AsyncMSGDOptions(AsyncSGDOptions):
-    """``momentum``: Nesterov momentum of the local steps."""
+    """Downpour with Nesterov momentum on the local steps."""
 
-    momentum: float = 0.9
+    momentum: float = option(
+        0.9, "Nesterov momentum the solver adds to each local step: give it an optimizer without momentum"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -107,9 +115,12 @@ class AsyncEASGDOptions(WindowOptions, EASGDOptions):
 
 @dataclass(frozen=True, kw_only=True)
 class AsyncMEASGDOptions(AsyncEASGDOptions):
-    """``momentum``: Nesterov momentum of the local steps (EAMSGD's 0.99)."""
+    """EAMSGD: asynchronous EASGD with Nesterov momentum on the local steps."""
 
-    momentum: float = 0.99
+    momentum: float = option(
+        0.99,
+        "Nesterov momentum the solver adds to each local step (EAMSGD's 0.99): give it an optimizer without momentum",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..comm.buckets import Bucket, GradientBuckets, SumReducer
 from ..comm.communicator import Communicator
-from ..options import OptionError, require
+from ..options import OptionError, option, require
 from .base import Solver, StepInfo, register
 
 
@@ -75,13 +75,15 @@ def measure_speeds(
 
 @dataclass(frozen=True, kw_only=True)
 class LBBSPOptions:
-    """``speeds``: ``"measure"`` (default: time ``measure_batches`` micro-batches with the
-    loop's probe, after one warm-up, the median taken) or relative speeds, one per rank
-    (``"1,1,1,0.25"``). ``bucket_mb``: gradient bucket size, as for ``allreduce``."""
+    """How the ranks' speeds are known, and the gradient buckets."""
 
-    speeds: str = "measure"
-    measure_batches: int = 3
-    bucket_mb: float = 25.0
+    speeds: str = option(
+        "measure",
+        "measure: time micro-batches with the loop's probe (after one warm-up, the median); "
+        "or relative speeds, one per rank (1,1,1,0.25)",
+    )
+    measure_batches: int = option(3, "timed micro-batches per rank when speeds are measured")
+    bucket_mb: float = option(25.0, "size of the fused gradient buckets, in MB (10^6 bytes), as for allreduce")
 
     def __post_init__(self) -> None:
         if self.speeds != "measure":

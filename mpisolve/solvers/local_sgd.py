@@ -13,16 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..options import require
+from ..options import option, require
 from .base import Solver, StepInfo, register
 from .elastic import flatten_parameters
 
 
 @dataclass(frozen=True, kw_only=True)
 class LocalSGDOptions:
-    """``tau``: local steps between parameter averages (H); 4, as the EASGD family's exchange period."""
+    """How often the models are averaged."""
 
-    tau: int = 4
+    tau: int = option(4, "local steps between parameter averages (H); 4, as the EASGD family's exchange period")
 
     def __post_init__(self) -> None:
         require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")

@@ -6,8 +6,8 @@ Two data sets, both available offline and identical on every rank:
 - ``synthetic``: a deterministic CIFAR-shaped set (3x32x32, 10 classes) of ``size``
   examples: each image is a randomly shifted, randomly scaled class template, plus a
   shifted template of another class as a distractor, a colour cast and strong pixel
-  noise. Nearest class mean on pixels reaches 50% on it; three epochs of training at 2
-  ranks reach 68% with the MLP and 74% with the CNN: learnable, not trivial.
+  noise: learnable, not trivial (what simple baselines and the built-in models reach on
+  it: docs/guide/cli.md, "Data").
 
 A fixed fifth of each set (chosen with a fixed seed, whatever ``--seed`` is) is held out
 as the test split. The training split is cut into one disjoint shard per rank, chosen
