@@ -9,6 +9,7 @@
 #   3. the emulated 2-node cluster (tests/cluster/fake-ssh), 2x2 ranks: the same two benches,
 #      the hierarchical path against flat MPI;
 #   4. bench step at 4 ranks: the allreduce solver's training step against DDP on gloo, MLP and ResNet-18.
+# Then perf/node_aware_model.py fits the performance model's node level to step 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
@@ -35,7 +36,10 @@ sweep() {  # sweep NAME MPIEXEC-ARGS...
         --repeats 10 --small-repeats 50 --csv "$OUT/$name.csv"
 }
 case "${1:-all}" in
-    all) for step in n4 n8 n2 cluster; do held "$step"; done ;;
+    all)
+        for step in n4 n8 n2 cluster; do held "$step"; done
+        "$PY" perf/node_aware_model.py
+        ;;
     n4)
         bench allreduce_resnet18_n4 -n 4 -- allreduce --model resnet18 --compare-paths --repeats 20 --warmup 3
         sweep sweep_n4 -n 4
