@@ -1,7 +1,7 @@
 """docs/studies/node-aware.md, "The node level of the performance model": fit and check.
 
 Reads perf/results/node_aware/allreduce_resnet18_n{2,4,8}.json (bench allreduce, one
-node), fits the node level's memory bandwidth and counter-wait cost
+node; those present, two at least), fits the node level's memory bandwidth and counter-wait cost
 (:func:`mpisolve.perfmodel.node.fit_node_memory`) to the node-shared buckets' times, and
 writes the fit, and the model's time against the measured one at each rank count, to
 perf/results/node_aware/model.json (and prints it).
@@ -18,7 +18,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "node_aware"
 
 
 def main() -> None:
-    runs = [json.loads((RESULTS / f"allreduce_resnet18_n{n}.json").read_text()) for n in (2, 4, 8)]
+    found = [RESULTS / f"allreduce_resnet18_n{n}.json" for n in (2, 4, 8)]
+    runs = [json.loads(path.read_text()) for path in found if path.exists() and path.stat().st_size]
     nbytes = runs[0]["numel"] * 4
     ranks = [r["ranks"] for r in runs]
     seconds = [r["mpisolve_s"] for r in runs]
