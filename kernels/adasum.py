@@ -36,7 +36,7 @@ _FAST = {"reassoc", "contract"}
 
 
 @numba.njit(cache=True, fastmath=_FAST)
-def _segment_stats(a, b, bounds, out):  # noqa: ANN001, ANN202 (Numba kernel)
+def _segment_stats(a: np.ndarray, b: np.ndarray, bounds: np.ndarray, out: np.ndarray) -> None:
     for t in range(bounds.shape[0] - 1):
         # Loops over slices (not over a[i] for i in [lo, hi)) vectorise fully.
         sa = a[bounds[t] : bounds[t + 1]]
@@ -64,7 +64,7 @@ def pair_coefficient(dot: float, norm_sq: float) -> float:
 
 
 @numba.njit(cache=True, fastmath=_FAST)
-def _segment_combine(a, b, bounds, stats, out):  # noqa: ANN001, ANN202 (Numba kernel)
+def _segment_combine(a: np.ndarray, b: np.ndarray, bounds: np.ndarray, stats: np.ndarray, out: np.ndarray) -> None:
     for t in range(bounds.shape[0] - 1):
         # In the buffer's dtype: float32 arithmetic runs twice as wide (and vectorises
         # in place), one rounding of a float64 coefficient apart.
@@ -150,17 +150,17 @@ def torch_segment_combine(
     return out
 
 
-def bench_cases(numel: int) -> list[BenchCase]:
+def bench_cases(numel: int, device: str | torch.device = "cpu") -> list[BenchCase]:
     """The kernels against their torch equivalents on a float32 buffer of ``numel``
     elements cut into 62 segments of uneven sizes (as resnet18's tensors are)."""
     generator = torch.Generator().manual_seed(0)
     weights = torch.rand(62, generator=generator) ** 4
     lengths = torch.floor(weights / weights.sum() * numel).to(torch.int64)
     lengths[0] += numel - int(lengths.sum())
-    bounds = torch.cat((torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)))
-    a = torch.randn(numel, generator=generator)
-    b = torch.randn(numel, generator=generator)
-    stats = torch.zeros(len(lengths), 3, dtype=torch.float64)
+    bounds = torch.cat((torch.zeros(1, dtype=torch.int64), lengths.cumsum(0))).to(device)
+    a = torch.randn(numel, generator=generator).to(device)
+    b = torch.randn(numel, generator=generator).to(device)
+    stats = torch.zeros(len(lengths), 3, dtype=torch.float64, device=device)
     segment_stats(a, b, bounds, stats)
     out = torch.empty_like(a)
     return [

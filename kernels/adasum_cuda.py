@@ -11,13 +11,17 @@ its segment found by binary search, its coefficients computed from the summed st
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from numba import cuda
 
 from .adasum import TINY, _check
-from .dispatch import device_array
+from .dispatch import device_array, launch_stream, on_device
+
+if TYPE_CHECKING:
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
 #: Threads per block and elements per thread in the statistics pass.
 THREADS = 128
@@ -25,7 +29,7 @@ ITEMS = 8
 
 
 @cuda.jit(device=True, inline=True)
-def _segment_of(bounds, index):  # noqa: ANN001, ANN202
+def _segment_of(bounds: DeviceNDArray, index: int) -> int:
     """The segment holding ``index``: the last t with bounds[t] <= index (t < T)."""
     lo = 0
     hi = bounds.shape[0] - 1
@@ -39,16 +43,17 @@ def _segment_of(bounds, index):  # noqa: ANN001, ANN202
 
 
 @cuda.jit(device=True, inline=True)
-def _flush(out, segment, dot, na, nb):  # noqa: ANN001, ANN202
-    cuda.atomic.add(out, (segment, 0), dot)
-    cuda.atomic.add(out, (segment, 1), na)
-    cuda.atomic.add(out, (segment, 2), nb)
+def _flush(out: DeviceNDArray, segment: int, dot: float, na: float, nb: float) -> None:
+    # numba's stub declares atomic.add as a class taking no arguments; in a kernel it is the atomic add.
+    cuda.atomic.add(out, (segment, 0), dot)  # type: ignore[call-arg]  # numba stub: see above
+    cuda.atomic.add(out, (segment, 1), na)  # type: ignore[call-arg]  # numba stub: see above
+    cuda.atomic.add(out, (segment, 2), nb)  # type: ignore[call-arg]  # numba stub: see above
 
 
 @cuda.jit
-def _stats_kernel(a, b, bounds, out):  # noqa: ANN001, ANN202
+def _stats_kernel(a: DeviceNDArray, b: DeviceNDArray, bounds: DeviceNDArray, out: DeviceNDArray) -> None:
     n = a.shape[0]
-    first = cuda.blockIdx.x * cuda.blockDim.x * ITEMS + cuda.threadIdx.x
+    first = cuda.blockIdx.x * cuda.blockDim.x * ITEMS + cuda.threadIdx.x  # type: ignore[operator]  # numba stub: x is a property of a never-built class
     if first >= n:
         return
     segment = _segment_of(bounds, first)
@@ -56,7 +61,7 @@ def _stats_kernel(a, b, bounds, out):  # noqa: ANN001, ANN202
     na = 0.0
     nb = 0.0
     for j in range(ITEMS):
-        i = first + j * cuda.blockDim.x
+        i = first + j * cuda.blockDim.x  # type: ignore[operator]  # numba stub: x is a property of a never-built class
         if i >= n:
             break
         if i >= bounds[segment + 1]:
@@ -75,15 +80,17 @@ def _stats_kernel(a, b, bounds, out):  # noqa: ANN001, ANN202
 
 
 @cuda.jit(device=True, inline=True)
-def _coefficient(dot, norm_sq):  # noqa: ANN001, ANN202
+def _coefficient(dot: float, norm_sq: float) -> float:
     if norm_sq >= TINY:
         return 1.0 - dot / (2.0 * norm_sq)
     return 1.0
 
 
 @cuda.jit
-def _combine_kernel(a, b, bounds, stats, out):  # noqa: ANN001, ANN202
-    start, stride = cuda.grid(1), cuda.gridsize(1)
+def _combine_kernel(
+    a: DeviceNDArray, b: DeviceNDArray, bounds: DeviceNDArray, stats: DeviceNDArray, out: DeviceNDArray
+) -> None:
+    start, stride = cuda.grid(1), cuda.gridsize(1)  # type: ignore[call-arg, var-annotated]  # numba types the intrinsic's call with its typing context
     for i in range(start, a.shape[0], stride):
         t = _segment_of(bounds, i)
         ca = _coefficient(stats[t, 0], stats[t, 1])
@@ -91,32 +98,46 @@ def _combine_kernel(a, b, bounds, stats, out):  # noqa: ANN001, ANN202
         out[i] = ca * a[i] + cb * b[i]
 
 
-def stats_arrays(a, b, bounds, out) -> None:  # noqa: ANN001 (numba device arrays)
+def stats_arrays(
+    a: DeviceNDArray, b: DeviceNDArray, bounds: DeviceNDArray, out: DeviceNDArray, *, stream: Any = 0
+) -> None:
     """:func:`segment_stats` on numba device arrays; ``out`` must hold zeros."""
     n = a.shape[0]
     if n:
-        _stats_kernel[math.ceil(n / (THREADS * ITEMS)), THREADS](a, b, bounds, out)
+        _stats_kernel[math.ceil(n / (THREADS * ITEMS)), THREADS, stream](a, b, bounds, out)
 
 
-def combine_arrays(a, b, bounds, stats, out) -> None:  # noqa: ANN001 (numba device arrays)
+def combine_arrays(
+    a: DeviceNDArray,
+    b: DeviceNDArray,
+    bounds: DeviceNDArray,
+    stats: DeviceNDArray,
+    out: DeviceNDArray,
+    *,
+    stream: Any = 0,
+) -> None:
     """:func:`segment_combine` on numba device arrays."""
     n = a.shape[0]
     if n:
-        _combine_kernel[min(math.ceil(n / THREADS), 4096), THREADS](a, b, bounds, stats, out)
+        _combine_kernel[min(math.ceil(n / THREADS), 4096), THREADS, stream](a, b, bounds, stats, out)
 
 
 def segment_stats(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """GPU twin of :func:`mpisolve.kernels.adasum.segment_stats`."""
+    """GPU twin of :func:`mpisolve.kernels.adasum.segment_stats`, on torch's current stream."""
     _check(a, b, bounds, out)
     out.zero_()
-    stats_arrays(device_array(a), device_array(b), device_array(bounds), device_array(out))
+    with on_device(a):
+        arrays = [device_array(t) for t in (a, b, bounds, out)]
+        stats_arrays(*arrays, stream=launch_stream(a))
     return out
 
 
 def segment_combine(
     a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor, out: torch.Tensor
 ) -> torch.Tensor:
-    """GPU twin of :func:`mpisolve.kernels.adasum.segment_combine`."""
+    """GPU twin of :func:`mpisolve.kernels.adasum.segment_combine`, on torch's current stream."""
     _check(a, b, bounds, stats)
-    combine_arrays(device_array(a), device_array(b), device_array(bounds), device_array(stats), device_array(out))
+    with on_device(a):
+        arrays = [device_array(t) for t in (a, b, bounds, stats, out)]
+        combine_arrays(*arrays, stream=launch_stream(a))
     return out

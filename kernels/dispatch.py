@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,7 +68,7 @@ def parallel_threads() -> int:
     import numba
 
     torch_threads = torch.get_num_threads()
-    threads = max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS))
+    threads = max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]  # numba's config sets its attributes at run time
     if numba.get_num_threads() != threads:
         numba.set_num_threads(threads)
         if torch.get_num_threads() != torch_threads:
@@ -75,30 +76,67 @@ def parallel_threads() -> int:
     return threads
 
 
-def device_array(tensor: torch.Tensor, *, sync: bool = True) -> Any:
-    """A numba.cuda device-array view (no copy) of a contiguous CUDA tensor.
+def simulating() -> bool:
+    """Whether numba.cuda is Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, the suite without a GPU).
 
-    With ``sync`` (Numba's default) the host first waits for the stream the tensor was
-    exported on. Kernels launched on :func:`launch_stream` are ordered after the work
-    that produced the tensor anyway, so they pass ``sync=False`` and skip that wait.
+    The GPU twins' torch-facing functions then take CPU tensors, which stand for device
+    ones: the same argument handling, device arrays and launches run on the CPU.
     """
-    from numba import cuda
+    import numba
 
-    return cuda.as_cuda_array(tensor.detach(), sync=sync)
+    return bool(getattr(numba.config, "ENABLE_CUDASIM", False))
+
+
+def _kernel_tensor(tensor: torch.Tensor) -> None:
+    if not (tensor.is_cuda or (tensor.is_cpu and simulating())):
+        raise ValueError(
+            f"GPU kernels take CUDA tensors (CPU ones under the CUDA simulator), got one on {tensor.device}"
+        )
+
+
+def device_array(tensor: torch.Tensor) -> Any:
+    """A numba.cuda array viewing a contiguous CUDA tensor's memory: no copy, no synchronization.
+
+    Kernels launched on :func:`launch_stream` are ordered after the work that produced the
+    tensor, so nothing waits here (Numba's own ``sync=True`` would block the host on the
+    tensor's stream). Under the simulator, a numpy view of a CPU tensor.
+    """
+    _kernel_tensor(tensor)
+    if tensor.is_cuda:
+        from numba import cuda
+
+        return cuda.as_cuda_array(tensor.detach(), sync=False)
+    return tensor.detach().numpy()
 
 
 def launch_stream(tensor: torch.Tensor) -> Any:
-    """torch's current stream on ``tensor``'s device, as a Numba stream to launch kernels on."""
+    """torch's current stream on ``tensor``'s device, as a Numba stream to launch kernels on.
+
+    Under the simulator, a simulated stream (every simulated launch runs at once).
+    """
+    _kernel_tensor(tensor)
     from numba import cuda
 
-    return cuda.external_stream(torch.cuda.current_stream(tensor.device).cuda_stream)
+    if tensor.is_cuda:
+        return cuda.external_stream(torch.cuda.current_stream(tensor.device).cuda_stream)
+    return cuda.stream()
+
+
+@contextlib.contextmanager
+def on_device(tensor: torch.Tensor) -> Iterator[None]:
+    """numba.cuda's current device set to ``tensor``'s GPU for the duration (the simulator has one)."""
+    _kernel_tensor(tensor)
+    from numba import cuda
+
+    with cuda.gpus[tensor.device.index if tensor.is_cuda else 0]:
+        yield
 
 
 @dataclass(frozen=True)
 class BenchCase:
     """One kernel against its plain torch/numpy equivalent on the same prepared data.
 
-    Each kernel module exposes ``bench_cases(numel: int) -> list[BenchCase]``;
+    Each kernel module exposes ``bench_cases(numel: int, device="cpu") -> list[BenchCase]``;
     ``python -m mpisolve bench kernels`` times both callables and prints their ratio.
     """
 

@@ -25,7 +25,7 @@ from .dispatch import BenchCase, by_device, host_array
 
 
 @numba.njit(cache=True)
-def _exchange(x, center, alpha):  # noqa: ANN001, ANN202 (Numba kernel)
+def _exchange(x: np.ndarray, center: np.ndarray, alpha: np.floating) -> None:
     for j in range(x.shape[0]):
         d = alpha * (x[j] - center[j])
         x[j] -= d
@@ -42,7 +42,7 @@ def _check(x: torch.Tensor, center: torch.Tensor) -> None:
 _SCALAR = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
 
 
-def _scalar(alpha: float, like: torch.Tensor):  # noqa: ANN202 (a numpy scalar)
+def _scalar(alpha: float, like: torch.Tensor) -> np.floating:
     return _SCALAR[like.dtype](alpha)
 
 
@@ -55,11 +55,11 @@ def _exchange_cpu(x: torch.Tensor, center: torch.Tensor, alpha: float) -> None:
 elastic_exchange_ = by_device(_exchange_cpu, "mpisolve.kernels.elastic_cuda:elastic_exchange_")
 
 
-def bench_cases(numel: int) -> list[BenchCase]:
+def bench_cases(numel: int, device: str | torch.device = "cpu") -> list[BenchCase]:
     """The kernel against the same update in plain torch (its temporary preallocated)."""
     gen = torch.Generator().manual_seed(0)
-    x, center = torch.randn(numel, generator=gen), torch.randn(numel, generator=gen)
-    tmp = torch.empty(numel)
+    x, center = torch.randn(numel, generator=gen).to(device), torch.randn(numel, generator=gen).to(device)
+    tmp = torch.empty(numel, device=device)
     alpha = 0.1
 
     def torch_exchange() -> None:

@@ -11,7 +11,8 @@ memcpy. The GPU twin (``fused_cuda``) is one kernel launch per 32 tensors.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +21,12 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .dispatch import BenchCase, by_device, parallel_threads
+
+if TYPE_CHECKING:
+    from llvmlite import ir  # type: ignore[import-untyped]  # llvmlite ships no type information
+    from numba.core.base import BaseContext as TargetContext
+    from numba.core.typing.context import BaseContext as TypingContext
+    from numba.core.typing.templates import Signature
 
 #: Bytes of the flat range one thread copies at a time.
 CHUNK = 1 << 20
@@ -48,10 +55,14 @@ def layout(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> np.ndarray:
 
 
 @intrinsic
-def _memcpy(typingctx, destination, source, nbytes):  # noqa: ANN001, ARG001 (Numba intrinsic signature)
+def _memcpy(
+    typingctx: TypingContext, destination: types.Integer, source: types.Integer, nbytes: types.Integer
+) -> tuple[Signature, Callable[[TargetContext, ir.IRBuilder, Signature, list[ir.Value]], ir.Constant]]:
     """memcpy between integer addresses (LLVM's memcpy: the C library's speed)."""
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ARG001
+    def codegen(
+        context: TargetContext, builder: ir.IRBuilder, signature: Signature, args: list[ir.Value]
+    ) -> ir.Constant:
         destination, source, nbytes = args
         cgutils.raw_memcpy(
             builder,
@@ -81,9 +92,9 @@ def _copy_chunk(addresses: np.ndarray, offsets: np.ndarray, flat: int, into_flat
         if end > lo:
             inside = addresses[j] + lo - offsets[j]
             if into_flat:
-                _memcpy(flat + lo, inside, end - lo)
+                _memcpy(flat + lo, inside, end - lo)  # type: ignore[call-arg, arg-type]  # numba types the call with its typing context
             else:
-                _memcpy(inside, flat + lo, end - lo)
+                _memcpy(inside, flat + lo, end - lo)  # type: ignore[call-arg, arg-type]  # numba types the call with its typing context
         lo = end
         j += 1
 
@@ -137,15 +148,15 @@ def bench_sizes(numel: int, count: int) -> list[int]:
     return [int(s) for s in sizes]
 
 
-def bench_cases(numel: int) -> list[BenchCase]:
+def bench_cases(numel: int, device: str | torch.device = "cpu") -> list[BenchCase]:
     """Pack against ``torch.cat(..., out=flat)`` and unpack against split-and-copy, few and many tensors."""
-    return [case for count in (4, 200) for case in _bench_cases(bench_sizes(numel, min(count, numel)))]
+    return [case for count in (4, 200) for case in _bench_cases(bench_sizes(numel, min(count, numel)), device)]
 
 
-def _bench_cases(sizes: list[int]) -> list[BenchCase]:
-    tensors = [torch.randn(n) for n in sizes]
+def _bench_cases(sizes: list[int], device: str | torch.device) -> list[BenchCase]:
+    tensors = [torch.randn(n, device=device) for n in sizes]
     views = [t.view(-1) for t in tensors]
-    flat = torch.empty(sum(sizes))
+    flat = torch.empty(sum(sizes), device=device)
     pieces = flat.split(sizes)
 
     def torch_unpack() -> None:

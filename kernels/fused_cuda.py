@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from numba import cuda
 
-from .dispatch import device_array, launch_stream
+from .dispatch import device_array, launch_stream, on_device
 from .fused import layout
+
+if TYPE_CHECKING:
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
 THREADS = 256
 #: Tensors per launch: 32 arrays of 7 kernel parameters each stay well within CUDA's 4 KiB limit.
@@ -43,11 +46,13 @@ def as_units(tensor: torch.Tensor, unit: torch.dtype) -> torch.Tensor:
 
 
 @cuda.jit
-def _copy_kernel(arrays, offsets, flat, into_flat):  # noqa: ANN001 (CUDA kernel)
+def _copy_kernel(
+    arrays: tuple[DeviceNDArray, ...], offsets: tuple[int, ...], flat: DeviceNDArray, into_flat: bool
+) -> None:
     """Block row ``y`` copies ``arrays[y]`` to or from ``flat[offsets[y]:]``, its blocks striding over it."""
-    array = arrays[cuda.blockIdx.y]
-    base = offsets[cuda.blockIdx.y]
-    i = cuda.grid(1)
+    array = arrays[cuda.blockIdx.y]  # type: ignore[call-overload]  # numba stub: y is a property of a never-built class
+    base = offsets[cuda.blockIdx.y]  # type: ignore[call-overload]  # numba stub: y is a property of a never-built class
+    i = cuda.grid(1)  # type: ignore[call-arg, var-annotated]  # numba types the intrinsic's call with its typing context
     while i < array.shape[0]:
         if into_flat:
             flat[base + i] = array[i]
@@ -92,9 +97,9 @@ def _copy(tensors: Sequence[torch.Tensor], flat: torch.Tensor, into_flat: bool) 
             raise ValueError(f"tensor {i} is on {t.device}, the flat buffer on {flat.device}")
     unit = copy_unit(flat.dtype)
     offsets = (layout(tensors, flat)[:-1] // unit.itemsize).tolist()
-    with cuda.gpus[flat.device.index]:
-        arrays = [device_array(as_units(t, unit), sync=False) for t in tensors]
-        flat_array = device_array(as_units(flat, unit), sync=False)
+    with on_device(flat):
+        arrays = [device_array(as_units(t, unit)) for t in tensors]
+        flat_array = device_array(as_units(flat, unit))
         _copy_arrays(arrays, flat_array, offsets, into_flat, launch_stream(flat), MAX_BLOCKS)
 
 

@@ -203,7 +203,7 @@ inverse_spd_ = by_device(_inverse_spd_cpu, "mpisolve.kernels.inverse_cuda:invers
 eigh_psd_ = by_device(_eigh_psd_cpu, "mpisolve.kernels.inverse_cuda:eigh_psd_")
 
 
-def bench_cases(numel: int) -> list[BenchCase]:
+def bench_cases(numel: int, device: str | torch.device = "cpu") -> list[BenchCase]:
     """One batched call against a loop of per-matrix calls, for a few matrix sizes.
 
     Each size stacks as many matrices as fit in ``numel`` elements (at least 2); both
@@ -214,27 +214,33 @@ def bench_cases(numel: int) -> list[BenchCase]:
     for n in (16, 64, 256):
         batch = max(2, numel // (n * n))
         x = torch.randn(batch, n, 2 * n, generator=generator)
-        source = x @ x.transpose(1, 2) / (2 * n)
+        source = (x @ x.transpose(1, 2) / (2 * n)).to(device)
         stack = torch.empty_like(source)
-        values = torch.empty(batch, n)
+        values = torch.empty(batch, n, device=device)
         shifts = [1e-3] * batch
 
-        def batched_inverse(source=source, stack=stack, shifts=shifts) -> None:
+        def batched_inverse(
+            source: torch.Tensor = source, stack: torch.Tensor = stack, shifts: list[float] = shifts
+        ) -> None:
             stack.copy_(source)
             inverse_spd_(stack, shifts)
 
-        def looped_inverse(source=source, stack=stack) -> None:
+        def looped_inverse(source: torch.Tensor = source, stack: torch.Tensor = stack) -> None:
             stack.copy_(source)
             for matrix in stack:
                 matrix.diagonal().add_(1e-3)
                 factor, _ = torch.linalg.cholesky_ex(matrix)
                 torch.cholesky_inverse(factor, out=matrix)
 
-        def batched_eigh(source=source, stack=stack, values=values) -> None:
+        def batched_eigh(
+            source: torch.Tensor = source, stack: torch.Tensor = stack, values: torch.Tensor = values
+        ) -> None:
             stack.copy_(source)
             eigh_psd_(stack, values)
 
-        def looped_eigh(source=source, stack=stack, values=values) -> None:
+        def looped_eigh(
+            source: torch.Tensor = source, stack: torch.Tensor = stack, values: torch.Tensor = values
+        ) -> None:
             stack.copy_(source)
             for matrix, d in zip(stack, values):
                 d_i, q_i = torch.linalg.eigh(matrix)

@@ -13,6 +13,7 @@ per matrix entry.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from numba import njit
 
@@ -38,7 +39,7 @@ def _check(matrix: torch.Tensor, packed: torch.Tensor) -> None:
 
 
 @njit(cache=True)
-def _pack_rows(matrix, out):  # noqa: ANN001, ANN202
+def _pack_rows(matrix: np.ndarray, out: np.ndarray) -> None:
     n = matrix.shape[0]
     for i in range(n):
         start = i * n - (i * (i - 1)) // 2 - i  # packed index of (i, j) is start + j
@@ -47,7 +48,7 @@ def _pack_rows(matrix, out):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def _unpack_tiles(packed, out, tile):  # noqa: ANN001, ANN202
+def _unpack_tiles(packed: np.ndarray, out: np.ndarray, tile: int) -> None:
     n = out.shape[0]
     tiles = (n + tile - 1) // tile
     for ti in range(tiles):
@@ -82,15 +83,15 @@ pack_triu = by_device(_pack_cpu, "mpisolve.kernels.triangle_cuda:pack_triu")
 unpack_triu_ = by_device(_unpack_cpu, "mpisolve.kernels.triangle_cuda:unpack_triu_")
 
 
-def bench_cases(numel: int) -> list[BenchCase]:
+def bench_cases(numel: int, device: str | torch.device = "cpu") -> list[BenchCase]:
     """Packing and unpacking an n x n matrix of about ``numel`` elements against torch's
     index-based gather and scatter (``index_select``, two ``index_copy_``)."""
     n = max(2, int(numel**0.5))
     x = torch.randn(n, n)
-    matrix = x + x.T
-    packed = torch.empty(triangle_numel(n))
-    out = torch.empty(n, n)
-    rows, cols = torch.triu_indices(n, n)
+    matrix = (x + x.T).to(device)
+    packed = torch.empty(triangle_numel(n), device=device)
+    out = torch.empty(n, n, device=device)
+    rows, cols = torch.triu_indices(n, n, device=device)
     upper, lower = rows * n + cols, cols * n + rows
 
     def reference_pack() -> None:

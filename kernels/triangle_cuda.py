@@ -8,28 +8,31 @@ they are tested without a GPU).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from numba import cuda
 
-from .dispatch import device_array, launch_stream
+from .dispatch import device_array, launch_stream, on_device
 from .triangle import _check
+
+if TYPE_CHECKING:
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
 BLOCK = (16, 16)
 
 
 @cuda.jit
-def _pack_entries(matrix, out):  # noqa: ANN001, ANN202
-    i, j = cuda.grid(2)
+def _pack_entries(matrix: DeviceNDArray, out: DeviceNDArray) -> None:
+    i, j = cuda.grid(2)  # type: ignore[call-arg, var-annotated]  # numba types the intrinsic's call with its typing context
     n = matrix.shape[0]
     if i < n and i <= j < n:
         out[i * n - (i * (i - 1)) // 2 - i + j] = matrix[i, j]
 
 
 @cuda.jit
-def _unpack_entries(packed, out):  # noqa: ANN001, ANN202
-    i, j = cuda.grid(2)
+def _unpack_entries(packed: DeviceNDArray, out: DeviceNDArray) -> None:
+    i, j = cuda.grid(2)  # type: ignore[call-arg, var-annotated]  # numba types the intrinsic's call with its typing context
     n = out.shape[0]
     if i < n and j < n:
         a, b = (i, j) if i <= j else (j, i)
@@ -53,14 +56,14 @@ def unpack_arrays(packed: Any, out: Any, *, stream: Any = 0) -> None:
 def pack_triu(matrix: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """On torch's current stream, ordered after the work that produced ``matrix``."""
     _check(matrix, out)
-    with cuda.gpus[matrix.device.index]:
-        pack_arrays(device_array(matrix, sync=False), device_array(out, sync=False), stream=launch_stream(matrix))
+    with on_device(matrix):
+        pack_arrays(device_array(matrix), device_array(out), stream=launch_stream(matrix))
     return out
 
 
 def unpack_triu_(packed: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """On torch's current stream, ordered after the work that produced ``packed``."""
     _check(out, packed)
-    with cuda.gpus[packed.device.index]:
-        unpack_arrays(device_array(packed, sync=False), device_array(out, sync=False), stream=launch_stream(packed))
+    with on_device(packed):
+        unpack_arrays(device_array(packed), device_array(out), stream=launch_stream(packed))
     return out

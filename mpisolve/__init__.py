@@ -24,6 +24,8 @@ _EXPORTS = {
     "CommTimeout": "mpisolve.comm",
     "Communicator": "mpisolve.comm",
     "ModelMismatchError": "mpisolve.comm",
+    "PeerClosed": "mpisolve.comm",
+    "UnevenSteps": "mpisolve.comm",
     "allreduce": "mpisolve.comm",
     "init": "mpisolve.comm",
     "OptionError": "mpisolve.options",

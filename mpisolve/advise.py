@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--device-ms",
         type=float,
         metavar="MS",
-        help="take a step's computation as the emulated device's batch x MS ms (train --device-ms) instead of measuring it",
+        help="take a step's computation as the emulated device's batch x MS ms (train --device-ms) "
+        "instead of measuring it",
     )
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="the allreduce solver's bucket size (default 25)")
     parser.add_argument(
@@ -150,7 +151,8 @@ def explain(result: dict[str, Any]) -> str:
                 if result["device_ms"] is None
                 else f"(an emulated device: {result['batch_size']} samples x {result['device_ms']:g} ms)"
             ),
-            f"communication: {result['allreduce_s'] * 1e3:.2f} ms per gradient allreduce (the allreduce solver's buckets)",
+            f"communication: {result['allreduce_s'] * 1e3:.2f} ms per gradient allreduce "
+            "(the allreduce solver's buckets)",
             f"computation/communication ratio: {ratio:.3f}",
             f"rule: ratio < {threshold:g} -> ea-wild, else allreduce"
             f" (default {EA_WILD_BELOW:g}: between the ratios of the study's two workloads, {STUDY})",

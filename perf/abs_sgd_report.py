@@ -3,8 +3,9 @@
 Write-up, figures and provenance: docs/studies/abs-sgd.md.
 
 Reads ``OUT/<model>-<preset>/seed<k>/`` (the ``mpisolve compare`` outputs of a model,
-cluster and seed; a solver run in a job of its own is in a folder below) and reports, per model and preset, each solver's median time to the
-target accuracy over the seeds (not reached if it missed in half the seeds or more),
+cluster and seed; a solver run in a job of its own is in a folder below) and reports,
+per model and preset, each solver's median time to the target accuracy over the seeds
+(not reached if it missed in half the seeds or more),
 ABS-SGD's speedup over the best baseline by those medians with its range over the seeds,
 ABS-SGD's least busy fraction per rank over the seeds and how often a micro-batch overran
 its emulated device; then the mean speedup over the three heterogeneous presets and
@@ -22,10 +23,10 @@ import sys
 from pathlib import Path
 
 import matplotlib
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+matplotlib.use("Agg")  # figures go to files; pyplot takes the backend at its first figure
 
 MODELS = {"mlp": "MLP on digits"}
 PRESETS = ("homogeneous", "straggler", "two-tier", "graded", "moving-straggler")
@@ -203,7 +204,10 @@ def write_table(summary: dict, path: Path) -> None:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """Top: median time to target per preset and solver (x: not reached). Bottom: the least busy rank's busy fraction."""
+    """Top: median time to target per preset and solver (x: not reached).
+
+    Bottom: the least busy rank's busy fraction.
+    """
     models = {m: t for m, t in MODELS.items() if any(r["model"] == m for r in rows)}
     fig, axes = plt.subplots(2, len(models), figsize=(6.5 * len(models), 7.5), squeeze=False)
     width = 0.16

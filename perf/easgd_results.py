@@ -121,7 +121,8 @@ def main(out: Path) -> None:
     for row in result["rows"]:
         speedup = row["speedup_vs_allreduce"]
         print(
-            f"{row['workload']:4s} seed {row['seed']} {row['solver']:13s} time to target {_seconds(row['time_to_target_s'])}"
+            f"{row['workload']:4s} seed {row['seed']} {row['solver']:13s} "
+            f"time to target {_seconds(row['time_to_target_s'])}"
             f"  {row['samples_per_s']:7.0f} samples/s  final acc {row['final_accuracy']:.4f}"
             f"  overruns <= {row['max_device_overruns']:.2f}  vs allreduce {_ratio(speedup)}"
         )
@@ -129,7 +130,8 @@ def main(out: Path) -> None:
         if len(m["seeds"]) > 1:
             print(
                 f"{m['workload']:4s} median of {len(m['seeds'])} seeds {m['solver']:13s} time to target"
-                f" {_seconds(m['median_time_to_target_s'])}  speedup vs allreduce {_ratio(m['median_speedup_vs_allreduce'])}"
+                f" {_seconds(m['median_time_to_target_s'])}"
+                f"  speedup vs allreduce {_ratio(m['median_speedup_vs_allreduce'])}"
                 f"  (each: {', '.join(_ratio(v) for v in m['speedups_vs_allreduce'])})"
             )
 

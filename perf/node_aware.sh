@@ -43,7 +43,7 @@ case "${1:-all}" in
     n4)
         bench allreduce_resnet18_n4 -n 4 -- allreduce --model resnet18 --compare-paths --repeats 20 --warmup 3
         sweep sweep_n4 -n 4
-        for model in mlp resnet18; do bench "step_${model}_n4" -n 4 -- step --model "$model" --repeats 20 --warmup 3; done
+        for model in mlp resnet18; do bench "step_${model}_n4" -n 4 -- step --model "$model" --ddp --repeats 20 --warmup 3; done
         ;;
     n2 | n8)
         n=${1#n}

@@ -287,7 +287,8 @@ def plot(rows: list[dict[str, object]], out: Path, cores: int) -> list[Path]:
         )
         brk.legend(fontsize=8, loc="lower right")
         how = (
-            f"emulated device per rank ({float(mine[0]['device_ms']):.3g} ms per sample): communication and synchronisation"
+            f"emulated device per rank ({float(mine[0]['device_ms']):.3g} ms per sample): "
+            "communication and synchronisation"
             if emulated
             else "real compute, 1 thread per rank: beyond 2 ranks, core contention"
         )

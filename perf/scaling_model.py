@@ -70,7 +70,8 @@ def calibrate(sweep_dir: Path) -> dict[int, tuple[Network, float, float]]:
         fits[p] = (net, fit_adasum_gamma(mine, net), statistics.median(errors))
         print(
             f"calibration at {p} ranks: alpha {net.alpha * 1e6:.1f} us, beta {net.beta * 1e9:.3f} ns/B, gamma_adasum "
-            f"{fits[p][1] * 1e9:.3f} ns/B; |error| over the bucketed rows: median {fits[p][2]:.0%}, max {max(errors):.0%}"
+            f"{fits[p][1] * 1e9:.3f} ns/B; |error| over the bucketed rows: median {fits[p][2]:.0%}, "
+            f"max {max(errors):.0%}"
         )
     return fits
 
@@ -90,7 +91,8 @@ def calibrate_windows(windows_dir: Path) -> dict[int, dict[str, Network]]:
                 if r["mode"] == mode and r["layout"] == "sharded" and r["path"] == "shared"
             ]
             print(
-                f"window calibration at {p} ranks, {mode}: alpha {net.alpha * 1e6:.1f} us, beta {net.beta * 1e9:.3f} ns/B; "
+                f"window calibration at {p} ranks, {mode}: alpha {net.alpha * 1e6:.1f} us, "
+                f"beta {net.beta * 1e9:.3f} ns/B; "
                 f"|error| over its rows: max {max(errors):.0%}"
             )
     return fits
@@ -151,7 +153,8 @@ def validation_tables(validation: list[dict[str, object]]) -> list[str]:
         lines.append(f"| {series} | {model} | {solver} | {measured} | {predicted} | {errors} |")
     abs_errors = [abs(float(r["error"])) for r in validation]
     lines.append(
-        f"\n|error| over {len(abs_errors)} runs: median {statistics.median(abs_errors):.0%}, max {max(abs_errors):.0%}.\n"
+        f"\n|error| over {len(abs_errors)} runs: median {statistics.median(abs_errors):.0%}, "
+        f"max {max(abs_errors):.0%}.\n"
     )
     lines += [
         "| solver | runs | median abs. error, real | median abs. error, emulated | median abs. error, all | "

@@ -19,15 +19,19 @@ DEFAULT_SIZES = (2, 4)
 
 # Without a GPU, numba.cuda kernels run on the CPU under Numba's CUDA simulator, so the
 # GPU twins are tested against their CPU twins everywhere; with one, the same tests run
-# on the device. Set before any test module imports numba.
-if not torch.cuda.is_available():
-    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+# on the device, and so do the tests marked gpu (a NUMBA_ENABLE_CUDASIM=1 left in the
+# environment would hand them the simulator: it is removed). Set before any test module
+# imports numba.
+if torch.cuda.is_available():
+    os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
+else:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ranks(*sizes): run this MPI test only at these world sizes")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
-    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one")
+    config.addinivalue_line("markers", "gpu: needs a CUDA device; runs whenever CUDA is present, skipped without it")
     config.addinivalue_line("markers", "cluster: also runs on the emulated 2-node cluster (make test-cluster)")
 
 
@@ -53,14 +57,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _skip_gpu_tests_without_a_device(items: list[pytest.Item]) -> None:
-    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
-    if not gpu_items:
+    """Tests marked gpu run whenever CUDA is present, and skip only without it."""
+    if torch.cuda.is_available():
         return
-    if not torch.cuda.is_available():
-        reason = "needs a CUDA device"
-    elif os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-        reason = "NUMBA_ENABLE_CUDASIM=1 replaces the device by the simulator"
-    else:
-        return
-    for item in gpu_items:
-        item.add_marker(pytest.mark.skip(reason=reason))
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))

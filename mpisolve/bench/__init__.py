@@ -14,8 +14,13 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..comm.communicator import Communicator
+
+import torch
 
 #: benchmark -> module. Each module is imported only when it runs.
 BENCHES: dict[str, str] = {
@@ -54,7 +59,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def median_seconds(fn: Callable[[], None], comm, repeats: int, warmup: int) -> float:  # noqa: ANN001
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """``--device``: the benchmark's tensors on the CPU or on this rank's GPU (``comm.device``)."""
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the benchmark's tensors live: cpu, or cuda (this rank's GPU; MPI staged or direct as detected)",
+    )
+
+
+def bench_device(args: argparse.Namespace, comm: Communicator) -> torch.device:
+    """The device ``--device`` names for this rank; an input error on every rank without CUDA."""
+    if args.device == "cpu":
+        return torch.device("cpu")
+    comm.agree(_require_cuda)
+    return comm.device
+
+
+def _require_cuda() -> None:
+    from ..options import InputError
+
+    if not torch.cuda.is_available():
+        raise InputError("--device cuda needs a CUDA device, and torch sees none here")
+
+
+def median_seconds(fn: Callable[[], object], comm: Communicator, repeats: int, warmup: int) -> float:
     """Median wall seconds of ``fn`` over ``repeats``, all ranks starting together each time.
 
     Each repeat's time is the slowest rank's, as a collective's time is.
@@ -62,7 +92,9 @@ def median_seconds(fn: Callable[[], None], comm, repeats: int, warmup: int) -> f
     return interleaved_medians({"fn": fn}, comm, repeats, warmup)["fn"]
 
 
-def interleaved_medians(fns: dict[str, Callable[[], None]], comm, repeats: int, warmup: int) -> dict[str, float]:  # noqa: ANN001
+def interleaved_medians(
+    fns: Mapping[str, Callable[[], object]], comm: Communicator, repeats: int, warmup: int
+) -> dict[str, float]:
     """:func:`median_seconds` of several functions, timed in turn within each repeat, so
     that load from outside the benchmark falls on all of them alike and their ratios hold."""
     for _ in range(warmup):
@@ -74,6 +106,8 @@ def interleaved_medians(fns: dict[str, Callable[[], None]], comm, repeats: int, 
             comm.barrier()
             start = time.perf_counter()
             fn()
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()  # the GPU work fn queued is part of its time
             times[name].append(comm.reduce_scalar(time.perf_counter() - start, op="max"))
     return {name: statistics.median(t) for name, t in times.items()}
 

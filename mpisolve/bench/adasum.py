@@ -4,7 +4,9 @@ Same tensors, same run, timed in turn within each repeat: ``adasum_s`` (``mpisol
 ``sum_s`` (``op="sum"``, the same fusing and the same one-shot buffers) and
 ``mpi_contiguous_s`` (one MPI Allreduce of a contiguous buffer of the same size: the MPI
 limit). ``adasum_buckets_s`` and ``sum_buckets_s`` time the solvers' path on gradient
-buckets, set up once: the Adasum reducer against the persistent sum allreduce.
+buckets, set up once: the Adasum reducer against the persistent sum allreduce. With
+``--device cuda`` the tensors are on this rank's GPU (Adasum's kernels run there; MPI
+staged or direct as the communicator decided).
 """
 
 from __future__ import annotations
@@ -14,15 +16,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from mpi4py import MPI
 
 from ..comm.adasum import AdasumReducer
 from ..comm.buckets import GradientBuckets
 from ..comm.collectives import allreduce
-from ..comm.communicator import Communicator, mpi_buffer
+from ..comm.communicator import Communicator
 from ..options import InputError
-from . import interleaved_medians
-from .allreduce import gradient_params
+from . import add_device_argument, bench_device, interleaved_medians
+from .allreduce import contiguous_allreduce, gradient_params
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,21 +33,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--numel", type=int, help="total elements, split over --tensors tensors")
     parser.add_argument("--tensors", type=int, default=1, help="number of tensors for --numel")
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size of the bucketed figures")
+    add_device_argument(parser)
 
 
 def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     if args.bucket_mb <= 0:
         raise InputError("--bucket-mb must be > 0")
-    params = gradient_params(args)
+    device = bench_device(args, comm)
+    params = gradient_params(args, device)
     generator = torch.Generator().manual_seed(comm.rank)
-    tensors = [torch.randn(p.shape, generator=generator) for p in params]
+    tensors = [torch.randn(p.shape, generator=generator).to(device) for p in params]
     numel = sum(t.numel() for t in tensors)
-
-    contiguous = torch.randn(numel, generator=generator)
-    contiguous_spec = mpi_buffer(contiguous)
-
-    def mpi_contiguous() -> None:
-        comm.comm.Allreduce(MPI.IN_PLACE, contiguous_spec, MPI.SUM)
+    mpi_contiguous = contiguous_allreduce(torch.randn(numel, generator=generator).to(device), comm)
 
     bucket_bytes = int(args.bucket_mb * 1e6)
     adasum_grads = GradientBuckets(params, comm, bucket_bytes=bucket_bytes, reducer=AdasumReducer(comm))
@@ -55,7 +53,8 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     )
     for grads in (adasum_grads, sum_grads):
         for p in grads.params:
-            p.grad.normal_(generator=generator)
+            assert p.grad is not None  # GradientBuckets made it a view into its bucket
+            p.grad.copy_(torch.randn(p.shape, generator=generator))
 
     def buckets(grads: GradientBuckets) -> Callable[[], None]:
         def reduce() -> None:
@@ -78,6 +77,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     )
     result: dict[str, Any] = {
         "ranks": comm.size,
+        "device": str(device),
         "numel": numel,
         "tensors": len(tensors),
         "buckets": len(adasum_grads.buckets),

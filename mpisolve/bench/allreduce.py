@@ -5,12 +5,16 @@ persistent allreduce and averaging, as in a training step), ``mpi_contiguous_s``
 MPI Allreduce of a contiguous buffer of the same total size: the MPI limit) and
 ``gloo_s`` (torch.distributed's gloo allreduce of the same buckets, as DDP issues them).
 ``busbw_GBps`` is nccl-tests' bus bandwidth of ``mpisolve_s``: bytes / time * 2(n-1)/n.
+With ``--device cuda`` every tensor is on this rank's GPU: mpisolve's buckets and the
+contiguous buffer go to MPI staged or directly, as the communicator decided (``staged``
+says which), and gloo reduces the same CUDA tensors.
 """
 
 from __future__ import annotations
 
 import argparse
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,7 +24,7 @@ from ..comm.buckets import GradientBuckets, plan_buckets
 from ..comm.communicator import Communicator, mpi_buffer
 from ..options import InputError
 from ..train.models import MODELS, build_model
-from . import median_seconds
+from . import add_device_argument, bench_device, median_seconds
 
 MODEL_INPUTS = {"mlp": ((1, 8, 8), 10), "cnn": ((3, 32, 32), 10), "resnet18": ((3, 32, 32), 10)}
 
@@ -40,35 +44,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compare-paths", action="store_true", help="also time the buckets on MPI's path (mpisolve_mpi_path_s)"
     )
+    add_device_argument(parser)
 
 
-def gradient_params(args: argparse.Namespace) -> list[torch.nn.Parameter]:
+def gradient_params(args: argparse.Namespace, device: torch.device | str = "cpu") -> list[torch.nn.Parameter]:
     """The benchmark's tensors: a model's parameters, or --numel split into --tensors odd sizes."""
     if (args.model is None) == (args.numel is None):
         raise InputError("give exactly one of --model or --numel")
     if args.model is not None:
         in_shape, classes = MODEL_INPUTS[args.model]
-        return list(build_model(args.model, in_shape, classes).parameters())
+        return list(build_model(args.model, in_shape, classes).to(device).parameters())
     if args.numel < 1 or args.tensors < 1 or args.tensors > args.numel:
         raise InputError("--numel and --tensors must be >= 1, with --tensors <= --numel")
     base, extra = divmod(args.numel, args.tensors)
-    return [torch.nn.Parameter(torch.zeros(base + (i < extra))) for i in range(args.tensors)]
+    return [torch.nn.Parameter(torch.zeros(base + (i < extra), device=device)) for i in range(args.tensors)]
+
+
+def contiguous_allreduce(contiguous: torch.Tensor, comm: Communicator) -> Callable[[], None]:
+    """One MPI allreduce of a contiguous buffer, the MPI limit: MPI_Allreduce itself on host
+    memory, through the communicator (staged or direct) on a GPU."""
+    spec = mpi_buffer(contiguous)
+
+    def allreduce() -> None:
+        if contiguous.is_cuda:
+            comm.allreduce_(contiguous, what="contiguous allreduce")
+        else:
+            comm.comm.Allreduce(MPI.IN_PLACE, spec, MPI.SUM)
+
+    return allreduce
 
 
 def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     if args.bucket_mb <= 0:
         raise InputError("--bucket-mb must be > 0")
-    params = gradient_params(args)
+    device = bench_device(args, comm)
+    params = gradient_params(args, device)
     bucket_bytes = int(args.bucket_mb * 1e6)
     numel = sum(p.numel() for p in params)
-    contiguous = torch.randn(numel)
-    contiguous_spec = mpi_buffer(contiguous)
-
-    def mpi_contiguous() -> None:
-        comm.comm.Allreduce(MPI.IN_PLACE, contiguous_spec, MPI.SUM)
-
+    mpi_contiguous = contiguous_allreduce(torch.randn(numel, device=device), comm)
     result: dict[str, Any] = {
         "ranks": comm.size,
+        "device": str(device),
+        "staged": comm.needs_staging(params[0]),
         "numel": numel,
         "tensors": len(params),
         "mpi_library": comm.library_version(),
@@ -85,7 +102,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         )
     result["mpi_contiguous_s"] = median_seconds(mpi_contiguous, comm, args.repeats, args.warmup)
     if not args.no_gloo:
-        result["gloo_s"] = gloo_seconds(params, bucket_bytes, comm, args)
+        result["gloo_s"] = gloo_seconds(params, bucket_bytes, comm, args, device)
         result["mpisolve_over_gloo"] = result["mpisolve_s"] / result["gloo_s"]
     result["mpisolve_over_mpi_contiguous"] = result["mpisolve_s"] / result["mpi_contiguous_s"]
     if args.compare_paths:
@@ -105,9 +122,10 @@ def solver_allreduce_seconds(
 
     The gradients become views into the buckets (random values) until this returns.
     """
-    grads = GradientBuckets(params, comm, bucket_bytes=bucket_bytes, scale=1.0 / comm.size)
+    grads = GradientBuckets(params, comm, bucket_bytes=bucket_bytes, average=True)
     try:
         for p in params:
+            assert p.grad is not None  # GradientBuckets made it a view into its bucket
             p.grad.normal_()
 
         def mpisolve_allreduce() -> None:
@@ -120,7 +138,11 @@ def solver_allreduce_seconds(
 
 
 def gloo_seconds(
-    params: list[torch.nn.Parameter], bucket_bytes: int, comm: Communicator, args: argparse.Namespace
+    params: list[torch.nn.Parameter],
+    bucket_bytes: int,
+    comm: Communicator,
+    args: argparse.Namespace,
+    device: torch.device | str = "cpu",
 ) -> float:
     """torch.distributed gloo on the same tensors, in DDP's buckets (flat, reduced async, averaged)."""
     import torch.distributed as dist
@@ -131,7 +153,8 @@ def gloo_seconds(
     try:
         ordered = params[::-1]
         flats = [
-            torch.randn(sum(ordered[i].numel() for i in members)) for members in plan_buckets(ordered, bucket_bytes)
+            torch.randn(sum(ordered[i].numel() for i in members), device=device)
+            for members in plan_buckets(ordered, bucket_bytes)
         ]
 
         def gloo_allreduce() -> None:

@@ -4,8 +4,10 @@ Imports each kernel module of :data:`KERNEL_MODULES` that exists (the others are
 as ``missing``), and times each of its ``bench_cases(numel)``: ``kernel_s`` and
 ``reference_s`` are medians over ``--repeats`` (after ``--warmup`` untimed calls, which
 also compile Numba code), ``kernel_over_reference`` their ratio: below 1 the kernel is
-faster. Tensors are on the CPU; torch and Numba use ``threads`` threads each (under
-mpiexec, each rank its share of the node's cores, and each time is the slowest rank's).
+faster. Tensors are on the CPU (torch and Numba use ``threads`` threads each; under
+mpiexec, each rank its share of the node's cores, and each time is the slowest rank's),
+or with ``--device cuda`` on this rank's GPU (the numba.cuda and CuPy twins against torch
+on the GPU, each time including the wait for the GPU work it queued).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from ..comm.communicator import Communicator
 from ..kernels.dispatch import parallel_threads
 from ..options import InputError
-from . import median_seconds
+from . import add_device_argument, bench_device, median_seconds
 
 #: Kernel modules under ``mpisolve.kernels``, one per operation.
 KERNEL_MODULES = ("fused", "adasum", "inverse", "triangle", "elastic")
@@ -26,13 +28,16 @@ KERNEL_MODULES = ("fused", "adasum", "inverse", "triangle", "elastic")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--numel", type=int, default=1 << 22, help="elements of data per case (default 4194304)")
     parser.add_argument("--kernels", nargs="+", choices=KERNEL_MODULES, help="only these kernel modules")
+    add_device_argument(parser)
 
 
 def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     if args.numel < 1:
         raise InputError("--numel must be >= 1")
+    device = bench_device(args, comm)
     result: dict[str, Any] = {
         "ranks": comm.size,
+        "device": str(device),
         "numel": args.numel,
         "threads": parallel_threads(),
         "mpi_cuda_aware": comm.cuda_aware,
@@ -45,7 +50,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         if module is None:
             result["missing"].append(name)
             continue
-        for case in module.bench_cases(args.numel):
+        for case in module.bench_cases(args.numel, device):
             kernel_s = median_seconds(case.kernel, comm, args.repeats, args.warmup)
             reference_s = median_seconds(case.reference, comm, args.repeats, args.warmup)
             result["cases"][f"{name}.{case.name}"] = {

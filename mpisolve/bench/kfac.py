@@ -10,13 +10,15 @@ communication waited for, preconditioning; the largest over ranks), the placemen
 ``inversion_s_max_over_mean``, both over the ``inverting_ranks`` (all ranks, unless a
 node runs more ranks than it has cores). Top level: ``sgd_iter_s`` (the allreduce
 solver on the same model and batch), ``spd_over_d`` (spd-kfac iter_s / d-kfac iter_s),
-``inversion_load_max_over_mean`` (spd-kfac's), ``ranks``.
+``inversion_load_max_over_mean`` (spd-kfac's), ``ranks``. ``--device cuda`` runs the
+model on this rank's GPU (factors, inversions through CuPy, MPI staged or direct).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,11 +26,11 @@ from torch import nn
 
 from ..comm.communicator import Communicator
 from ..options import InputError
-from ..solvers import make_solver
+from ..solvers import Solver, make_solver
 from ..solvers.kfac.placement import EVERY_RANK, max_over_mean
-from ..solvers.kfac.solver import PHASES, VARIANTS
+from ..solvers.kfac.solver import PHASES, VARIANTS, KFACSolver
 from ..train.models import MODELS, build_model
-from . import median_seconds
+from . import add_device_argument, bench_device, median_seconds
 from .allreduce import MODEL_INPUTS
 
 
@@ -38,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated K-FAC variants to time")
     parser.add_argument("--method", choices=("inverse", "eigen"), default="inverse")
     parser.add_argument("--profile-steps", type=int, default=2, help="spd-kfac's fusion_profile_steps")
+    add_device_argument(parser)
     parser.set_defaults(repeats=3, warmup=1)  # a ResNet-18 K-FAC iteration takes seconds on a CPU
 
 
@@ -49,11 +52,13 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     if args.batch < 1 or args.profile_steps < 1:
         raise InputError("--batch and --profile-steps must be >= 1")
     in_shape, classes = MODEL_INPUTS[args.model]
+    device = bench_device(args, comm)
     generator = torch.Generator().manual_seed(comm.rank)
-    x = torch.randn(args.batch, *in_shape, generator=generator)
-    y = torch.randint(0, classes, (args.batch,), generator=generator)
+    x = torch.randn(args.batch, *in_shape, generator=generator).to(device)
+    y = torch.randint(0, classes, (args.batch,), generator=generator).to(device)
     result: dict[str, Any] = {
         "model": args.model,
+        "device": str(device),
         "batch_per_rank": args.batch,
         "method": args.method,
         "ranks": comm.size,
@@ -75,10 +80,20 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     return result
 
 
-def _time_solver(args, comm, x, y, in_shape, classes, name, options, before_timing=None):  # noqa: ANN001, ANN202
+def _time_solver(
+    args: argparse.Namespace,
+    comm: Communicator,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    in_shape: tuple[int, ...],
+    classes: int,
+    name: str,
+    options: dict[str, Any],
+    before_timing: Callable[[Solver], object] | None = None,
+) -> tuple[float, Solver]:
     """Median seconds of one training iteration after warming up, and the solver (to inspect, then close)."""
     torch.manual_seed(0)
-    model = build_model(args.model, in_shape, classes)
+    model = build_model(args.model, in_shape, classes).to(x.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     solver = make_solver(name, model, optimizer, comm=comm.comm, **options)
     loss_fn = nn.CrossEntropyLoss()
@@ -96,8 +111,22 @@ def _time_solver(args, comm, x, y, in_shape, classes, name, options, before_timi
     return seconds, solver
 
 
-def _time_kfac(args, comm, x, y, in_shape, classes, options) -> dict[str, Any]:  # noqa: ANN001
-    seconds, solver = _time_solver(args, comm, x, y, in_shape, classes, "kfac", options, lambda s: s.reset_timings())
+def _reset_timings(solver: Solver) -> None:
+    assert isinstance(solver, KFACSolver)  # given to K-FAC runs only
+    solver.reset_timings()
+
+
+def _time_kfac(
+    args: argparse.Namespace,
+    comm: Communicator,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    in_shape: tuple[int, ...],
+    classes: int,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    seconds, solver = _time_solver(args, comm, x, y, in_shape, classes, "kfac", options, _reset_timings)
+    assert isinstance(solver, KFACSolver)  # make_solver("kfac") builds one
     breakdown = {phase: comm.reduce_scalar(solver.timings[phase] / args.repeats, op="max") for phase in PHASES}
     inversion_s = comm.allgather_object(solver.timings["inversion"] / args.repeats)
     loads = solver.placement_loads()

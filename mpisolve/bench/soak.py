@@ -1,9 +1,10 @@
 """``bench soak``: long runs of the asynchronous solvers; memory must not grow, windows must be freed.
 
 Each solver that is not lockstep (the EASGD family and the window solvers) trains
-``--model`` (default the small CNN, 53k parameters) on its ``digits`` shard for ``--steps`` steps on every rank. Each rank reads its resident
-set size (VmRSS) after ``--warmup-steps`` and at the end; after ``close()`` it counts the
-MPI windows still allocated in the process (mpi4py ``Win`` objects not yet freed).
+``--model`` (default the small CNN, 53k parameters) on its ``digits`` shard for
+``--steps`` steps on every rank. Each rank reads its resident set size (VmRSS) after
+``--warmup-steps`` and at the end; after ``close()`` it counts the MPI windows still
+allocated in the process (mpi4py ``Win`` objects not yet freed).
 Reported per solver: every rank's RSS in MB at both points, the largest growth, and the
 open windows summed over ranks (must be 0), and the run's seconds (rank 0's).
 """

@@ -1,107 +1,125 @@
-"""``bench step``: one training step of the ``allreduce`` solver against DDP on gloo, same model, same data.
+"""``bench step``: a solver's training step against plain PyTorch's (and DDP's), same model, batch and device.
 
-Every rank builds the same model (``--model``) and its own batch of ``--batch-size``
-random inputs, and times, interleaved within each repeat so that outside load falls on
-all alike:
-
-- ``mpisolve_s``: ``solver.zero_grad()``, forward, backward, ``solver.step()`` with the
-  ``allreduce`` solver (node-shared buckets where they apply; ``--node-shm off``: MPI's path);
-- ``ddp_gloo_s``: the same step with ``torch.nn.parallel.DistributedDataParallel`` on gloo
-  and the same optimizer (its default 25 MB buckets, as ``bucket_mb``);
-- ``floor_s``: the same step with no communication at all (the model and optimizer alone).
-
-It prints the medians and ``mpisolve_over_ddp`` (the goal in docs/studies/node-aware.md)
-and ``floor_over_ddp`` (the best any communication scheme could reach).
+Timed in turn within each repeat (medians, the slowest rank's), so that outside load
+falls on all alike: ``solver_s`` is ``solver.zero_grad()``, forward, backward and
+``solver.step()``; ``plain_s`` the same iteration with the optimizer alone
+(``optimizer.zero_grad()``, ``optimizer.step()``) on an identical model, no solver, no
+communication: the floor any communication scheme could reach. ``solver_over_plain`` is
+their ratio: at one rank, the solver's own overhead (buckets, hooks, staging, checks); at
+more ranks, with its communication. ``--ddp`` also times the step with
+``torch.nn.parallel.DistributedDataParallel`` on gloo and the same optimizer (its default
+25 MB buckets, as the solvers' ``bucket_mb``): ``ddp_gloo_s``, ``solver_over_ddp`` and
+``plain_over_ddp``. ``--device cuda`` runs them on this rank's GPU (several ranks may share
+one), each time including the wait for the GPU work it queued. ``--node-shm off`` keeps
+the solver's sums on MPI's path where node-shared memory would apply (``node_shm`` says
+whether the solver's gradient buckets were node-shared).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import dataclasses
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..comm.communicator import Communicator
 from ..options import InputError
-from ..solvers.allreduce import AllreduceSolver
+from ..solvers import make_solver, solvers
+from ..solvers.base import solver_class
 from ..train.models import MODELS, build_model
-from . import interleaved_medians
+from . import add_device_argument, bench_device, interleaved_medians
 from .allreduce import MODEL_INPUTS, _free_port
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", choices=sorted(MODELS), default="mlp", help="the model to train")
-    parser.add_argument("--batch-size", type=int, default=32, help="samples per rank and step")
-    parser.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size (DDP's bucket_cap_mb alike)")
+    parser.add_argument("--model", choices=sorted(MODELS), default="resnet18")
+    parser.add_argument("--batch", type=int, default=32, help="examples per rank per step")
+    parser.add_argument("--solver", default="allreduce", help="the solver to time (default allreduce)")
+    parser.add_argument("--ddp", action="store_true", help="also time DistributedDataParallel on gloo (CPU)")
     parser.add_argument(
-        "--node-shm", choices=("on", "off"), default="on", help="node-shared gradient buckets where they apply"
+        "--node-shm", choices=("on", "off"), default="on", help="node-shared sums where they apply (off: MPI's path)"
     )
+    add_device_argument(parser)
 
 
 def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     import torch.distributed as dist
 
-    if args.batch_size < 1 or args.bucket_mb <= 0:
-        raise InputError("--batch-size must be >= 1 and --bucket-mb > 0")
+    if args.batch < 1:
+        raise InputError("--batch must be >= 1")
+    if args.solver not in solvers():
+        raise InputError(f"--solver must be one of {', '.join(solvers())}, got {args.solver!r}")
+    if args.ddp and args.device != "cpu":
+        raise InputError("--ddp compares with DDP on gloo, on the CPU: leave out --device cuda")
+    device = bench_device(args, comm)
     in_shape, classes = MODEL_INPUTS[args.model]
-    torch.manual_seed(0)
-    base = build_model(args.model, in_shape, classes)
-    g = torch.Generator().manual_seed(comm.rank)
-    x = torch.randn(args.batch_size, *in_shape, generator=g)
-    y = torch.randint(0, classes, (args.batch_size,), generator=g)
-    loss_fn = torch.nn.CrossEntropyLoss()
+    generator = torch.Generator().manual_seed(comm.rank)
+    x = torch.randn(args.batch, *in_shape, generator=generator).to(device)
+    y = torch.randint(0, classes, (args.batch,), generator=generator).to(device)
+    loss_fn = nn.CrossEntropyLoss()
 
-    def optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-        return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    # Solvers that apply their own momentum (async-msgd, async-measgd) take an optimizer without.
+    momentum = 0.0 if "momentum" in {f.name for f in dataclasses.fields(solver_class(args.solver).Options)} else 0.9
 
-    solver_comm = Communicator(comm.comm, node_shm=args.node_shm == "on")
-    ours = copy.deepcopy(base)
-    solver = AllreduceSolver(ours, optimizer(ours), solver_comm, bucket_mb=args.bucket_mb)
-    alone = copy.deepcopy(base)
-    alone_opt = optimizer(alone)
-    address = comm.bcast_object(socket.gethostname() if comm.rank == 0 else None)
-    port = comm.bcast_object(_free_port() if comm.rank == 0 else None)
-    dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=comm.rank, world_size=comm.size)
-    try:
-        ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=args.bucket_mb)
-        ddp_opt = optimizer(ddp)
+    def model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = build_model(args.model, in_shape, classes).to(device)
+        return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum)
 
-        def mpisolve_step() -> None:
-            solver.zero_grad()
-            loss_fn(ours(x), y).backward()
-            solver.step()
+    plain_model, plain_optimizer = model_and_optimizer()
+    model, optimizer = model_and_optimizer()
+    solver = make_solver(args.solver, model, optimizer, Communicator(comm.comm, node_shm=args.node_shm == "on"))
+    grads = getattr(solver, "grads", None)
+    node_shm = grads is not None and grads.node is not None
 
-        def ddp_step() -> None:
-            ddp_opt.zero_grad()
+    def plain() -> None:
+        plain_optimizer.zero_grad()
+        loss_fn(plain_model(x), y).backward()
+        plain_optimizer.step()
+
+    def with_solver() -> None:
+        solver.zero_grad()
+        loss_fn(model(x), y).backward()
+        solver.step()
+
+    steps: dict[str, Callable[[], None]] = {"solver_s": with_solver, "plain_s": plain}
+    if args.ddp:
+        address = comm.bcast_object(socket.gethostname() if comm.rank == 0 else None)
+        port = comm.bcast_object(_free_port() if comm.rank == 0 else None)
+        dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=comm.rank, world_size=comm.size)
+        ddp_base, ddp_optimizer = model_and_optimizer()
+        ddp = nn.parallel.DistributedDataParallel(ddp_base)
+
+        def with_ddp() -> None:
+            ddp_optimizer.zero_grad()
             loss_fn(ddp(x), y).backward()
-            ddp_opt.step()
+            ddp_optimizer.step()
 
-        def floor_step() -> None:
-            alone_opt.zero_grad()
-            loss_fn(alone(x), y).backward()
-            alone_opt.step()
-
-        medians = interleaved_medians(
-            {"mpisolve_s": mpisolve_step, "ddp_gloo_s": ddp_step, "floor_s": floor_step},
-            comm,
-            args.repeats,
-            args.warmup,
-        )
+        steps["ddp_gloo_s"] = with_ddp
+    try:
+        timings = interleaved_medians(steps, comm, args.repeats, args.warmup)
     finally:
-        dist.destroy_process_group()
-        node_buckets = solver.grads.node is not None
         solver.close()
-    return {
-        "bench": "step",
+        if args.ddp:
+            dist.destroy_process_group()
+    result = {
         "model": args.model,
+        "solver": args.solver,
+        "batch_per_rank": args.batch,
+        "device": str(device),
         "ranks": comm.size,
         "nodes": comm.nodes,
-        "batch_size": args.batch_size,
-        "node_shm": node_buckets,
-        **medians,
-        "mpisolve_over_ddp": medians["mpisolve_s"] / medians["ddp_gloo_s"],
-        "floor_over_ddp": medians["floor_s"] / medians["ddp_gloo_s"],
+        "node_shm": node_shm,
+        "staged": comm.needs_staging(next(model.parameters())),
         "mpi_library": comm.library_version(),
+        **timings,
+        "solver_over_plain": timings["solver_s"] / timings["plain_s"],
     }
+    if args.ddp:
+        result["solver_over_ddp"] = timings["solver_s"] / timings["ddp_gloo_s"]
+        result["plain_over_ddp"] = timings["plain_s"] / timings["ddp_gloo_s"]
+    return result

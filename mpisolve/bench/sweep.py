@@ -7,14 +7,15 @@ and each operation:
   osu_allreduce does: the MPI library's own figure.
 - ``sum``, ``average``: ``mpisolve.allreduce([t], op=...)``, the functional collective
   (fuse, nonblocking allreduce, watchdogged wait, unfuse).
-- ``bucketed``: the solvers' gradient path, ``GradientBuckets(scale=1/n).finish()`` on one
+- ``bucketed``: the solvers' gradient path, ``GradientBuckets.finish()`` (averaging) on one
   bucket (a persistent allreduce, then the average).
 - ``adasum``: ``mpisolve.allreduce([t], op="adasum")`` (in the default ``--ops`` wherever the
   functional collective offers that op).
 
 Each operation's result is checked once per size before it is timed, against the exact
-reduction of known inputs (for Adasum, orthogonal ones, whose Adasum is their sum). The latency is the median over repeats of the slowest rank's time for one
-call; the bandwidths are nccl-tests': ``algbw = bytes / time`` and
+reduction of known inputs (for Adasum, orthogonal ones, whose Adasum is their sum). The
+latency is the median over repeats of the slowest rank's time for one call; the
+bandwidths are nccl-tests': ``algbw = bytes / time`` and
 ``busbw = algbw * 2(n-1)/n`` (the bytes each rank's links carry in a ring allreduce).
 """
 
@@ -137,15 +138,20 @@ def make_case(op: str, numel: int, comm: Communicator) -> Case:
 
         return Case(functional, lambda: out[0], want)
     param = torch.nn.Parameter(torch.zeros_like(data))  # op == "bucketed"
-    grads = GradientBuckets([param], comm, bucket_bytes=data.numel() * data.element_size(), scale=1.0 / comm.size)
+    grads = GradientBuckets([param], comm, bucket_bytes=data.numel() * data.element_size(), average=True)
+    assert param.grad is not None  # GradientBuckets made it a view into its bucket
     param.grad.copy_(data)
 
     def bucketed() -> None:
         grads.rearm()
         grads.finish()
 
+    def reduced() -> torch.Tensor:  # node-shared buckets: the sum in the window, not the slot
+        assert param.grad is not None
+        return param.grad
+
     # After the first call every rank holds the average, which further averages keep.
-    return Case(bucketed, lambda: param.grad, pattern * total / comm.size, grads.close)
+    return Case(bucketed, reduced, pattern * total / comm.size, grads.close)
 
 
 def check(case: Case, op: str, comm: Communicator) -> None:

@@ -16,7 +16,7 @@ import statistics
 import torch
 
 from ..comm.communicator import Communicator
-from ..comm.windows import SharedVector
+from ..comm.windows import Progress, SharedVector
 from ..kernels.elastic import elastic_exchange_
 from . import median_seconds, write_csv
 
@@ -77,11 +77,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict:
                     options = {"layout": layout, "locked": locked, "force_internode": path == "internode"}
                     with SharedVector(comm, numel, torch.float32, **options) as v:
                         v.store_(x)
-
-                        def exchange() -> None:
-                            v.update(lambda center, start, stop: elastic_exchange_(x[start:stop], center, 0.1))
-
-                        seconds = median_seconds(exchange, comm, args.repeats, args.warmup)
+                        seconds = _exchange_seconds(v, x, args, comm)
                         rows.append(
                             {
                                 "ranks": comm.size,
@@ -101,6 +97,15 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict:
     return result
 
 
+def _exchange_seconds(v: SharedVector, x: torch.Tensor, args: argparse.Namespace, comm: Communicator) -> float:
+    """The median time of one elastic exchange of ``x`` with the whole of ``v``."""
+
+    def exchange() -> None:
+        v.update(lambda center, start, stop: elastic_exchange_(x[start:stop], center, 0.1))
+
+    return median_seconds(exchange, comm, args.repeats, args.warmup)
+
+
 def _progress_overhead(args: argparse.Namespace, comm: Communicator) -> dict[str, float]:
     a, b = torch.randn(256, 256), torch.randn(256, 256)
 
@@ -108,7 +113,7 @@ def _progress_overhead(args: argparse.Namespace, comm: Communicator) -> dict[str
         for _ in range(100):
             torch.mm(a, b)
 
-    times: dict[str, list[float]] = {"none": [], "thread": []}
+    times: dict[Progress, list[float]] = {"none": [], "thread": []}
     for _ in range(args.repeats):  # interleaved, so that drifting machine load hits both alike
         for progress, seconds in times.items():
             with SharedVector(comm, 1024, torch.float32, force_internode=True, progress=progress):

@@ -26,12 +26,21 @@ allreduce does for such P).
 Every reduction is a fixed sequence of stages with persistent MPI requests, set up once
 per fused buffer; :class:`Adasum` drives several at once without blocking, so buckets
 reduce while backward runs (:class:`AdasumReducer`).
+
+**Device memory.** Every message goes through a :class:`~.device.Stager`, as collectives
+do: where the communicator stages the buffer (MPI not CUDA-aware, or ``stage_all``),
+sends and receives use slices of one host twin of the buffer and one of the scratch
+space, copied to and from the device around each message; the statistics' allreduce is
+staged by its own sub-communicator and its result brought back before the combine. The
+kernels run where the buffer is (a GPU buffer: on torch's current stream), and MPI
+starts a message only once the kernels that wrote it are done.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -39,7 +48,8 @@ from mpi4py import MPI
 
 from ..kernels.adasum import segment_combine, segment_stats, warm_up_cpu
 from .buckets import Bucket
-from .communicator import Communicator, PersistentAllreduce, mpi_buffer
+from .communicator import Communicator, Posting, mpi_buffer
+from .device import Stager
 
 
 class AdasumTopology:
@@ -68,6 +78,7 @@ class AdasumTopology:
             color = None if self.folded_out else self.virtual // (2 * level)
             sub = comm.split(color, name=("adasum", level))
             if not self.folded_out:
+                assert sub is not None  # a rank that is not folded out has a color at every level
                 partner = self.virtual ^ level
                 self.levels.append((level, self._world_rank(partner, extra), self.virtual & level == 0, sub))
             level *= 2
@@ -77,26 +88,83 @@ class AdasumTopology:
         return 2 * virtual if virtual < extra else virtual + extra
 
 
+class _Operation(Protocol):
+    """A persistent MPI operation of a stage: a message or the statistics' allreduce."""
+
+    def start(self) -> None: ...
+
+    def test(self) -> bool: ...
+
+    def wait(self, what: str | None = None) -> None: ...
+
+    def free(self) -> None: ...
+
+
+class _Message:
+    """A persistent send or receive of one slice of a buffer, through its stager.
+
+    Started, it is posted once the slice is ready (the kernels that wrote it, or still
+    read it, are done; a staged send's copy to host too); completed, a staged receive
+    copies what arrived back into the slice.
+    """
+
+    def __init__(self, comm: Communicator, stager: Stager, partner: int, tag: int, *, receive: bool) -> None:
+        self.comm = comm
+        self.stager = stager
+        self.receive = receive
+        init = comm.comm.Recv_init if receive else comm.comm.Send_init
+        self.request: MPI.Prequest = init(mpi_buffer(stager.memory), partner, tag)
+        self.posting = Posting([stager], self._post)
+
+    def _post(self) -> MPI.Request:
+        self.request.Start()
+        return self.request
+
+    def start(self) -> None:
+        self.stager.to_mpi(values=not self.receive)
+        self.comm.start(self.posting)
+
+    def test(self) -> bool:
+        return self.comm.test(self.posting)
+
+    def wait(self, what: str | None = None) -> None:
+        self.comm.wait_posted([self.posting], what or ("receive" if self.receive else "send"))
+        if self.receive:
+            self.stager.from_mpi()
+
+    def free(self) -> None:
+        self.comm.unqueue(self.posting)
+        self.request.Free()
+
+
 @dataclass
 class _Stage:
-    """One step of a reduction: persistent requests to start, then work once they complete.
+    """One step of a reduction: operations to start, then work once they complete.
 
     ``name`` says what the stage waits for, for the watchdog's message.
     """
 
     name: str
-    requests: list[MPI.Prequest | PersistentAllreduce]
+    operations: Sequence[_Operation]
     then: Callable[[], None] | None = None
 
     def start(self) -> None:
-        for request in self.requests:
-            if isinstance(request, PersistentAllreduce):
-                request.start()
-            else:
-                request.Start()
+        for operation in self.operations:
+            operation.start()
 
-    def mpi_requests(self) -> list[MPI.Request]:
-        return [r.request if isinstance(r, PersistentAllreduce) else r for r in self.requests]
+    def test(self) -> bool:
+        return all(operation.test() for operation in self.operations)
+
+    def complete(self) -> None:
+        """After a true :meth:`test`: bring received data in, then do the stage's work."""
+        for operation in self.operations:
+            operation.wait(self.name)
+        if self.then is not None:
+            self.then()
+
+
+def _slice(twin: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor | None:
+    return None if twin is None else twin[lo:hi]
 
 
 def _bounds(edges: np.ndarray, lo: int, hi: int, device: torch.device) -> torch.Tensor:
@@ -123,7 +191,7 @@ class AdasumReduction:
 
     def __post_init__(self) -> None:
         topo, flat = self.topology, self.flat
-        comm = topo.comm.comm
+        comm = topo.comm
         n = flat.numel()
         numel = int(sum(self.numels))
         if numel > n:
@@ -135,23 +203,25 @@ class AdasumReduction:
         device = flat.device
         self._stats_tensors = segments - 1
         self.stages = []
+        # Staged: one host twin of the buffer, sliced for every message (None: MPI takes it directly).
+        self._flat_twin = comm.host_twin(flat)
         if topo.folded_out:
             partner = topo.fold_partner
-            send = comm.Send_init(mpi_buffer(flat), partner, self.tag)
-            recv = comm.Recv_init(mpi_buffer(flat), partner, self.tag)
+            assert partner is not None  # a folded-out rank always has a fold partner
             self.stages += [
-                _Stage(f"fold: data to rank {partner}", [send]),
-                _Stage(f"fold: result from rank {partner}", [recv]),
+                _Stage(f"fold: data to rank {partner}", [self._send(flat, self._flat_twin, partner)]),
+                _Stage(f"fold: result from rank {partner}", [self._receive(flat, self._flat_twin, partner)]),
             ]
             return
         if device.type == "cpu" and (topo.fold_partner is not None or topo.levels):
             warm_up_cpu(flat.dtype)
         scratch_len = n if topo.fold_partner is not None else (n - n // 2 if topo.levels else 0)
         self.scratch = torch.empty(scratch_len, dtype=flat.dtype, device=device)
+        self._scratch_twin = comm.host_twin(self.scratch)
         if topo.fold_partner is not None:
             stats = torch.zeros(segments, 3, dtype=torch.float64, device=device)
             bounds = _bounds(edges, 0, n, device)
-            recv = comm.Recv_init(mpi_buffer(self.scratch[:n]), topo.fold_partner, self.tag)
+            recv = self._receive(self.scratch[:n], _slice(self._scratch_twin, 0, n), topo.fold_partner)
             combine = self._combiner(0, n, True, bounds, stats, local=True)
             self.stages.append(_Stage(f"fold: data from rank {topo.fold_partner}", [recv], combine))
         lo, hi = 0, n
@@ -163,8 +233,8 @@ class AdasumReduction:
             bounds = _bounds(edges, *keep, device)
             stats = torch.zeros(segments, 3, dtype=torch.float64, device=device)
             exchange = [
-                comm.Send_init(mpi_buffer(flat[send[0] : send[1]]), partner, self.tag),
-                comm.Recv_init(mpi_buffer(self.scratch[:keep_len]), partner, self.tag),
+                self._send(flat[send[0] : send[1]], _slice(self._flat_twin, *send), partner),
+                self._receive(self.scratch[:keep_len], _slice(self._scratch_twin, 0, keep_len), partner),
             ]
             statistics = self._statistics(keep, lower, bounds, stats)
             self.stages.append(_Stage(f"level {level} exchange with rank {partner}", exchange, statistics))
@@ -176,15 +246,21 @@ class AdasumReduction:
                 )
             )
             gather = [
-                comm.Send_init(mpi_buffer(flat[keep[0] : keep[1]]), partner, self.tag),
-                comm.Recv_init(mpi_buffer(flat[send[0] : send[1]]), partner, self.tag),
+                self._send(flat[keep[0] : keep[1]], _slice(self._flat_twin, *keep), partner),
+                self._receive(flat[send[0] : send[1]], _slice(self._flat_twin, *send), partner),
             ]
             gathers.append(_Stage(f"level {level} gather with rank {partner}", gather))
             lo, hi = keep
         self.stages.extend(reversed(gathers))
         if topo.fold_partner is not None:
-            send = comm.Send_init(mpi_buffer(flat), topo.fold_partner, self.tag)
-            self.stages.append(_Stage(f"fold: result to rank {topo.fold_partner}", [send]))
+            result = self._send(flat, self._flat_twin, topo.fold_partner)
+            self.stages.append(_Stage(f"fold: result to rank {topo.fold_partner}", [result]))
+
+    def _send(self, piece: torch.Tensor, twin: torch.Tensor | None, partner: int) -> _Message:
+        return _Message(self.topology.comm, Stager(piece, twin), partner, self.tag, receive=False)
+
+    def _receive(self, piece: torch.Tensor, twin: torch.Tensor | None, partner: int) -> _Message:
+        return _Message(self.topology.comm, Stager(piece, twin), partner, self.tag, receive=True)
 
     # The pair (a, b) is always (lower side, upper side), so every rank of a block
     # accumulates the same [dot, |lower|^2, |upper|^2] and the sum is well defined.
@@ -239,10 +315,9 @@ class AdasumReduction:
         while True:
             if self.started > self.finished:
                 stage = self.stages[self.finished]
-                if not all(r.Test() for r in stage.mpi_requests()):
+                if not stage.test():
                     return False
-                if stage.then is not None:
-                    stage.then()
+                stage.complete()
                 self.finished += 1
             if self.done:
                 return True
@@ -253,11 +328,8 @@ class AdasumReduction:
 
     def free(self) -> None:
         for stage in self.stages:
-            for request in stage.requests:
-                if isinstance(request, PersistentAllreduce):
-                    request.free()
-                else:
-                    request.Free()
+            for operation in stage.operations:
+                operation.free()
         self.stages = []
 
 

@@ -11,7 +11,9 @@ the rest of the backward pass.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -67,19 +69,37 @@ class FusedBuffer:
     def pack(self, tensors: Sequence[torch.Tensor]) -> None:
         """Copy ``tensors`` into their places in the flat buffer.
 
-        On the CPU, tensors of the buffer's dtype move in one fused byte copy
-        (``mpisolve.kernels.fused``, faster than torch's copy on large buffers: ``bench kernels``,
-        docs/studies/benchmarks.md); otherwise each tensor is copied (and cast) by torch.
+        Tensors of the buffer's dtype and device move in one fused byte copy
+        (``mpisolve.kernels.fused``: on the CPU faster than torch's copy on large buffers,
+        ``bench kernels``, docs/studies/benchmarks.md; on a GPU one launch per 32 tensors on
+        torch's current stream); others are copied (and cast) tensor by tensor by torch.
         """
         if [t.numel() for t in tensors] != self.numels:
             raise ValueError("pack needs tensors of the sizes the buffer was laid out for")
-        if self.flat.is_cpu and all(t.is_cpu and t.dtype == self.flat.dtype for t in tensors):
+        if self._fusable(tensors):
             from ..kernels.fused import pack
 
-            pack([t.contiguous() for t in tensors], self.flat)
+            pack([t.detach().contiguous() for t in tensors], self.flat)
             return
         for view, t in zip(self.views, tensors):
             view.copy_(t)
+
+    def unpack(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Copy the flat buffer's pieces into ``tensors`` (of the sizes laid out), as :meth:`pack` moves them."""
+        if [t.numel() for t in tensors] != self.numels:
+            raise ValueError("unpack needs tensors of the sizes the buffer was laid out for")
+        if self._fusable(tensors) and all(t.is_contiguous() for t in tensors):
+            from ..kernels.fused import unpack
+
+            unpack(self.flat, [t.detach() for t in tensors])
+            torch.autograd.graph.increment_version(list(tensors))  # written behind autograd's back
+            return
+        for view, t in zip(self.views, tensors):
+            t.detach().copy_(view)
+
+    def _fusable(self, tensors: Sequence[torch.Tensor]) -> bool:
+        """Whether the fused kernel moves ``tensors``: all of the buffer's dtype and device."""
+        return all(t.dtype == self.flat.dtype and t.device == self.flat.device for t in tensors)
 
 
 def plan_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
@@ -198,33 +218,66 @@ class SumReducer:
         self._inflight.clear()
 
 
+@dataclass(frozen=True)
+class Reduction:
+    """What one step's reduction covered: ``samples`` summed over the ranks, and the
+    ``ranks`` that contributed (a rank that withheld, in ``join``'s shadow rounds, is not one)."""
+
+    samples: int
+    ranks: int
+
+
 class GradientBuckets:
     """A model's gradients as views into fused buckets, reduced while backward runs.
 
     Parameters are bucketed in reverse registration order (roughly the order backward
     produces their gradients). Each ``p.grad`` is made a view into its bucket, so
     autograd accumulates straight into the buffer MPI sends. When a bucket's last
-    gradient arrives its reduction starts, but only after every earlier bucket's has,
-    so all ranks start collectives in the same order. ``finish`` starts whatever backward
-    did not (unused parameters), completes everything and applies ``scale``.
+    gradient of the backward pass arrives its reduction starts, but only after every
+    earlier bucket's has, so all ranks start collectives in the same order. ``finish``
+    starts whatever backward did not (parameters that got no gradient contribute zeros),
+    completes everything and, with ``average``, divides by the contributing ranks.
 
-    With ``samples`` (a callable giving this rank's sample count so far, read when the
-    first bucket starts), that bucket carries one extra element, the count, which the sum
-    turns into the global count of the update at no extra message. ``scale``: a factor
-    known up front (``1 / ranks`` for a mean), applied to every reduction.
+    One step's life: armed (waiting for gradients) -> launched (some buckets in flight)
+    -> reduced (``finish``: the result is in the gradients; ``finish`` again returns it
+    without reducing again) -> armed again by ``rearm``, which the solver calls once it
+    has applied the step. Any way of zeroing the gradients works: :meth:`zero_` fills
+    the buckets in place (the copy-free way); a gradient set to ``None`` (or replaced)
+    comes back into its bucket when autograd next accumulates it, at the cost of one
+    copy, or is zeroed in ``finish`` if it got none.
 
-    **Node-shared buckets**: with the default sum, CPU parameters and more than one rank
-    per node (:func:`.shm.node_group`; off with ``Communicator(node_shm=False)`` or
-    ``MPISOLVE_NODE_SHM=0``), each bucket lives in a node-shared window
-    (:class:`.shm.NodeSumReducer`): backward writes this rank's slot, the node's ranks sum
-    their shares as soon as all have written it (``scale`` fused into the sum), nodes
-    exchange by MPI, and after ``finish`` each ``p.grad`` is a view of the sum in the
-    window, read in place: the node's ranks share it, so nothing may write it. Before the
-    next backward accumulates into a gradient, a hook points it back at this rank's slot
-    (copying the sum there only when the gradient was not zeroed). ``shared_result=False``
-    (for solvers that change gradients in place, as K-FAC's preconditioner does) copies
-    the sum into the slot instead and leaves ``p.grad`` there.
+    Under :meth:`no_sync` backward only accumulates into the buckets; the next backward
+    outside it launches them. A second backward outside ``no_sync`` before the step is
+    refused (its gradients would land in buffers already being reduced).
+
+    Every step's reduction also sums a tally of two elements at no extra message: this
+    rank's sample count (``samples()``, read when the first bucket starts) and 1 (0 when
+    this rank withholds: :meth:`withhold`), so every rank learns the global count and how
+    many ranks contributed. On MPI's path they ride at the end of the first bucket.
+
+    **Node-shared buckets**: with the default sum, CPU parameters MPI takes directly and
+    more than one rank per node (:func:`.shm.node_group`; off with
+    ``Communicator(node_shm=False)`` or ``MPISOLVE_NODE_SHM=0``), each bucket lives in a
+    node-shared window (:class:`.shm.NodeSumReducer`): backward writes this rank's slot,
+    the node's ranks sum their shares as soon as all have written it (the average's
+    ``1 / ranks`` fused into the sum), nodes exchange by MPI, and the tally goes in a round
+    of its own (exact in float64 whatever the gradients' dtype). After ``finish`` each
+    ``p.grad`` is a view of the sum in the window, read in place by the node's ranks; a
+    hook points it back at this rank's slot before the next backward accumulates into it
+    (copying the sum there when the gradient was not zeroed), and :meth:`rearm` waits until
+    every local rank has stepped, so that zeroing in place cannot reach a neighbour still
+    reading the sum. Other writes to the sum must not happen: ``finish(writable=True)``
+    (``synchronize``, a GradScaler's unscale) gives each rank its own copy first, as do
+    ``shared_result=False`` (for solvers that change gradients in place, as K-FAC's
+    preconditioner does) and a step some ranks withheld from (the average's divisor is
+    then the contributing ranks, not the one fused into the sum).
+
+    Arming and launching live here; where a bucket's storage lives and how it is
+    reduced are :class:`Bucket`'s and the :class:`BucketReducer`'s.
     """
+
+    #: Elements of the tally: the sample count, the contributing ranks.
+    TALLY = 2
 
     def __init__(
         self,
@@ -234,7 +287,7 @@ class GradientBuckets:
         bucket_bytes: int,
         reducer: BucketReducer | None = None,
         samples: Callable[[], int] | None = None,
-        scale: float | None = None,
+        average: bool = False,
         shared_result: bool = True,
     ) -> None:
         self.comm = comm
@@ -242,80 +295,112 @@ class GradientBuckets:
         if not self.params:
             raise ValueError("the model has no parameters that require gradients")
         ordered = self.params[::-1]
-        self.scale = scale
+        self.average = average
         self.shared_result = shared_result
         group = node_group(comm) if reducer is None else None
-        if group is not None and all(takes(p) for p in self.params):
-            self.node: NodeSumReducer | None = NodeSumReducer(group, 1.0 if scale is None else scale)
+        self.node: NodeSumReducer | None = None
+        if group is not None and all(takes(comm, p) for p in self.params):
+            self.node = NodeSumReducer(group, 1.0 / comm.size if average else 1.0, self.TALLY)
             self.reducer: BucketReducer = self.node
         else:
-            self.node = None
             self.reducer = reducer if reducer is not None else SumReducer(comm)
-        plan = plan_buckets(ordered, bucket_bytes)
-        # A half-precision slot would round the count: node-shared half buckets send it apart.
-        self._count_rides = samples is not None and not (
-            self.node is not None and ordered[plan[0][0]].dtype in HALF_DTYPES
-        )
-        self._local_count: int | None = None
         self.buckets: list[Bucket] = []
-        self._bucket_of: dict[int, Bucket] = {}
-        self._view_of: dict[int, torch.Tensor] = {}
-        for i, members in enumerate(plan):
-            extra = 1 if (self._count_rides and i == 0) else 0
+        self._slot: dict[int, int] = {}  # id(param) -> its index in the two lists below
+        self._bucket_of: list[Bucket] = []
+        self._view_of: list[torch.Tensor] = []
+        for i, members in enumerate(plan_buckets(ordered, bucket_bytes)):
+            extra = self.TALLY if i == 0 and self.node is None else 0
             bucket = Bucket(i, [ordered[j] for j in members], extra=extra, node=self.node)
             self.buckets.append(bucket)
             for p, view in zip(bucket.params, bucket.buffer.views):
-                self._bucket_of[id(p)] = bucket
-                self._view_of[id(p)] = view
+                self._slot[id(p)] = len(self._view_of)
+                self._bucket_of.append(bucket)
+                self._view_of.append(view)
                 p.grad = view
             self.reducer.prepare(bucket)
+        if self.node is None:
+            first = self.buckets[0]
+            # Written into the wire buffer and summed in place: half-precision buckets travel in
+            # float32, which holds any realistic count exactly, where bfloat16 would round it past 256.
+            self._tally_in = self._tally_out = first.wire[first.buffer.numel :]
+        else:
+            self._tally_in, self._tally_out = self.node.tally.slot, self.node.tally.result
         self.samples = samples
+        self._generation = 0  # this step's number: a parameter reported in it carries it
+        self._reported = [-1] * len(self._view_of)
         self._next = 0  # the next bucket to start, in bucket order
+        self._reduced: Reduction | None = None
+        self._withheld = False
+        self._accumulating = 0
+        #: Whether backward brought a gradient since the last step (under no_sync too).
+        self.backward_ran = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
         #: Node-shared buckets whose slot no local rank still reads (free to write).
         self._writable = [True] * len(self.buckets)
+        #: Whether the gradients are views of the node-shared sums (else of this rank's slots).
+        self._in_window = False
         if self.node is not None:
             self._hooks += [p.register_hook(functools.partial(self._before_accumulate, p)) for p in self.params]
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a bucket of this step has started and the step's reduction is not complete."""
+        return self._next > 0 and self._reduced is None
 
     # ------------------------------------------------------------------ hooks
     def _before_accumulate(self, param: torch.nn.Parameter, grad: torch.Tensor) -> None:
         """Node-shared buckets: make the slot writable and ``param.grad`` its view before autograd adds into it."""
-        bucket = self._bucket_of[id(param)]
-        self._claim(bucket)
-        view = self._view_of[id(param)]
+        i = self._slot[id(param)]
+        self._claim(self._bucket_of[i])
+        view = self._view_of[i]
         if param.grad is not None and param.grad.data_ptr() != view.data_ptr():
             view.copy_(param.grad)  # not zeroed since the step: the sum accumulates on
             param.grad = view
 
     def _claim(self, bucket: Bucket) -> None:
+        """Node-shared buckets: wait until no local rank still reads ``bucket``'s slot (before writing it)."""
         if not self._writable[bucket.index]:
             assert self.node is not None
             self.node.wait_writable(bucket.index)
             self._writable[bucket.index] = True
 
     def _on_grad(self, param: torch.nn.Parameter) -> None:
-        bucket = self._bucket_of[id(param)]
-        view = self._view_of[id(param)]
+        i = self._slot[id(param)]
+        view = self._view_of[i]
+        assert param.grad is not None  # a post-accumulate-grad hook runs once the gradient is written
         if param.grad.data_ptr() != view.data_ptr():
-            # The user set grads to None (optimizer.zero_grad()): bring the fresh gradient
-            # into the bucket and make the grad a view again.
+            # Set to None (or replaced) since: the fresh gradient comes into the bucket.
+            self._claim(self._bucket_of[i])
             view.copy_(param.grad)
             param.grad = view
+        self.backward_ran = True
+        if self._accumulating:
+            return
+        if self._reduced is not None:
+            raise RuntimeError(
+                "mpisolve: backward() ran after solver.synchronize() and before solver.step(): the reduced "
+                "gradients were overwritten; call step() first"
+            )
+        if self._reported[i] == self._generation:
+            raise RuntimeError(
+                f"mpisolve: a second backward() reached parameter {tuple(param.shape)} before solver.step(): its "
+                "gradient is already being reduced. For gradient accumulation, run every backward but the "
+                "last inside `with solver.no_sync():`"
+            )
+        self._reported[i] = self._generation
+        bucket = self._bucket_of[i]
         bucket.pending -= 1
         if bucket.pending == 0:
             self._start_ready()
         self.reducer.progress()
 
     def _start(self, bucket: Bucket) -> None:
-        self._claim(bucket)  # a bucket backward did not touch (unused parameters)
+        self._claim(bucket)  # a bucket backward did not touch (unused parameters); the first: the tally too
         bucket.to_wire()
-        if self.samples is not None and bucket.index == 0:
-            if self._count_rides:
-                # Written into the wire buffer: half-precision buckets travel in float32, which
-                # holds any realistic count exactly, where bfloat16 would round it past 256.
-                bucket.wire[-1] = self.samples()
-            else:
-                self._local_count = self.samples()
+        if bucket.index == 0:
+            withheld = self._withheld
+            self._tally_in[0] = 0 if withheld or self.samples is None else self.samples()
+            self._tally_in[1] = 0 if withheld else 1
         self.reducer.start(bucket)
         bucket.launched = True
 
@@ -325,68 +410,150 @@ class GradientBuckets:
             self._next += 1
 
     # ------------------------------------------------------------------ steps
+    def no_sync(self) -> AbstractContextManager[None]:
+        """Backward passes inside only accumulate into the buckets; the next one outside launches them."""
+        if self.in_flight or self._reduced is not None:
+            raise RuntimeError(
+                "mpisolve: solver.no_sync() entered after a backward() outside it in the same step: that "
+                "backward's gradients are already being reduced. Run every backward but the last inside no_sync()"
+            )
+        return self._accumulate()
+
+    @contextmanager
+    def _accumulate(self) -> Iterator[None]:
+        self._accumulating += 1
+        try:
+            yield
+        finally:
+            self._accumulating -= 1
+
     def zero_(self) -> None:
-        """Zero every gradient in place (one fill per bucket) and rearm the buckets."""
+        """Zero every gradient in place (one fill per bucket); gradients set to None become views again."""
+        if self.in_flight:
+            raise RuntimeError(
+                "mpisolve: solver.zero_grad() between backward() and step(): the gradients are being reduced; "
+                "zero them before the forward pass (or after step())"
+            )
         for bucket in self.buckets:
             self._claim(bucket)
             bucket.buffer.flat.zero_()
             for p, view in zip(bucket.params, bucket.buffer.views):
                 if p.grad is None or p.grad.data_ptr() != view.data_ptr():
                     p.grad = view
-        self.rearm()
+        self._in_window = False
 
-    def rearm(self) -> None:
-        """Expect a new backward pass: every bucket waits for all its gradients again."""
+    def withhold(self) -> None:
+        """This rank contributes nothing to this step: zeros, no samples, not counted as a rank."""
+        if self.in_flight or self._reduced is not None:
+            raise RuntimeError("mpisolve: a rank can withhold only from a step it has not started")
+        self._withheld = True
         for bucket in self.buckets:
-            bucket.pending = len(bucket.params)
-            bucket.launched = False
-        self._next = 0
+            self._claim(bucket)
+            bucket.buffer.flat.zero_()
+            for p, view in zip(bucket.params, bucket.buffer.views):
+                p.grad = view
+        self._in_window = False
 
-    def finish(self, scale: float | None = None, local_samples: int | None = None) -> int:
-        """Start what backward did not, complete every bucket and scale the gradients.
+    def finish(self, *, writable: bool = False) -> Reduction:
+        """Start what backward did not, complete every bucket, average if asked; the step's :class:`Reduction`.
 
-        Returns the global sample count: the one that rode with the first bucket, or, when
-        ``local_samples`` is given (on every rank alike), the sum of those by one small
-        allreduce. 0 without ``samples``. ``scale`` overrides the constructor's (not for
-        node-shared buckets, whose sum is scaled as it is made).
+        Called again before :meth:`rearm`, it returns the same reduction without reducing
+        again. ``writable``: the gradients are about to be changed in place before the step
+        (clipping, a GradScaler's unscale): node-shared sums are copied into this rank's
+        own slots first (on MPI's path they are this rank's already).
         """
-        if self.node is not None and scale is not None:
-            raise ValueError(
-                "node-shared gradient buckets are scaled as they are summed: give scale= when building them"
-            )
+        if self._reduced is None:
+            self._reduced = self._reduce()
+        if writable and self._in_window:
+            self._own()
+        return self._reduced
+
+    def _reduce(self) -> Reduction:
+        for bucket in self.buckets[self._next :]:
+            self._take_unreported(bucket)
         while self._next < len(self.buckets):
             self._start(self.buckets[self._next])
             self._next += 1
         for bucket in self.buckets:
             self.reducer.finish(bucket)
-        samples = 0
-        mine = local_samples if local_samples is not None else self._local_count
-        if mine is not None:
-            samples = int(self.comm.allreduce_(torch.tensor([float(mine)]), what="sample count").item())
-            self._local_count = None
-        elif self.samples is not None:
-            count = self.buckets[0].result.flat[-1].item()
-            samples = int(round(count / self.node.scale if self.node is not None else count))
+        samples, ranks = (int(round(v)) for v in self._tally_out.tolist())
         if self.node is None:
+            scale = 1.0 / ranks if self.average and ranks > 0 else None
             for bucket in self.buckets:
-                bucket.from_wire(self.scale if scale is None else scale)
-            return samples
-        for bucket in self.buckets:
-            self._writable[bucket.index] = False  # local ranks may still be reading this round's slots
-            if self.shared_result:
+                bucket.from_wire(scale)
+            return Reduction(samples, ranks)
+        self._writable = [False] * len(self.buckets)  # local ranks may still be reading this round's slots
+        if self.average and 0 < ranks < self.comm.size:
+            self._own(self.comm.size / ranks)  # the sum was scaled by 1 / size: make it 1 / ranks
+        elif self.shared_result:
+            for bucket in self.buckets:
                 for p, view in zip(bucket.params, bucket.result.views):
                     p.grad = view
-            else:
-                self._claim(bucket)
-                bucket.buffer.flat.copy_(bucket.result.flat)
-        return samples
+            self._in_window = True
+        else:
+            self._own()
+        return Reduction(samples, ranks)
+
+    def _own(self, rescale: float | None = None) -> None:
+        """Node-shared buckets: the sums copied into this rank's slots (times ``rescale``), the gradients there."""
+        for bucket in self.buckets:
+            self._claim(bucket)
+            bucket.buffer.flat.copy_(bucket.result.flat)
+            if rescale is not None:
+                bucket.buffer.flat.mul_(rescale)
+            for p, view in zip(bucket.params, bucket.buffer.views):
+                p.grad = view
+        self._in_window = False
 
     def reduced(self) -> list[torch.Tensor]:
-        """The flat reduced gradients of every bucket (after ``finish``), e.g. to check them."""
-        return [bucket.result.flat for bucket in self.buckets]
+        """After :meth:`finish`: each bucket's flat reduced gradients, where ``p.grad`` reads them."""
+        return [bucket.result.flat if self._in_window else bucket.buffer.flat for bucket in self.buckets]
+
+    def _take_unreported(self, bucket: Bucket) -> None:
+        """Gradients backward did not bring this step into the bucket: None counts as zero."""
+        if self._withheld:
+            return
+        for p, view in zip(bucket.params, bucket.buffer.views):
+            if self._reported[self._slot[id(p)]] == self._generation:
+                continue
+            if p.grad is None:
+                self._claim(bucket)
+                view.zero_()
+                p.grad = view
+            elif p.grad.data_ptr() != view.data_ptr():
+                self._claim(bucket)
+                view.copy_(p.grad)
+                p.grad = view
+
+    def rearm(self) -> None:
+        """Expect the next step's backward: every bucket waits for all its gradients again.
+
+        Node-shared buckets whose sums may be read in place: first wait until every local
+        rank has stepped (collective over the node).
+        """
+        if self.in_flight:
+            raise RuntimeError("mpisolve: buckets rearmed while their reduction is in flight")
+        if self.node is not None and self.shared_result:
+            self.node.release()
+        for bucket in self.buckets:
+            bucket.pending = len(bucket.params)
+            bucket.launched = False
+        self._next = 0
+        self._generation += 1
+        self._reduced = None
+        self._withheld = False
+        self.backward_ran = False
 
     def close(self) -> None:
+        """Remove the hooks and free the reducer's MPI resources (complete a step in flight first).
+
+        Gradients held in node-shared windows are copied out before the windows go.
+        """
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        if self.node is not None:
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad = p.grad.clone()
         self.reducer.close()

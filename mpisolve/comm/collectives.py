@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from .adasum import Adasum
 from .buckets import FusedBuffer, wire_dtype
-from .communicator import Communicator, as_communicator, mpi_buffer
+from .communicator import Communicator, Posting, as_communicator, mpi_buffer
 from .device import Stager
 from .shm import sum_once
 
@@ -26,9 +26,11 @@ def allreduce(
     Returns new tensors (the inputs are untouched) of the same shapes, dtypes and
     devices. The tensors are fused into one flat buffer per wire dtype and device
     (float16 and bfloat16 are reduced in float32), each reduced by one MPI allreduce,
-    all in flight together; CUDA buffers go to MPI as ``comm.stager`` says. Sums of CPU
-    tensors between ranks of one node go through node-shared memory where it applies
-    (:func:`.shm.sum_once`, which keeps a window per buffer size for the next call).
+    all in flight together. On a GPU, tensors of the wire dtype are fused by one kernel
+    launch per 32 tensors on torch's current stream, and each buffer goes to MPI as
+    ``comm.stager`` says (staged or directly, once the kernels that filled it are done).
+    Sums of CPU tensors between ranks of one node go through node-shared memory where it
+    applies (:func:`.shm.sum_once`, which keeps a window per buffer size for the next call).
     ``op="adasum"`` combines each tensor by Adasum's rule instead (see
     :mod:`mpisolve.comm.adasum` for the order over any number of ranks).
     """
@@ -44,26 +46,35 @@ def allreduce(
     groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
     for i, t in enumerate(tensors):
         groups.setdefault((wire_dtype(t.dtype), t.device), []).append(i)
-    fused: list[tuple[list[int], FusedBuffer, Stager]] = []
+    fused: list[tuple[list[int], FusedBuffer]] = []
     for (wire, device), members in groups.items():
         buf = FusedBuffer([tensors[i].shape for i in members], wire, device)
         buf.pack([tensors[i] for i in members])
-        stager = comm.stager(buf.flat)
-        stager.to_mpi()
-        fused.append((members, buf, stager))
+        fused.append((members, buf))
     if op == "adasum":
-        _adasum([stager.memory for _, _, stager in fused], [buf.numels for _, buf, _ in fused], comm)
-    elif not sum_once(comm, [stager.memory for _, _, stager in fused], f"allreduce of {len(tensors)} tensors"):
-        requests = [comm.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(stager.memory), MPI.SUM) for _, _, stager in fused]
-        comm.wait(requests, f"allreduce of {len(tensors)} tensors")
+        _adasum([buf.flat for _, buf in fused], [buf.numels for _, buf in fused], comm)
+    elif not sum_once(comm, [buf.flat for _, buf in fused], f"allreduce of {len(tensors)} tensors"):
+        stagers = [comm.stager(buf.flat) for _, buf in fused]
+        postings = [_start_sum(comm, stager) for stager in stagers]
+        comm.wait_posted(postings, f"allreduce of {len(tensors)} tensors")
+        for stager in stagers:
+            stager.from_mpi()
     out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
-    for members, buf, stager in fused:
-        stager.from_mpi()
+    for members, buf in fused:
         if op == "average":
             buf.flat.div_(comm.size)
         for i, view in zip(members, buf.views):
             out[i] = view if view.dtype == tensors[i].dtype else view.to(tensors[i].dtype)
     return out
+
+
+def _start_sum(comm: Communicator, stager: Stager) -> Posting:
+    """Start an in-place sum of ``stager``'s memory (posted once it is ready)."""
+    stager.to_mpi()
+    spec = mpi_buffer(stager.memory)
+    posting = Posting([stager], lambda: comm.comm.Iallreduce(MPI.IN_PLACE, spec, MPI.SUM))
+    comm.start(posting)
+    return posting
 
 
 def _adasum(flats: list[torch.Tensor], numels: list[list[int]], comm: Communicator) -> None:

@@ -19,14 +19,16 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import Any, TypeVar, cast, overload
 
 import torch
 from mpi4py import MPI
 
 from ..options import CollectiveInputError, InputError
-from .device import Stager, detect_cuda_aware, local_device
+from .device import Stager, detect_cuda_aware, detect_stage_all, host_twin, local_device
 
 T = TypeVar("T")
 
@@ -54,7 +56,8 @@ YIELD_BEFORE_SLEEP_S = 2e-3
 
 #: How often the blocking-call watchdog looks for a call to watch while none is under way.
 WATCH_INTERVAL_S = 0.1
-#: Between a rank's error message (the watchdog's, an uncaught exception's) and its abort: lets mpiexec forward it before tearing the job down.
+#: Between a rank's error message (the watchdog's, an uncaught exception's) and its abort:
+#: lets mpiexec forward it before tearing the job down.
 ABORT_GRACE_S = 0.5
 
 
@@ -94,6 +97,25 @@ def _available_cores() -> int:
         return os.cpu_count() or 1
 
 
+class Posting:
+    """One MPI operation on device data: posted by :meth:`Communicator.start` once ``stagers`` are ready.
+
+    ``post`` starts the operation and returns its request. A posting is made once and
+    reused by every start of a persistent operation.
+    """
+
+    __slots__ = ("stagers", "post", "request", "posted")
+
+    def __init__(self, stagers: Sequence[Stager], post: Callable[[], MPI.Request]) -> None:
+        self.stagers = tuple(stagers)
+        self.post = post
+        self.request: MPI.Request = MPI.REQUEST_NULL
+        self.posted = True  # nothing queued
+
+    def ready(self) -> bool:
+        return all(stager.ready() for stager in self.stagers)
+
+
 class Communicator:
     """An mpi4py communicator with the node-local split, buffers and a watchdogged wait.
 
@@ -106,24 +128,26 @@ class Communicator:
     ``MPISOLVE_WAIT``).
 
     ``cuda_aware`` says whether MPI may be given CUDA device memory (default: detected,
-    or ``MPISOLVE_CUDA_AWARE=0/1``; see :func:`.device.detect_cuda_aware`). ``device`` is the
-    device this rank should compute on: GPU ``local_rank % count``, or the CPU.
-
-    ``node_shm``: whether sums between ranks of one node may go through node-shared
-    memory (:mod:`.shm`; default True unless ``MPISOLVE_NODE_SHM=0``); False keeps every
-    sum on MPI's own path.
+    or ``MPISOLVE_CUDA_AWARE=0/1``; see :func:`.device.detect_cuda_aware`). ``stage_all``
+    (default ``MPISOLVE_STAGE=1``, else off) stages every tensor, CPU ones too, through its
+    own host buffer: the staged path run without a GPU. ``node_shm``: whether sums between
+    ranks of one node may go through node-shared memory (:mod:`.shm`; default True unless
+    ``MPISOLVE_NODE_SHM=0``); False keeps every sum on MPI's own path. Communicators split
+    from this one inherit all three. ``device`` is the device this rank should compute on:
+    GPU ``local_rank % count``, or the CPU.
     """
 
     def __init__(
         self,
-        comm: MPI.Comm | None = None,
+        comm: MPI.Intracomm | None = None,
         *,
         timeout_s: float | None = None,
         wait: str | None = None,
         cuda_aware: bool | None = None,
+        stage_all: bool | None = None,
         node_shm: bool | None = None,
     ) -> None:
-        self.comm: MPI.Comm = comm if comm is not None else MPI.COMM_WORLD
+        self.comm: MPI.Intracomm = comm if comm is not None else MPI.COMM_WORLD
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
         self.node: MPI.Comm = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
@@ -148,9 +172,18 @@ class Communicator:
         self.blocked_s: float = 0.0
         self._parent: Communicator | None = None
         self.cuda_aware, self.cuda_aware_source = detect_cuda_aware(cuda_aware)
+        self.stage_all: bool = detect_stage_all(stage_all)
         self.device: torch.device = local_device(self.local_rank)
         self._named_splits: dict[Any, Communicator | None] = {}
+        self._children: list[Communicator] = []
+        self._on_free: list[Callable[[], None]] = []
         self._blocking: BlockingCall | None = None
+        #: Checks run between the polls of every wait here and on communicators split from
+        #: this one; a check ends the wait by raising (a solver's: another rank reached close()).
+        self.interrupts: list[Callable[[], None]] = []
+        # Operations started and not yet posted, in start order (see start()).
+        self._queued: deque[Posting] = deque()
+        self._queue_lock = threading.Lock()
 
     # ----------------------------------------------------------------- waiting
     def wait(self, requests: MPI.Request | Sequence[MPI.Request], what: str) -> None:
@@ -180,6 +213,7 @@ class Communicator:
                 now = time.perf_counter()
                 if now > deadline:
                     raise self.timed_out(what() if callable(what) else what)
+                self.check_interrupts()
                 if self.wait_policy == "yield":
                     if now < sleep_after:
                         os.sched_yield()
@@ -189,14 +223,25 @@ class Communicator:
         finally:
             self.add_blocked(time.perf_counter() - start)
 
+    def check_interrupts(self) -> None:
+        """Run the :attr:`interrupts` of this communicator and of those it was split from."""
+        comm: Communicator | None = self
+        while comm is not None:
+            for check in comm.interrupts:
+                check()
+            comm = comm._parent
+
     def blocking(self, what: str, target: int | None = None) -> BlockingCall:
         """A context for one call MPI offers only as blocking (``with comm.blocking("MPI_Win_lock", 2): ...``).
 
         Such a call cannot be polled by :meth:`wait`, so a watchdog thread watches it
         instead: past the timeout it reports :class:`CommTimeout` naming ``what`` (and
         the ``target`` rank) and aborts the job, since the blocked thread cannot raise.
-        The time spent in the call counts in :attr:`blocked_s`. One call at a time.
+        The time spent in the call counts in :attr:`blocked_s`. One call at a time, one
+        watchdog thread for a communicator and those split from it.
         """
+        if self._parent is not None:
+            return self._parent.blocking(what, target)
         if self._blocking is None:
             self._blocking = BlockingCall(self)
         return self._blocking.arm(what, target)
@@ -217,36 +262,111 @@ class Communicator:
 
     # ---------------------------------------------------------- device memory
     def needs_staging(self, tensor: torch.Tensor) -> bool:
-        """Whether ``tensor`` must reach MPI through a host twin: on a GPU, with MPI not CUDA-aware."""
-        return tensor.device.type == "cuda" and not self.cuda_aware
+        """Whether ``tensor`` reaches MPI through a host twin: on a GPU, MPI not CUDA-aware; or under ``stage_all``."""
+        return self.stage_all or (tensor.device.type == "cuda" and not self.cuda_aware)
 
-    def stager(self, tensor: torch.Tensor) -> Stager:
-        """How ``tensor`` reaches MPI: directly, or through its own pinned host twin.
+    def host_twin(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """A host buffer for staging ``tensor`` (pinned for a GPU tensor), or None where MPI takes it directly.
 
-        Call ``to_mpi()`` before starting an MPI operation on ``mpi_buffer(stager.memory)``
-        and ``from_mpi()`` after it completed. Keep the stager to reuse its host buffer.
+        Stagers of slices of one buffer share slices of its twin: ``Stager(t[a:b], twin[a:b])``.
         """
-        return Stager.staged(tensor) if self.needs_staging(tensor) else Stager(tensor)
+        return host_twin(tensor) if self.needs_staging(tensor) else None
+
+    def stager(self, tensor: torch.Tensor, *, host: bool = False) -> Stager:
+        """How ``tensor`` reaches MPI: directly, or through its own host twin.
+
+        Call ``to_mpi()``, start the MPI operation on ``mpi_buffer(stager.memory)`` through
+        :meth:`start` (it posts once the data is ready), and call ``from_mpi()`` after it
+        completed. Keep the stager to reuse its host buffer. ``host``: the memory must be
+        host memory whatever MPI takes (a window in host memory): a GPU tensor is staged.
+        """
+        staged = self.needs_staging(tensor) or (host and tensor.device.type != "cpu")
+        return Stager(tensor, host_twin(tensor) if staged else None)
+
+    # ---------------------------------------------------------------- posting
+    def start(self, posting: Posting) -> None:
+        """Queue ``posting``: MPI starts it once its stagers are ready, never before an operation started earlier here.
+
+        Never blocks: device data may still be in the making (its stager's event not yet
+        passed), and the autograd hooks that start gradient buckets must not wait for it.
+        Operations are posted in the order they were started on this communicator, which
+        is the same on every rank, so collectives still match; :meth:`test` and every wait
+        post what has become ready.
+        """
+        if not posting.posted:
+            raise RuntimeError("an MPI operation was started again before the last start was posted")
+        posting.posted = False
+        posting.request = MPI.REQUEST_NULL
+        with self._queue_lock:
+            self._queued.append(posting)
+        self.post_ready()
+
+    def post_ready(self) -> None:
+        """Post, in start order, the queued operations whose data is ready (safe from any thread)."""
+        if not self._queued:
+            return
+        with self._queue_lock:
+            while self._queued and self._queued[0].ready():
+                posting = self._queued.popleft()
+                posting.request = posting.post()
+                posting.posted = True
+
+    def test(self, posting: Posting) -> bool:
+        """Whether ``posting``'s operation has completed (posting it first if it has become ready)."""
+        if not posting.posted:
+            self.post_ready()
+            if not posting.posted:
+                return False
+        return posting.request.Test()
+
+    def wait_posted(self, postings: Sequence[Posting], what: str) -> None:
+        """Complete started operations through the watchdogged wait."""
+        self.wait_for(lambda: all(self.test(p) for p in postings), what)
+
+    def unqueue(self, posting: Posting) -> None:
+        """Drop ``posting`` if it is still queued (its operation is being freed unposted)."""
+        with self._queue_lock:
+            if not posting.posted:
+                self._queued.remove(posting)
+                posting.posted = True
+
+    def flush(self, what: str) -> None:
+        """Wait until every operation started here has been posted (before a call MPI offers only as blocking)."""
+
+        def all_posted() -> bool:
+            self.post_ready()
+            return not self._queued
+
+        self.wait_for(all_posted, f"{what}: earlier operations to be posted")
 
     # ------------------------------------------------------------ collectives
     def allreduce_(self, tensor: torch.Tensor, op: str = "sum", what: str = "allreduce") -> torch.Tensor:
         """Reduce a contiguous CPU or CUDA tensor in place across ranks (through :meth:`wait`)."""
         stager = self.stager(tensor)
-        stager.to_mpi()
-        self.wait(self.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(stager.memory), MPI_OPS[op]), what)
-        stager.from_mpi()
+        spec, mpi_op = mpi_buffer(stager.memory), MPI_OPS[op]
+        self._run(stager, lambda: self.comm.Iallreduce(MPI.IN_PLACE, spec, mpi_op), what)
         return tensor
 
     def bcast_(self, tensor: torch.Tensor, root: int = 0, what: str = "broadcast") -> torch.Tensor:
         """Broadcast a contiguous CPU or CUDA tensor in place from ``root``."""
         stager = self.stager(tensor)
-        stager.to_mpi()
-        self.wait(self.comm.Ibcast(mpi_buffer(stager.memory), root=root), what)
-        stager.from_mpi()
+        spec = mpi_buffer(stager.memory)
+        self._run(stager, lambda: self.comm.Ibcast(spec, root=root), what)
         return tensor
 
+    def _run(self, stager: Stager, post: Callable[[], MPI.Request], what: str) -> None:
+        """One collective on ``stager``'s memory, start to end."""
+        stager.to_mpi()
+        posting = Posting([stager], post)
+        self.start(posting)
+        self.wait_posted([posting], what)
+        stager.from_mpi()
+
     def barrier(self, what: str = "barrier") -> None:
-        self.wait(self.comm.Ibarrier(), what)
+        """Wait until every rank arrives (after every operation started here earlier has been posted)."""
+        posting = Posting((), self.comm.Ibarrier)
+        self.start(posting)
+        self.wait_posted([posting], what)
 
     def reduce_scalar(self, value: float, op: str = "sum") -> float:
         """Reduce one Python number across ranks (for control values and measurements)."""
@@ -271,6 +391,10 @@ class Communicator:
         """A reusable broadcast of ``tensor`` from ``root`` (MPI-4 persistent where available)."""
         return PersistentBcast(self, tensor, root)
 
+    @overload
+    def split(self, color: int, key: int | None = None, *, name: Any = None) -> Communicator: ...
+    @overload
+    def split(self, color: int | None, key: int | None = None, *, name: Any = None) -> Communicator | None: ...
     def split(self, color: int | None, key: int | None = None, *, name: Any = None) -> Communicator | None:
         """A sub-communicator with the same waiting policy and watchdog (collective).
 
@@ -280,16 +404,53 @@ class Communicator:
         """
         if name is not None and name in self._named_splits:
             return self._named_splits[name]
-        sub = self.comm.Split(MPI.UNDEFINED if color is None else color, self.rank if key is None else key)
+        self.flush("split")
+        # mpi4py's stub types Split as Comm's; a split of an intracommunicator is one (MPI standard).
+        sub = cast(
+            MPI.Intracomm, self.comm.Split(MPI.UNDEFINED if color is None else color, self.rank if key is None else key)
+        )
         child = None
         if sub != MPI.COMM_NULL:
             child = Communicator(
-                sub, timeout_s=self.timeout_s, wait=self.wait_policy, cuda_aware=self.cuda_aware, node_shm=self.node_shm
+                sub,
+                timeout_s=self.timeout_s,
+                wait=self.wait_policy,
+                cuda_aware=self.cuda_aware,
+                stage_all=self.stage_all,
+                node_shm=self.node_shm,
             )
             child._parent = self
+            self._children.append(child)
         if name is not None:
             self._named_splits[name] = child
         return child
+
+    def on_free(self, release: Callable[[], None]) -> None:
+        """Have :meth:`free` call ``release`` first (collective MPI resources made on this communicator)."""
+        self._on_free.append(release)
+
+    def free(self) -> None:
+        """Free what this wrapper made: what :meth:`on_free` was given, the communicators split
+        from it (theirs in turn), its node split and, if it was itself split from another
+        wrapper, its communicator. Never the world, nor a communicator the user wrapped (theirs
+        to free). Collective over the ranks of ``comm``, with nothing in flight; the wrapper
+        cannot be used afterwards."""
+        for release in reversed(self._on_free):
+            release()
+        self._on_free.clear()
+        for child in list(self._children):
+            child.free()
+        self._children.clear()
+        self._named_splits.clear()
+        if self.comm == MPI.COMM_WORLD:
+            return
+        if self.node != MPI.COMM_NULL:
+            self.node.Free()
+        if self._parent is not None:
+            if self in self._parent._children:
+                self._parent._children.remove(self)
+            if self.comm != MPI.COMM_NULL:
+                self.comm.Free()
 
     def agree(self, check: Callable[[], T]) -> T:
         """Run ``check`` on every rank; if it raises :class:`InputError` on any, raise it on all.
@@ -348,6 +509,7 @@ class BlockingCall:
 
     def __exit__(self, *exc: object) -> None:
         call, self._call = self._call, None
+        assert call is not None  # __enter__ set it
         self._comm.add_blocked(time.perf_counter() - call[2])
 
     def _watch(self) -> None:
@@ -374,9 +536,12 @@ class PersistentCollective:
 
     Uses an MPI-4 persistent collective (``MPI_*_init``: set up once, nothing allocated
     per start) and falls back to posting the nonblocking collective on every start on
-    MPI libraries without it. Subclasses say which collective. A CUDA tensor goes through
-    ``comm.stager`` (one host twin, reused by every start): :meth:`start` makes the values
-    ready for MPI, :meth:`wait` brings the result back.
+    MPI libraries without it. Subclasses say which collective. The tensor reaches MPI
+    through ``comm.stager`` (one host twin where it is staged, reused by every start):
+    :meth:`start` queues the copy and posts once the data is ready, without blocking;
+    :meth:`test` says whether it has completed; :meth:`wait` completes it and brings the
+    result into the tensor. A staged result reaches the tensor only through :meth:`wait`
+    (at once after a true :meth:`test`), on the waiting thread's current stream.
     """
 
     kind = "collective"  # names the operation for the watchdog
@@ -391,7 +556,7 @@ class PersistentCollective:
             self._persistent = self._init()
         except NotImplementedError:
             self._persistent = None
-        self.request: MPI.Request = MPI.REQUEST_NULL
+        self.posting = Posting([self.stager], self._post_start)
 
     def _init(self) -> MPI.Prequest:
         raise NotImplementedError
@@ -399,24 +564,32 @@ class PersistentCollective:
     def _post(self) -> MPI.Request:
         raise NotImplementedError
 
-    def start(self) -> MPI.Request:
-        self.stager.to_mpi()
+    def _post_start(self) -> MPI.Request:
         if self._persistent is not None:
             self._persistent.Start()
-            self.request = self._persistent
-        else:
-            self.request = self._post()
-        return self.request
+            return self._persistent
+        return self._post()
+
+    def start(self) -> None:
+        """Start the collective on the tensor's current values (posted once they are ready)."""
+        self.stager.to_mpi()
+        self.comm.start(self.posting)
 
     def test(self) -> bool:
-        return self.request.Test()
+        """Whether the collective has completed (call :meth:`wait` to bring a staged result back)."""
+        return self.comm.test(self.posting)
 
     def wait(self, what: str | None = None) -> None:
         """Complete the collective; the tensor holds the result (for a staged one, on its stream)."""
-        self.comm.wait(self.request, what or self.kind)
+        self.comm.wait_posted([self.posting], what or self.kind)
         self.stager.from_mpi()
 
     def free(self) -> None:
+        """Release the persistent request; refused while a started collective has not completed
+        (MPI forbids freeing an active request: complete it first, on every rank)."""
+        posting = self.posting
+        if not posting.posted or (posting.request != MPI.REQUEST_NULL and not posting.request.Test()):
+            raise RuntimeError(f"a persistent {self.kind} was freed while still in flight: complete it first")
         if self._persistent is not None:
             self._persistent.Free()
             self._persistent = None
@@ -458,7 +631,7 @@ _WORLD: Communicator | None = None
 _INIT_LOCK = threading.Lock()
 
 
-def _abort_on_uncaught(exc_type, exc, tb) -> None:  # noqa: ANN001 (sys.excepthook signature)
+def _abort_on_uncaught(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
     """Report the error, then abort the job.
 
     The error's own line comes first, and the abort waits ``ABORT_GRACE_S``: when a job is
@@ -481,6 +654,7 @@ def init(
     wait: str | None = None,
     threads: int | None = None,
     cuda_aware: bool | None = None,
+    stage_all: bool | None = None,
     node_shm: bool | None = None,
 ) -> Communicator:
     """Initialise mpisolve on ``MPI.COMM_WORLD`` and return the world communicator.
@@ -495,7 +669,9 @@ def init(
     global _WORLD
     with _INIT_LOCK:
         if _WORLD is None:
-            _WORLD = Communicator(timeout_s=timeout_s, wait=wait, cuda_aware=cuda_aware, node_shm=node_shm)
+            _WORLD = Communicator(
+                timeout_s=timeout_s, wait=wait, cuda_aware=cuda_aware, stage_all=stage_all, node_shm=node_shm
+            )
             if _WORLD.device.type == "cuda":
                 torch.cuda.set_device(_WORLD.device)
             if sys.excepthook is sys.__excepthook__:
@@ -521,20 +697,50 @@ def finalize() -> None:
 
 
 def as_communicator(comm: MPI.Comm | Communicator | None) -> Communicator:
-    """The communicator a solver or collective should use: the world by default."""
+    """The communicator a solver or collective should use: the world by default.
+
+    An mpi4py communicator is wrapped once: the wrapper is cached on the communicator
+    itself (an MPI attribute), so a later call with it (or with another mpi4py object of
+    the same communicator) gets the same wrapper back without communicating, and freeing
+    the communicator frees what the wrapper made (its node split, Adasum's splits).
+    """
     if comm is None:
         return init()
     if isinstance(comm, Communicator):
         return comm
     if isinstance(comm, MPI.Comm):
-        # The world is wrapped once; other communicators are wrapped per call (a split
-        # of the node is a collective, so callers that reuse one should pass a Communicator).
-        return init() if comm == MPI.COMM_WORLD else Communicator(comm)
+        if comm == MPI.COMM_WORLD:
+            return init()
+        # Other communicators are wrapped once and the wrapper kept on the communicator
+        # (an attribute), so repeated calls reuse it and it goes with the communicator.
+        keyval = _wrapper_keyval()
+        wrapper = comm.Get_attr(keyval)
+        if not isinstance(wrapper, Communicator):
+            wrapper = Communicator(MPI.Intracomm(comm))  # intercommunicators raise
+            comm.Set_attr(keyval, wrapper)
+        return wrapper
     raise TypeError(f"comm must be an mpi4py communicator or a mpisolve Communicator, got {type(comm).__name__}")
+
+
+_WRAPPER_KEYVAL: int | None = None
+
+
+def _free_wrapper(comm: MPI.Comm, keyval: int, wrapper: Communicator) -> None:
+    """The attribute's delete callback: runs inside ``comm.Free()``, on every rank of ``comm``."""
+    wrapper.free()
+
+
+def _wrapper_keyval() -> int:
+    global _WRAPPER_KEYVAL
+    with _INIT_LOCK:
+        if _WRAPPER_KEYVAL is None:
+            _WRAPPER_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free_wrapper)
+        return _WRAPPER_KEYVAL
 
 
 __all__ = [
     "BlockingCall",
+    "Posting",
     "CommTimeout",
     "Communicator",
     "PersistentAllreduce",

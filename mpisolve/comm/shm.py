@@ -32,10 +32,11 @@ a memory barrier on the CPU. Every wait goes through :meth:`Communicator.wait_fo
 its watchdog. Inter-node collectives are posted in the order rounds were started
 (:meth:`NodeGroup.post_ready`), so every rank posts them in the same order.
 
-The node-aware path applies to CPU floating-point buffers on a communicator with more
-than one rank per node and the same number on every node; it is off with
-``MPISOLVE_NODE_SHM=0`` or ``Communicator(node_shm=False)``. Otherwise callers use the
-plain MPI path (:func:`persistent_sum` makes that choice).
+The node-aware path applies to CPU floating-point buffers that MPI takes directly (not
+staged: ``MPISOLVE_STAGE=1`` emulates a GPU's path) on a communicator with more than one
+rank per node and the same number on every node; it is off with ``MPISOLVE_NODE_SHM=0`` or
+``Communicator(node_shm=False)``. Otherwise callers use the plain MPI path
+(:func:`persistent_sum` makes that choice).
 """
 
 from __future__ import annotations
@@ -71,6 +72,32 @@ def _padded(nbytes: int) -> int:
     return -(-nbytes // _CACHE_LINE) * _CACHE_LINE
 
 
+def _shared_window(group: NodeGroup, total: int, zeroed: int, what: str) -> tuple[MPI.Win, torch.Tensor]:
+    """A node-shared window of ``total`` bytes (collective over the node), its first ``zeroed``
+    bytes zeroed before any rank reads them, locked for load/store access; and its bytes."""
+    comm = group.comm
+    comm.flush(what)  # no rank may block here while another waits for an operation it has not posted
+    with comm.blocking("MPI_Win_allocate_shared"):
+        win = MPI.Win.Allocate_shared(total if group.local_rank == 0 else 0, 1, comm=group.node)
+    memory = torch.frombuffer(MPI.buffer.fromaddress(win.Shared_query(0)[0].address, total), dtype=torch.uint8)
+    if group.local_rank == 0:
+        memory[:zeroed].zero_()
+    comm.wait(group.node.Ibarrier(), f"{what} setup")
+    with comm.blocking("MPI_Win_lock_all"):
+        win.Lock_all(MPI.MODE_NOCHECK)
+    return win, memory
+
+
+def _free_window(comm: Communicator, win: MPI.Win) -> None:
+    """Release a window of :func:`_shared_window` (collective over the node)."""
+    if win == MPI.WIN_NULL:
+        return
+    with comm.blocking("MPI_Win_unlock_all"):
+        win.Unlock_all()
+    with comm.blocking("MPI_Win_free"):
+        win.Free()
+
+
 class NodeGroup:
     """A communicator's node split and cross-node split, shared by all its node-shared sums.
 
@@ -92,6 +119,14 @@ class NodeGroup:
         self.unposted: list[NodeAllreduce] = []
         self.lock = threading.RLock()  # a progress thread may drive rounds beside the main thread
         self._one_shot: dict[tuple[int, torch.dtype], NodeAllreduce] = {}
+        comm.on_free(self.free)
+
+    def free(self) -> None:
+        """Release the windows kept for one-shot callers (collective; run by ``comm.free()``)."""
+        for op in self._one_shot.values():
+            op.free()
+        self._one_shot.clear()
+        _GROUPS.pop(self.comm, None)
 
     def post_ready(self) -> None:
         """Post the inter-node collectives of rounds whose node part is done, strictly in start order.
@@ -128,16 +163,21 @@ def node_group(comm: Communicator) -> NodeGroup | None:
     """``comm``'s :class:`NodeGroup`, or None where the node-aware path does not apply (collective once)."""
     if comm in _GROUPS:
         return _GROUPS[comm]
-    sizes = comm.comm.allgather(comm.local_size) if comm.size > 1 else [1]
+    sizes = comm.allgather_object(comm.local_size) if comm.size > 1 else [1]
     applies = comm.node_shm and comm.local_size > 1 and min(sizes) == max(sizes)
     group = NodeGroup(comm) if applies else None
     _GROUPS[comm] = group
     return group
 
 
-def takes(tensor: torch.Tensor) -> bool:
-    """Whether a node-shared sum can reduce ``tensor`` (a contiguous CPU float tensor)."""
-    return tensor.device.type == "cpu" and tensor.dtype in NODE_DTYPES and tensor.is_contiguous()
+def takes(comm: Communicator, tensor: torch.Tensor) -> bool:
+    """Whether a node-shared sum can reduce ``tensor``: a contiguous CPU float tensor ``comm`` does not stage."""
+    return (
+        tensor.device.type == "cpu"
+        and tensor.dtype in NODE_DTYPES
+        and tensor.is_contiguous()
+        and not comm.needs_staging(tensor)
+    )
 
 
 class NodeAllreduce:
@@ -166,11 +206,7 @@ class NodeAllreduce:
         flags_bytes = 2 * ranks * _CACHE_LINE
         result_bytes = 0 if self.latency else row + (_padded(numel * 4) if self.half else 0)
         total = flags_bytes + ranks * row + result_bytes
-        with self.comm.blocking("MPI_Win_allocate_shared"):
-            self.win = MPI.Win.Allocate_shared(total if group.local_rank == 0 else 0, 1, comm=group.node)
-        memory = torch.frombuffer(MPI.buffer.fromaddress(self.win.Shared_query(0)[0].address, total), dtype=torch.uint8)
-        if group.local_rank == 0:
-            memory[:flags_bytes].zero_()
+        self.win, memory = _shared_window(group, total, flags_bytes, "node-shared window")
         flags = memory[:flags_bytes].view(torch.int64).numpy()
         self._arrived = flags[: ranks * _FLAG_STRIDE : _FLAG_STRIDE]
         self._done = flags[ranks * _FLAG_STRIDE :: _FLAG_STRIDE]
@@ -195,9 +231,6 @@ class NodeAllreduce:
         #: idle -> arrived -> reduced -> (internode ->) published (bandwidth path) -> idle.
         self.stage = "idle"
         self._request: MPI.Request = MPI.REQUEST_NULL
-        self.comm.wait(group.node.Ibarrier(), "node-shared window setup")  # flags zeroed before anyone reads them
-        with self.comm.blocking("MPI_Win_lock_all"):
-            self.win.Lock_all(MPI.MODE_NOCHECK)
 
     # ----------------------------------------------------------------- round
     def start(self) -> None:
@@ -291,12 +324,7 @@ class NodeAllreduce:
 
     def free(self) -> None:
         """Release the window (collective over the node)."""
-        if self.win == MPI.WIN_NULL:
-            return
-        with self.comm.blocking("MPI_Win_unlock_all"):
-            self.win.Unlock_all()
-        with self.comm.blocking("MPI_Win_free"):
-            self.win.Free()
+        _free_window(self.comm, self.win)
 
 
 class NodePersistentAllreduce:
@@ -346,7 +374,7 @@ class NodePersistentAllreduce:
 def persistent_sum(comm: Communicator, tensor: torch.Tensor) -> PersistentAllreduce | NodePersistentAllreduce:
     """A reusable in-place sum of ``tensor``: node-aware where it applies, else MPI's (collective)."""
     group = node_group(comm)
-    if group is not None and takes(tensor):
+    if group is not None and takes(comm, tensor):
         return NodePersistentAllreduce(group, tensor)
     return comm.persistent_allreduce(tensor, "sum")
 
@@ -357,7 +385,7 @@ def sum_once(comm: Communicator, flats: Sequence[torch.Tensor], what: str) -> bo
     Keeps one window per size and dtype for the next call (:meth:`NodeGroup.reusable`).
     """
     group = node_group(comm)
-    if group is None or not all(takes(f) for f in flats):
+    if group is None or not all(takes(comm, f) for f in flats):
         return False
     ops = [group.reusable(f.numel(), f.dtype) for f in flats]
     if len({id(op) for op in ops}) < len(ops):
@@ -372,6 +400,39 @@ def sum_once(comm: Communicator, flats: Sequence[torch.Tensor], what: str) -> bo
     return True
 
 
+class NodeRelease:
+    """The node's ranks agreeing that none of them still reads a round's shared results.
+
+    One int64 counter per local rank, each in its own cache line, in a window of its own:
+    :meth:`release` bumps this rank's and waits (watchdogged) until every local rank's
+    has reached it. Node-local: the other nodes have their own windows.
+    """
+
+    def __init__(self, group: NodeGroup) -> None:
+        self.comm = group.comm
+        self.local_rank = group.local_rank
+        nbytes = group.local_size * _CACHE_LINE
+        self.win, memory = _shared_window(group, nbytes, nbytes, "node-shared release counters")
+        self._counters = memory.view(torch.int64).numpy()[::_FLAG_STRIDE]
+        self._seq = 0
+
+    def release(self, what: str) -> None:
+        """This rank is done with the round; return once every local rank is."""
+        self._seq += 1
+        self.win.Sync()
+        self._counters[self.local_rank] = self._seq
+        self.comm.wait_for(self._all_released, lambda: f"{what} (released {self._counters.tolist()}, {self._seq})")
+
+    def _all_released(self) -> bool:
+        if self._counters.min() < self._seq:
+            return False
+        self.win.Sync()
+        return True
+
+    def free(self) -> None:
+        _free_window(self.comm, self.win)
+
+
 class NodeSumReducer:
     """Gradient buckets summed in node-shared memory (a ``BucketReducer`` that also holds their storage).
 
@@ -379,14 +440,20 @@ class NodeSumReducer:
     :class:`NodeAllreduce`, which backward writes directly; ``start``, ``progress`` and
     ``finish`` drive the rounds in bucket order (a bucket is reduced as soon as every local
     rank has written it, while backward goes on); the sum, scaled by ``scale``, is in
-    :meth:`result` (shared by the node's ranks: read it in place, never write it).
+    :meth:`result` (shared by the node's ranks on the bandwidth path: read it in place,
+    never write it). The step's ``tally`` (``tally`` float64 elements: counts the sum must
+    hold exactly whatever the buckets' dtype and ``scale``) is summed unscaled beside the
+    first bucket, in a round of its own. :meth:`release` ends a step whose shared results
+    were read in place: no rank writes them before every local rank has stepped.
     """
 
-    def __init__(self, group: NodeGroup, scale: float = 1.0) -> None:
+    def __init__(self, group: NodeGroup, scale: float, tally: int) -> None:
         self.group = group
         self.scale = scale
         self.ops: list[NodeAllreduce] = []
         self._inflight: list[NodeAllreduce] = []
+        self.tally = NodeAllreduce(group, tally, torch.float64)
+        self._release = NodeRelease(group)
 
     def allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """Storage for the next bucket (collective): its slot, zeroed."""
@@ -399,12 +466,18 @@ class NodeSumReducer:
         return self.ops[index].result
 
     def wait_writable(self, index: int) -> None:
+        """Wait until no local rank still reads bucket ``index``'s slot (the first bucket's: and the tally's)."""
         self.ops[index].wait_writable(f"gradient bucket {index} slot reuse")
+        if index == 0:
+            self.tally.wait_writable("gradient tally slot reuse")
 
     def prepare(self, bucket: Bucket) -> None:
         """Nothing: the bucket's round was set up by :meth:`allocate`."""
 
     def start(self, bucket: Bucket) -> None:
+        if bucket.index == 0:
+            self.tally.start()
+            self._inflight.append(self.tally)
         op = self.ops[bucket.index]
         op.start()
         self._inflight.append(op)
@@ -414,10 +487,17 @@ class NodeSumReducer:
             self._inflight = [op for op in self._inflight if not op.test()]
 
     def finish(self, bucket: Bucket) -> None:
+        if bucket.index == 0:
+            self.tally.wait("node-shared gradient tally")
         self.ops[bucket.index].wait(f"node-shared gradient sum of bucket {bucket.index}")
 
+    def release(self) -> None:
+        """The step that read the shared sums is over on this rank; wait for the node's other ranks."""
+        self._release.release("node-shared gradient release")
+
     def close(self) -> None:
-        for op in self.ops:
+        for op in [*self.ops, self.tally]:
             op.free()
+        self._release.free()
         self.ops.clear()
         self._inflight.clear()

@@ -146,3 +146,59 @@ def _allocate(obj: Any, tensors: list[torch.Tensor]) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(_allocate(v, tensors) for v in obj)
     return obj
+
+
+class BufferBroadcast:
+    """Rank ``root``'s module buffers (BatchNorm running statistics) on every rank, one
+    nonblocking broadcast per step.
+
+    :meth:`start` (after a step) copies the root's buffers into one flat byte buffer and
+    starts a persistent broadcast of it; :meth:`complete` (before the buffers are next
+    read: the next forward, an evaluation, ``close``) waits for it and, off the root,
+    copies the bytes into the buffers. So the ranks' buffers are the root's from the
+    next forward on, as with DDP's ``broadcast_buffers``, with no blocking collective per
+    forward and nothing allocated per step. Buffers replaced by new tensors (``model.to``)
+    after construction are not followed: build the solver on the placed model.
+    """
+
+    def __init__(self, buffers: Sequence[torch.Tensor], comm: Communicator, root: int = 0) -> None:
+        self.buffers = [b for b in buffers if b.numel() > 0]
+        self.comm = comm
+        self.root = root
+        devices = {b.device for b in self.buffers}
+        device = devices.pop() if len(devices) == 1 else torch.device("cpu")
+        offsets, end = [], 0
+        for b in self.buffers:  # each piece starts at a multiple of its element size
+            start = -(-end // b.element_size()) * b.element_size()
+            offsets.append(start)
+            end = start + b.numel() * b.element_size()
+        self.flat = torch.zeros(end, dtype=torch.uint8, device=device)
+        self._pieces = [
+            self.flat[o : o + b.numel() * b.element_size()].view(b.dtype).view(b.shape)
+            for o, b in zip(offsets, self.buffers)
+        ]
+        self._request = comm.persistent_bcast(self.flat, root)
+        self.pending = False
+
+    @torch.no_grad()
+    def start(self) -> None:
+        """Collective: start broadcasting the root's buffers as they are now."""
+        self.complete()
+        if self.comm.rank == self.root:
+            torch._foreach_copy_(self._pieces, self.buffers)
+        self._request.start()
+        self.pending = True
+
+    @torch.no_grad()
+    def complete(self) -> None:
+        """Finish the broadcast in flight, if any: the buffers then hold the root's values."""
+        if not self.pending:
+            return
+        self._request.wait("broadcast of rank 0's module buffers")
+        self.pending = False
+        if self.comm.rank != self.root:
+            torch._foreach_copy_(self.buffers, self._pieces)
+
+    def close(self) -> None:
+        self.complete()
+        self._request.free()

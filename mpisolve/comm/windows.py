@@ -14,6 +14,16 @@ Two paths, chosen by where the ranks are:
   on one machine). The window is ``MPI_Win_allocate``; updates are passive-target
   ``MPI_Raccumulate(SUM)`` and reads ``MPI_Rget_accumulate(NO_OP)`` (a plain Get racing an
   Accumulate is undefined in MPI), in chunks of ``chunk_bytes``.
+- ``"device"``: ``device=`` names where the vector lives: torch allocates each shard
+  there and ``MPI_Win_create`` exposes it; the one-sided operations are the inter-node
+  path's, with their origin buffers on that device too, and wait for the kernels that
+  use those buffers before MPI touches them. For GPU memory this needs an MPI whose RMA
+  takes device memory (CUDA-aware; Open MPI with UCX, for one). On the CPU it is the
+  same path on memory torch allocated, which is how it is tested.
+
+Every other path keeps the vector in host memory: the caller gives :meth:`read` and
+:meth:`update`'s function host tensors (a GPU model meets the vector through a pinned
+host twin of its parameters; see the elastic solvers).
 
 Two modes, chosen by the solver:
 
@@ -54,6 +64,7 @@ from mpi4py import MPI
 
 from ..options import OptionError
 from .communicator import MPI_TYPES, Communicator, mpi_buffer
+from .device import Stager
 from .progress import ProgressThread, require_async_progress
 
 Layout = Literal["sharded", "server"]
@@ -65,8 +76,8 @@ PROGRESS_MODES: tuple[str, ...] = ("thread", "mpich", "none")
 CHUNK_BYTES = 1 << 20
 _CACHE_LINE = 64
 
-#: ``fn(center_slice, start, stop)``: change ``center_slice`` (elements start:stop) in place.
-UpdateFn = Callable[[torch.Tensor, int, int], None]
+#: ``fn(center_slice, start, stop)``: change ``center_slice`` (elements start:stop) in place (a result is ignored).
+UpdateFn = Callable[[torch.Tensor, int, int], object]
 
 
 @dataclass(frozen=True)
@@ -120,7 +131,9 @@ class SharedVector:
     """A flat vector of ``numel`` elements of ``dtype`` in an MPI window every rank updates one-sidedly.
 
     Collective to build, :meth:`store_`, :meth:`quiesce` and :meth:`close`; :meth:`read`,
-    :meth:`accumulate` and :meth:`update` are one-sided (each rank alone).
+    :meth:`accumulate` and :meth:`update` are one-sided (each rank alone). ``device``: put
+    the vector in memory torch allocates there (the ``"device"`` path, see the module);
+    by default MPI allocates it in host memory.
     """
 
     def __init__(
@@ -134,6 +147,7 @@ class SharedVector:
         force_internode: bool = False,
         progress: Progress = "thread",
         chunk_bytes: int = CHUNK_BYTES,
+        device: torch.device | None = None,
     ) -> None:
         if layout not in LAYOUTS:
             raise OptionError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
@@ -147,7 +161,12 @@ class SharedVector:
         self.dtype = dtype
         self.layout = layout
         self.locked = locked
-        self.path: str = "internode" if force_internode or comm.nodes > 1 else "shared"
+        if device is not None:
+            self.path: str = "device"
+        else:
+            self.path = "internode" if force_internode or comm.nodes > 1 else "shared"
+        #: Where the vector and the origin buffers of its one-sided operations live.
+        self.device = torch.device("cpu") if device is None else torch.device(device)
         self._mpi_type = MPI_TYPES[dtype]
         itemsize = torch.empty((), dtype=dtype).element_size()
         self.bounds = shard_bounds(numel, comm.size, layout, itemsize)
@@ -155,11 +174,19 @@ class SharedVector:
         info = MPI.Info.Create()
         info.Set("accumulate_ops", "same_op_no_op")  # SUM and NO_OP only: lets MPI use hardware atomics
         info.Set("same_disp_unit", "true")
+        comm.flush("window creation")
         if self.path == "shared":
             with comm.blocking("MPI_Win_allocate_shared"):
                 self.win = MPI.Win.Allocate_shared((stop - start) * itemsize, itemsize, info, comm.comm)
             self.view: torch.Tensor | None = self._map_whole(itemsize)
             self._local = self.view[start:stop]
+        elif self.path == "device":
+            self._local = torch.zeros(stop - start, dtype=dtype, device=self.device)
+            if not isinstance(comm.comm, MPI.Intracomm):
+                raise TypeError("a shared vector needs an intra-communicator")
+            with comm.blocking("MPI_Win_create"):
+                self.win = MPI.Win.Create(mpi_buffer(self._local)[0], itemsize, info, comm.comm)
+            self.view = None
         else:
             with comm.blocking("MPI_Win_allocate"):
                 self.win = MPI.Win.Allocate((stop - start) * itemsize, itemsize, info, comm.comm)
@@ -176,12 +203,15 @@ class SharedVector:
         # Shards in the order this rank visits them: its own first, then round the ring.
         ring = [(comm.rank + i) % comm.size for i in range(comm.size)]
         self._shard_order = [t for t in ring if self.bounds[t][0] < self.bounds[t][1]]
-        self._scratch = torch.empty(numel, dtype=dtype) if self.path == "internode" else None
-        self._before = torch.empty(numel, dtype=dtype) if self.path == "internode" and not locked else None
+        rma = self.path != "shared"
+        self._scratch = torch.empty(numel, dtype=dtype, device=self.device) if rma else None
+        self._before = torch.empty(numel, dtype=dtype, device=self.device) if rma and not locked else None
+        # Device memory: RMA waits for the kernels queued so far, which write or read its buffers.
+        self._kernels = Stager(self._local) if self.device.type == "cuda" else None
         self._scratch_specs = self._specs(self._scratch) if self._scratch is not None else []
         self._scratch_by_target = self._by_target(self._scratch) if self._scratch is not None else {}
         self._pending: list[MPI.Request] = []
-        needs_progress = self.path == "internode" or locked  # locks are granted by the owner
+        needs_progress = rma or locked  # locks are granted by the owner
         self._progress = _ProgressThread(comm.comm) if needs_progress and progress == "thread" else None
         if not locked:
             with comm.blocking("MPI_Win_lock_all"):
@@ -255,9 +285,11 @@ class SharedVector:
                     fn(self.view[lo:hi], lo, hi)
                     self.win.Sync()
                 else:
+                    assert self._scratch is not None  # no view: the inter-node path, which has scratch space
                     pairs = self._scratch_by_target[target]
                     self._read_shard(target, self._scratch, pairs)
                     fn(self._scratch[lo:hi], lo, hi)
+                    self._settle()
                     puts = [self.win.Rput(s, p.target, self._target(p)) for p, s in pairs]
                     self.comm.wait(puts, "shared-vector write")
                 self._unlock(target)
@@ -266,6 +298,7 @@ class SharedVector:
             fn(self.view, 0, self.numel)
             self.win.Sync()
         else:
+            assert self._scratch is not None and self._before is not None  # no view, not locked: inter-node, wild
             self._wait_pending()  # the scratch buffer is about to be overwritten
             self._get_accumulate(self._scratch_specs)
             self._before.copy_(self._scratch)
@@ -295,19 +328,29 @@ class SharedVector:
             self.win.Sync()
             out[lo:hi].copy_(self.view[lo:hi])
             return
+        self._settle()
         self.comm.wait([self.win.Rget(s, p.target, self._target(p)) for p, s in pairs], "shared-vector read")
 
     def _get_accumulate(self, specs: list[list]) -> None:
         """Read every piece into ``specs`` with ``Rget_accumulate(NO_OP)`` (the origin is ignored) and wait."""
+        self._settle()
         reads = [
             self.win.Rget_accumulate(s, s, p.target, self._target(p), MPI.NO_OP) for p, s in zip(self.pieces, specs)
         ]
         self.comm.wait(reads, "shared-vector read")
 
     def _start_accumulate(self, specs: list[list]) -> None:
+        self._settle()
         self._pending = [
             self.win.Raccumulate(s, p.target, self._target(p), MPI.SUM) for p, s in zip(self.pieces, specs)
         ]
+
+    def _settle(self) -> None:
+        """On a GPU, wait until the kernels queued so far are done: MPI is about to read or write
+        device memory they write or read (an event on the current stream, polled)."""
+        if self._kernels is not None:
+            self._kernels.to_mpi(values=False)
+            self.comm.wait_for(self._kernels.ready, "device kernels before a one-sided operation")
 
     def _wait_pending(self) -> None:
         if self._pending:
@@ -322,6 +365,7 @@ class SharedVector:
         if self.locked:
             self._lock(self.comm.rank, MPI.LOCK_EXCLUSIVE)
         self._local.copy_(values[lo:hi])
+        self._settle()  # others may read the shard as soon as the barrier below is passed
         self.win.Sync()
         if self.locked:
             self._unlock(self.comm.rank)
@@ -347,9 +391,9 @@ class SharedVector:
         if self._progress is not None:
             self._progress.stop()
         self.view = None
-        self._local = torch.empty(0, dtype=self.dtype)
         with self.comm.blocking("MPI_Win_free"):
             self.win.Free()
+        self._local = torch.empty(0, dtype=self.dtype)  # memory torch allocated is released after the window
         self.closed = True
 
     def __enter__(self) -> SharedVector:

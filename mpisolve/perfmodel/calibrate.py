@@ -173,7 +173,8 @@ def fit_window(
         if len({(int(r["ranks"]), float(r["bytes"])) for r in mine}) < 2:
             raise InputError(
                 f"too few {mode} {layout} rows on the {path} path to fit a window exchange "
-                f"(need two sizes or rank counts; paths present: {', '.join(sorted({str(r['path']) for r in rows})) or 'none'})"
+                "(need two sizes or rank counts; paths present: "
+                f"{', '.join(sorted({str(r['path']) for r in rows})) or 'none'})"
             )
         locked = mode == "locked"
         design = np.array(

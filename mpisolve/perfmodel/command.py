@@ -19,7 +19,7 @@ from typing import Any
 from ..options import InputError, option_fields
 from .calibrate import fit_adasum_gamma, fit_network, fit_window, read_sweep, read_window_bench
 from .iteration import MODELS, Case, Compute, iteration, model_options, parse_model_option
-from .network import ALGORITHMS, Network
+from .network import ALGORITHMS, Algorithm, Network
 from .workloads import WORKLOADS, workload
 
 #: Network presets: (link Gb/s, one-way MPI latency in microseconds).
@@ -127,7 +127,7 @@ def build_network(args: argparse.Namespace) -> tuple[Network, float | None]:
     """The network (and Adasum's fitted gamma, if calibrated) the arguments describe."""
     if args.calibration:
         rows = read_sweep(args.calibration)
-        algorithm = "halving-doubling" if args.algorithm == "auto" else args.algorithm
+        algorithm: Algorithm = "halving-doubling" if args.algorithm == "auto" else args.algorithm
         fitted = fit_network(rows, op=args.calibration_op, algorithm=algorithm, name="calibrated")
         net = Network(alpha=fitted.alpha, beta=fitted.beta, gamma=0.0, algorithm=algorithm, name=fitted.name)
         return net, fit_adasum_gamma(rows, net)
@@ -171,7 +171,8 @@ def project(args: argparse.Namespace) -> list[dict[str, Any]]:
         throughput = args.throughput if args.throughput is not None else GPU_THROUGHPUT.get(args.model)
         if throughput is None:
             raise InputError(
-                f"give --throughput or --step-time for model {args.model!r} (defaults exist for {', '.join(GPU_THROUGHPUT)})"
+                f"give --throughput or --step-time for model {args.model!r} "
+                f"(defaults exist for {', '.join(GPU_THROUGHPUT)})"
             )
         if not throughput > 0:
             raise InputError(f"--throughput must be > 0, got {throughput}")
@@ -228,7 +229,10 @@ def _option_names(solver: str) -> set[str]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = f"{'solver':<13} {'model':<9} {'ranks':>6} {'iter ms':>9} {'compute':>9} {'comm':>9} {'exposed':>9} {'eff':>6} {'samples/s':>11}"
+    head = (
+        f"{'solver':<13} {'model':<9} {'ranks':>6} {'iter ms':>9} {'compute':>9} {'comm':>9} {'exposed':>9} "
+        f"{'eff':>6} {'samples/s':>11}"
+    )
     lines = [head]
     for r in rows:
         lines.append(
@@ -256,7 +260,8 @@ def run(args: argparse.Namespace) -> int:
     net, _ = build_network(args)
     print(
         f"# {args.model}, batch {args.batch}/GPU, network {net.name}: alpha {net.alpha * 1e6:.3g} us, "
-        f"beta {net.beta * 1e9:.4g} ns/B ({8 / max(net.beta, 1e-30) / 1e9:.3g} Gb/s), {net.algorithm} allreduce, overlap {args.overlap:g}"
+        f"beta {net.beta * 1e9:.4g} ns/B ({8 / max(net.beta, 1e-30) / 1e9:.3g} Gb/s), {net.algorithm} allreduce, "
+        f"overlap {args.overlap:g}"
     )
     print(table(rows))
     try:

@@ -80,7 +80,7 @@ def _builtin(model: str, in_shape: tuple[int, ...], classes: int, name: str) -> 
     module = build_model(model, in_shape, classes)
     found: list[Layer] = []
 
-    def record(layer: nn.Module, _inputs: object, output: torch.Tensor) -> None:
+    def record(layer: nn.Linear | nn.Conv2d, _inputs: object, output: torch.Tensor) -> None:
         bias = 1 if layer.bias is not None else 0
         if isinstance(layer, nn.Conv2d):
             kh, kw = layer.kernel_size

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from torch.amp import GradScaler
 
 from ..comm.buckets import FusedBuffer, wire_dtype
 from ..comm.communicator import CommTimeout
@@ -54,6 +55,7 @@ from ..comm.progress import ProgressThread, require_async_progress
 from ..options import require
 from .base import Solver, StepInfo, register
 from .lb_bsp import measure_speeds, proportional_batches
+from .nonfinite import all_finite
 
 Trigger = Literal["collective", "window", "samples"]
 LRScaling = Literal["none", "linear", "sqrt"]
@@ -140,7 +142,8 @@ class ABSSGDOptions:
         )
         require(
             (self.trigger == "window") == (self.window_s is not None),
-            f"window_s goes with trigger='window' (and it needs one); got trigger={self.trigger!r}, window_s={self.window_s}",
+            "window_s goes with trigger='window' (and it needs one); "
+            f"got trigger={self.trigger!r}, window_s={self.window_s}",
         )
         require(
             self.window_s is None or (math.isfinite(self.window_s) and self.window_s > 0),
@@ -173,6 +176,8 @@ class ABSSGD(Solver):
 
     name = "abs-sgd"
     Options = ABSSGDOptions
+    #: A rank may stop rounds before the others: ``close`` lets it catch up (see there).
+    tolerates_uneven = True
 
     def setup(self) -> None:
         if self.options.progress != "poll":
@@ -242,7 +247,9 @@ class ABSSGD(Solver):
     def _point_grads_at_views(self) -> None:
         for p, view in zip(self.params, self.grads.views):
             if p.grad is None or p.grad.data_ptr() != view.data_ptr():
-                if p.grad is not None:
+                if p.grad is None:  # set to None and then given no gradient: it contributes zeros
+                    view.zero_()
+                else:
                     view.copy_(p.grad)
                 p.grad = view
 
@@ -252,20 +259,31 @@ class ABSSGD(Solver):
         self._point_grads_at_views()
 
     # -------------------------------------------------------------------- step
-    def step(self, batch_size: int | None = None) -> StepInfo:
-        """Add this micro-batch to the round; apply last round's mean if its allreduce has completed."""
+    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
+        """Add this micro-batch to the round; apply last round's mean if its allreduce has completed.
+
+        ``scaler``: the micro-batch's gradients are unscaled; a non-finite micro-batch is left
+        out of the round (the scaler's skip); the rounds go on as usual.
+        """
         if self.closed:
             raise RuntimeError("solver 'abs-sgd' is closed")
         started_at = self._forward_at  # this micro-batch's first training forward
         n = self.take_samples(batch_size)
         if n == 0:  # no micro-batch: nothing to add, and a round needs one
+            self._end_step()
             return StepInfo(applied=False, global_samples=0, local_samples=0)
         if started_at is not None:
             self._timed_s += time.perf_counter() - started_at
             self._timed_samples += n
         self._point_grads_at_views()  # gradients set to None by the user come back into the buffer
-        self._sums[self._acc][: self._numel].add_(self.grads.flat, alpha=n)  # the mean gradient, summed
-        self._round_samples += n
+        finite = True
+        if scaler is not None and scaler.is_enabled():
+            self._unscale(scaler)
+            finite = all_finite([self.grads.flat])
+        self._end_step()
+        if finite:
+            self._sums[self._acc][: self._numel].add_(self.grads.flat, alpha=n)  # the mean gradient, summed
+            self._round_samples += n
         if self._in_flight and not self._round_over():
             return StepInfo(applied=False, global_samples=0, local_samples=n)
         applied, samples = self._finish_round() if self._in_flight else (False, 0)
@@ -333,6 +351,7 @@ class ABSSGD(Solver):
 
     def _resplit(self, speeds: list[float]) -> None:
         """Split the batch again by every rank's recent speed (the same on every rank)."""
+        assert self.batch_sizes is not None  # called once local_batch_size has split the batch
         if min(speeds) <= 0:
             return  # a rank timed nothing this round
         self._speeds.append(speeds)
@@ -351,6 +370,7 @@ class ABSSGD(Solver):
         self._hold_true_weights()
         self._scaled_step(global_samples)
         c = self.options.weight_prediction
+        assert self._last_update is not None  # built with _weights
         with torch.no_grad():  # one pass: record the update and the new true weights, then predict
             for p, w, step in zip(self.params, self._weights.views, self._last_update.views):
                 torch.sub(p, w, out=step)
@@ -358,12 +378,14 @@ class ABSSGD(Solver):
                 p.add_(step, alpha=c)
 
     def _hold_true_weights(self) -> None:
+        assert self._weights is not None  # called with weight prediction only
         with torch.no_grad():
             for p, w in zip(self.params, self._weights.views):
                 p.copy_(w)
 
     def _hold_predicted_weights(self) -> None:
         """The model's weights become ``w + c * (last update)`` (the model holds ``w``)."""
+        assert self._last_update is not None  # called with weight prediction only
         with torch.no_grad():
             for p, step in zip(self.params, self._last_update.views):
                 p.add_(step, alpha=self.options.weight_prediction)
@@ -442,8 +464,8 @@ class ABSSGD(Solver):
             return
         if self._thread is not None:
             self._thread.stop()
-        newest = torch.tensor([float(self.rounds)], dtype=torch.float64)
-        newest = int(self._control.allreduce_(newest, "max", what="abs-sgd close").item())
+        rounds = torch.tensor([float(self.rounds)], dtype=torch.float64)
+        newest = int(self._control.allreduce_(rounds, "max", what="abs-sgd close").item())
         self._complete_in_flight("abs-sgd round at close")
         if self.rounds < newest:
             if self._in_flight:
@@ -502,6 +524,7 @@ class ABSSGD(Solver):
                 raise ValueError(
                     "this abs-sgd state was saved without weight prediction; load it with weight_prediction=0"
                 )
+            assert self._last_update is not None  # built with _weights
             self._weights.flat.copy_(state["weights"])
             self._last_update.flat.copy_(state["last_update"])
         self.rounds = int(state["rounds"])

@@ -10,22 +10,25 @@ combined gradient, its state identical everywhere.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from torch.amp import GradScaler
 
 from ..comm.adasum import AdasumReducer
-from ..comm.buckets import Bucket, FusedBuffer, GradientBuckets, plan_buckets
+from ..comm.buckets import Bucket, FusedBuffer, GradientBuckets, Reduction, plan_buckets
 from ..comm.communicator import Communicator
 from ..options import option, require
-from .base import Solver, StepInfo, register
+from .base import Solver, StepInfo, SynchronousOptions, collective_round, register
+from .nonfinite import all_finite
 
 MODES = ("delta", "gradient")
 
 
 @dataclass(frozen=True, kw_only=True)
-class AdasumOptions:
+class AdasumOptions(SynchronousOptions):
     """What Adasum combines, and in which units."""
 
     mode: Literal["delta", "gradient"] = option(
@@ -43,11 +46,15 @@ class AdasumOptions:
 class DeltaBuckets:
     """The parameters' start copies and deltas in persistent fused buckets.
 
-    ``begin`` copies the parameters into the start buffers; after the local optimizer
-    step ``reduce`` writes each bucket's delta, starts its Adasum (so buckets reduce
-    while later deltas are computed), completes them all and sets
-    ``p = start + adasum(delta)``. The first bucket carries this rank's sample count as
-    a trailing element that the reduction sums. Nothing is allocated per step.
+    ``begin`` packs the parameters into the start buffers; after the local optimizer
+    step ``reduce`` packs them into each bucket and subtracts the start (the delta),
+    starts its Adasum (so buckets reduce while later deltas are computed), completes them
+    all, adds the start back and unpacks ``start + adasum(delta)`` into the parameters.
+    Packing is the fused kernel (one call per bucket on the CPU, one launch per 32
+    tensors on a GPU, on torch's current stream, ahead of the event MPI waits for);
+    the arithmetic is one operation per bucket. The first bucket carries this rank's
+    sample count as a trailing element that the reduction sums. Nothing is allocated
+    per step.
     """
 
     def __init__(self, params: list[torch.nn.Parameter], comm: Communicator, *, bucket_bytes: int) -> None:
@@ -55,36 +62,39 @@ class DeltaBuckets:
         self.buckets: list[Bucket] = []
         self.starts: list[FusedBuffer] = []
         for i, members in enumerate(plan_buckets(params, bucket_bytes)):
-            bucket = Bucket(i, [params[j] for j in members], extra=1 if i == 0 else 0)
+            bucket = Bucket(i, [params[j] for j in members], extra=GradientBuckets.TALLY if i == 0 else 0)
             self.buckets.append(bucket)
             self.starts.append(
                 FusedBuffer([p.shape for p in bucket.params], bucket.buffer.flat.dtype, bucket.buffer.flat.device)
             )
             self.reducer.prepare(bucket)
-        # The count rides in the wire buffer itself: a half-precision buffer would round it.
-        self._count = self.buckets[0].wire[-1:]
+        # The tally rides in the wire buffer itself: a half-precision buffer would round it.
+        first = self.buckets[0]
+        self._tally = first.wire[first.buffer.numel :]
 
     @torch.no_grad()
     def begin(self) -> None:
         for bucket, start in zip(self.buckets, self.starts):
-            torch._foreach_copy_(start.views, bucket.params)
+            start.pack(bucket.params)
 
     @torch.no_grad()
-    def reduce(self, local_samples: int) -> int:
-        """Combine the deltas of the step just taken; returns the global sample count."""
+    def reduce(self, local_samples: int, contributes: bool = True) -> Reduction:
+        """Combine the deltas of the step just taken (zero where this rank does not contribute)."""
         for bucket, start in zip(self.buckets, self.starts):
-            for p, s, d in zip(bucket.params, start.views, bucket.buffer.views):
-                torch.sub(p, s, out=d)
+            bucket.buffer.pack(bucket.params)
+            bucket.buffer.flat[: start.numel].sub_(start.flat)  # the delta, in the buffer MPI reads
             bucket.to_wire()
             if bucket.index == 0:
-                self._count.fill_(local_samples)
+                self._tally[0] = local_samples
+                self._tally[1] = int(contributes)
             self.reducer.start(bucket)
         for bucket, start in zip(self.buckets, self.starts):
             self.reducer.finish(bucket)
             bucket.from_wire()
-            for p, s, d in zip(bucket.params, start.views, bucket.buffer.views):
-                torch.add(s, d, out=p)
-        return int(round(self._count.item()))
+            start.flat.add_(bucket.buffer.flat[: start.numel])
+            start.unpack(bucket.params)
+        samples, ranks = (int(round(v)) for v in self._tally.tolist())
+        return Reduction(samples, ranks)
 
     def close(self) -> None:
         self.reducer.close()
@@ -124,6 +134,9 @@ class AdasumSolver(Solver):
         else:
             # Reverse registration order, as gradient buckets: roughly the order backward ends.
             self.deltas = DeltaBuckets(self.params[::-1], self.comm, bucket_bytes=bucket_bytes)
+        #: Delta mode: this step's agreement that every rank's local gradients are finite (None: not yet).
+        self._all_finite: bool | None = None
+        self._withheld = False
 
     def zero_grad(self) -> None:
         if self.grads is not None:
@@ -131,29 +144,67 @@ class AdasumSolver(Solver):
         else:
             super().zero_grad()
 
-    def step(self, batch_size: int | None = None) -> StepInfo:
+    def no_sync(self) -> AbstractContextManager[None]:
+        """Gradient mode: accumulate into the buckets. Delta mode communicates nothing during
+        backward: accumulation needs no context."""
+        return self.grads.no_sync() if self.grads is not None else super().no_sync()
+
+    @collective_round
+    def synchronize(self, *, scaler: GradScaler | None = None) -> None:
+        """Gradient mode: complete the gradients' Adasum. Delta mode: the gradients stay this
+        rank's own (the local step needs them); the ranks agree whether all are finite (one
+        1-element allreduce), and if not, with a scaler, make this rank's non-finite too,
+        so that every rank's scaler skips the step and backs off alike."""
         if self.grads is not None:
-            global_samples = self.grads.finish(local_samples=batch_size)
-            local = self.take_samples(batch_size)
-            if not self.nonfinite.ok([b.buffer.flat for b in self.grads.buckets], "combined gradients"):
-                return StepInfo(applied=False, global_samples=0, local_samples=local)
-            self.optimizer.step()
+            self.grads.finish(writable=True)
+        elif self._all_finite is None:
+            grads = [] if self._withheld else [p.grad for p in self.params if p.grad is not None]
+            self._all_finite = self.nonfinite.agreed(all_finite(grads))
+            if not self._all_finite and scaler is not None and scaler.is_enabled() and grads:
+                grads[0].view(-1)[:1].fill_(float("nan"))
+        self._unscale(scaler)
+
+    @collective_round
+    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
+        if self.grads is not None:
+            return self._bucket_step(self.grads, batch_size, scaler, "combined gradients")
+        assert self.deltas is not None
+        self.synchronize(scaler=scaler)
+        local = self.take_samples(batch_size)
+        # The local step would poison this rank's optimizer state: the ranks agreed before it.
+        if scaler is not None and scaler.is_enabled():
+            applied = bool(self._all_finite)
         else:
-            assert self.deltas is not None
-            local = self.take_samples(batch_size)
-            # The local step would poison this rank's optimizer state: ranks agree before it.
-            grads = [p.grad for p in self.params if p.grad is not None]
-            if not self.nonfinite.ok(grads, "local gradients", agree=True):
-                return StepInfo(applied=False, global_samples=0, local_samples=local)
+            applied = self.nonfinite.decide(bool(self._all_finite), "local gradients", agreed=True)
+        self._all_finite = None
+        # A step skipped as non-finite had a rank with gradients: some rank was still in its loop.
+        global_samples, contributors = 0, 1
+        if applied:
             self.deltas.begin()
-            self.optimizer.step()
-            global_samples = self.deltas.reduce(local)
-        return StepInfo(applied=True, global_samples=global_samples, local_samples=local)
+            if not self._withheld:
+                self._step_optimizer(scaler)
+            reduction = self.deltas.reduce(local, contributes=not self._withheld)
+            global_samples, contributors = reduction.samples, reduction.ranks
+            applied = contributors > 0
+        self._end_round(contributors)
+        return StepInfo(applied=applied, global_samples=global_samples if applied else 0, local_samples=local)
+
+    def _shadow_round(self) -> bool:
+        if self.grads is not None:
+            return self._shadow_bucket_round(self.grads)
+        self._withheld = True
+        try:
+            self.step()
+        finally:
+            self._withheld = False
+        return self._active_ranks > 0
 
     def close(self) -> None:
         if not self.closed:
             if self.grads is not None:
+                self._end_rounds(busy=self.grads.in_flight, drain=self.grads.finish)
                 self.grads.close()
             if self.deltas is not None:
+                self._end_rounds(busy=False, drain=None)
                 self.deltas.close()
         super().close()

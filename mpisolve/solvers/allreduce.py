@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+
+from torch.amp import GradScaler
 
 from ..comm.buckets import GradientBuckets
 from ..options import option, require
-from .base import Solver, StepInfo, register
+from .base import Solver, StepInfo, SynchronousOptions, collective_round, register
 
 
 @dataclass(frozen=True, kw_only=True)
-class AllreduceOptions:
+class AllreduceOptions(SynchronousOptions):
     """The bucketed allreduce's one knob."""
 
     bucket_mb: float = option(25.0, "size of the fused gradient buckets, in MB (10^6 bytes), as DDP's bucket_cap_mb")
@@ -28,6 +31,11 @@ class AllreduceSolver(Solver):
     complete, overlapping the rest of backward; ``step`` completes them, averages and
     lets the user's optimizer step. N ranks on N equal shards give the parameters one
     process would get on the whole batch.
+
+    The average is over the ranks that contributed: all of them, except under
+    ``join()`` once some have run out of data, when it is the mean of the gradients of
+    the ranks still in their loops (one process on their samples, when their batches are
+    of one size).
     """
 
     name = "allreduce"
@@ -39,22 +47,29 @@ class AllreduceSolver(Solver):
             self.comm,
             bucket_bytes=int(self.options.bucket_mb * 1e6),
             samples=self.samples_seen,
-            scale=1.0 / self.comm.size,
+            average=True,
         )
 
     def zero_grad(self) -> None:
         self.grads.zero_()
 
-    def step(self, batch_size: int | None = None) -> StepInfo:
-        global_samples = self.grads.finish(local_samples=batch_size)
-        local = self.take_samples(batch_size)
-        # The averaged gradients are the same everywhere: every rank decides alike, unasked.
-        if not self.nonfinite.ok(self.grads.reduced(), "averaged gradients"):
-            return StepInfo(applied=False, global_samples=0, local_samples=local)
-        self.optimizer.step()
-        return StepInfo(applied=True, global_samples=global_samples, local_samples=local)
+    def no_sync(self) -> AbstractContextManager[None]:
+        return self.grads.no_sync()
+
+    @collective_round
+    def synchronize(self, *, scaler: GradScaler | None = None) -> None:
+        self.grads.finish(writable=True)
+        self._unscale(scaler)
+
+    @collective_round
+    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
+        return self._bucket_step(self.grads, batch_size, scaler, "averaged gradients")
+
+    def _shadow_round(self) -> bool:
+        return self._shadow_bucket_round(self.grads)
 
     def close(self) -> None:
         if not self.closed:
+            self._end_rounds(busy=self.grads.in_flight, drain=self.grads.finish)
             self.grads.close()
         super().close()

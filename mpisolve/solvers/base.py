@@ -4,44 +4,61 @@ A solver holds the user's model and optimizer (composition, never a subclass) an
 driven from the user's own loop::
 
     solver = mpisolve.make_solver("allreduce", model, optimizer, bucket_mb=25)
-    for x, y in loader:
-        solver.zero_grad()
-        loss_fn(model(x), y).backward()
-        info = solver.step()        # StepInfo: was an update applied, on how many samples
+    with solver.join():                 # ranks whose data runs out early wait for the others
+        for x, y in loader:
+            solver.zero_grad()          # or optimizer.zero_grad(), model.zero_grad(), ...
+            loss_fn(model(x), y).backward()
+            info = solver.step()        # StepInfo: was an update applied, on how many samples
     solver.close()
+
+The step API, the same for every solver: :meth:`Solver.no_sync` (gradient accumulation),
+:meth:`Solver.synchronize` (reduce now: clip, unscale or inspect the gradients, then
+``step`` applies them), ``step(scaler=...)`` (a ``torch.amp.GradScaler``), and
+:meth:`Solver.join` (uneven inputs). The gradient-bucket mechanics behind them live in
+:class:`~mpisolve.comm.buckets.GradientBuckets`; docs/guide/your-loop.md has the recipes.
 
 Options are keyword-only, declared as a frozen dataclass per solver and validated when
 the solver is built; the CLI's ``--set key=value`` is parsed from the same declaration.
-Every solver also takes :class:`CommonOptions` (``nonfinite``).
+Every solver also takes :class:`CommonOptions` (``nonfinite``); the synchronous ones
+:class:`SynchronousOptions` (``broadcast_buffers``).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import torch
 from mpi4py import MPI
+from torch.amp import GradScaler
 
+from ..comm.buckets import GradientBuckets, Reduction
+from ..comm.closing import CloseNotices, UnevenSteps
 from ..comm.communicator import Communicator, as_communicator
-from ..comm.state import broadcast_module_and_optimizer, check_same_model
+from ..comm.state import BufferBroadcast, broadcast_module_and_optimizer, check_same_model
 from ..options import OptionError, build_options, option, options_to_dict
-from .nonfinite import NonFiniteGuard, NonFinitePolicy
+from .nonfinite import NonFiniteGuard, NonFinitePolicy, all_finite
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
 class StepInfo:
     """What one call of ``Solver.step`` did.
 
-    ``applied``: an update reached the model. ``global_samples``: samples the applied
-    update covers over all ranks (0 when none was applied). ``local_samples``: this
-    rank's samples consumed by this step. ``next_batch_size``: the micro-batch size this
-    rank should draw from now on, when the solver has just changed it (a solver that
-    re-splits the batch by speed as it goes); None: keep the one you have.
+    ``applied``: an update reached the model (False when the step was skipped: a
+    GradScaler's skip of a non-finite step, ``nonfinite="skip"``, or a round no rank
+    contributed to). ``global_samples``: samples the applied update covers over all
+    ranks (0 when none was applied); under :meth:`Solver.join`, only the ranks still in
+    their loops count. ``local_samples``: this rank's samples consumed by this step
+    (every micro-batch since the last step, with ``no_sync``). ``next_batch_size``: the
+    micro-batch size this rank should draw from now on, when the solver has just changed
+    it (a solver that re-splits the batch by speed as it goes); None: keep the one you have.
     """
 
     applied: bool
@@ -59,6 +76,39 @@ class CommonOptions:
         "a step whose gradients or update hold a NaN or Inf: raise an error, skip it on every rank alike "
         "(counted; an error after 100 in a row), or do not check (ignore)",
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SynchronousOptions:
+    """Options of the solvers whose ranks hold one model (allreduce, adasum, lb-bsp, kfac).
+
+    ``broadcast_buffers``: one nonblocking broadcast of rank 0's buffers is started after
+    each step and completed before they are next read (the next forward, an evaluation,
+    ``close``); see docs/guide/your-loop.md for SyncBatchNorm-style alternatives.
+    """
+
+    broadcast_buffers: bool = option(
+        True,
+        "rank 0's module buffers (BatchNorm running statistics) on every rank from each forward on, as DDP's "
+        "default; false: each rank keeps the statistics of its own data",
+    )
+
+
+def collective_round(method: F) -> F:
+    """Marks a method whose waits belong to the solver's current collective round (``step``,
+    ``synchronize``): only there does another rank's ``close()`` interrupt a wait."""
+
+    @functools.wraps(method)
+    def in_round(self: Solver, *args: Any, **kwargs: Any) -> Any:
+        if self._round_open:
+            return method(self, *args, **kwargs)
+        self._round_open = self._round_entered = True
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._round_open = False
+
+    return cast(F, in_round)
 
 
 def with_common_options(own: type) -> type:
@@ -82,6 +132,13 @@ class Solver(ABC):
     #: no extra communication. False for asynchronous solvers, whose ``global_samples``
     #: count only this rank's contribution: the loop agrees on progress by summing them.
     lockstep: ClassVar[bool] = True
+    #: True when ranks may stop at different steps with no help (ABS-SGD, the asynchronous
+    #: solvers): ``join()`` changes nothing. False: each step (or average, exchange) is a
+    #: collective round every rank must take; ``join()`` lets ranks that run out early take
+    #: part contributing nothing, and without it ``close()`` reports the unevenness.
+    tolerates_uneven: ClassVar[bool] = False
+    #: What a collective round of this solver is called in messages.
+    round_unit: ClassVar[str] = "steps"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -100,7 +157,11 @@ class Solver(ABC):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         self.options = build_options(self.name, self.Options, options)
-        self.comm = as_communicator(comm)
+        # The solver's own communicator (a split of the one given): its collectives never
+        # interleave with the user's or another solver's, whatever order those come in.
+        private = as_communicator(comm).split(0)
+        assert private is not None
+        self.comm = private
         self.model = model
         self.optimizer = optimizer
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -111,20 +172,39 @@ class Solver(ABC):
         self._samples = 0
         #: When the first training forward since the last step began (perf_counter), or None.
         self._forward_at: float | None = None
-        self._sample_hook = model.register_forward_pre_hook(self._count_samples)
+        #: Collective rounds (steps; averages or exchanges for the local-step solvers) completed.
+        self.rounds = 0
+        self._round_open = False  # a step (synchronize, join's round) is running: its waits may be interrupted
+        self._round_entered = False  # this round's step was entered (and may have ended in an error)
+        self._joining = False
+        self._active_ranks = 0  # ranks still in their loops in the last round (join ends after one with none)
+        self._unscaled_by: GradScaler | None = None
+        self._verdict: str | None = None
+        buffers = [b for b in model.buffers() if b.numel() > 0]
+        self._buffers: BufferBroadcast | None = None
+        if getattr(self.options, "broadcast_buffers", False) and buffers and self.comm.size > 1:
+            self._buffers = BufferBroadcast(buffers, self.comm)
+        self._notices: CloseNotices | None = None
+        if not self.tolerates_uneven and self.comm.size > 1:
+            self._notices = CloseNotices(self.comm, self._round_waiting, self.name, self.round_unit)
+        # Eager under torch.compile too (a graph break): it may wait for the buffers' broadcast.
+        self._sample_hook = model.register_forward_pre_hook(torch.compiler.disable(self._count_samples))
         self.closed = False
         self.setup()
 
+    @abstractmethod
     def setup(self) -> None:
         """Build the solver's own state; called once, at the end of construction.
 
         By then ``options``, ``comm``, ``model``, ``optimizer`` and ``params`` are set and
-        the ranks' models are checked equal and synchronised. Solvers override this rather
-        than ``__init__``, so every solver is built by the same signature.
+        the ranks' models are checked equal and synchronised. Every solver implements this
+        rather than overriding ``__init__``, so every solver is built by the same signature.
         """
 
     # ------------------------------------------------------------- samples
     def _count_samples(self, module: torch.nn.Module, args: tuple) -> None:
+        if self._buffers is not None and self._buffers.pending:
+            self._buffers.complete()  # the last step's broadcast of rank 0's buffers, before they are read
         # Only training passes count: evaluation under no_grad/inference_mode does not.
         if not torch.is_grad_enabled():
             return
@@ -157,30 +237,226 @@ class Solver(ABC):
         return configured
 
     def zero_grad(self) -> None:
-        """Clear this rank's gradients before the next backward."""
+        """Clear this rank's gradients before the next backward (any other way of zeroing works too)."""
         self.optimizer.zero_grad(set_to_none=False)
 
     @abstractmethod
-    def step(self, batch_size: int | None = None) -> StepInfo:
+    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         """Combine work across ranks and maybe update the model.
 
         ``batch_size``: this rank's samples since the last step, when the model's first
         input is not batch-first; by default it is read from the forward passes.
+        ``scaler``: a ``torch.amp.GradScaler`` whose ``scaler.scale(loss)`` the backward
+        passes used: the step unscales the gradients (unless :meth:`synchronize` did),
+        skips itself when they are not finite (``StepInfo.applied`` False: the scaler's
+        normal skip, not an error) and steps through ``scaler.step``; call
+        ``scaler.update()`` after it. Do not call ``scaler.unscale_`` or ``scaler.step``
+        yourself.
         """
 
+    def no_sync(self) -> AbstractContextManager[None]:
+        """Gradient accumulation: backward passes inside only accumulate gradients locally.
+
+        Run every micro-batch's backward but the last inside ``with solver.no_sync():``,
+        the last outside, then ``step()``: one update on all the micro-batches' samples
+        (divide each micro-batch's loss by their number for the mean, as with DDP). This
+        solver communicates nothing during backward, so the context changes nothing here
+        (a second backward accumulates all the same).
+        """
+        return nullcontext()
+
+    def synchronize(self, *, scaler: GradScaler | None = None) -> None:
+        """Complete this step's combination of gradients now; the next ``step()`` applies them
+        without communicating them again.
+
+        After it, ``p.grad`` holds what the step applies (the averaged or combined
+        gradients; this rank's own for solvers that step on local gradients), to clip or
+        inspect. ``scaler``: also unscale them (the ranks' reduced gradients are equal,
+        so every rank decides alike whether to skip). Call it on every rank.
+        """
+        self._unscale(scaler)
+
+    @contextmanager
+    def join(self) -> Iterator[None]:
+        """Uneven inputs: ``with solver.join(): for batch in my_loader: ...``.
+
+        A rank whose loop ends while others still step takes part in their remaining
+        rounds with an empty contribution (no gradients, no samples) and applies the same
+        updates, so every rank leaves the ``with`` block together with equal models.
+        Each such update counts only the ranks still in their loops (see each solver's
+        docs for what "average" means then). Solvers that tolerate ranks stopping apart
+        (ABS-SGD, the asynchronous ones) need nothing: the context does nothing.
+        """
+        if self.tolerates_uneven:
+            yield
+            return
+        self._joining = True
+        try:
+            yield
+        finally:
+            self._joining = False
+        while self._shadow_round():
+            pass
+
+    def _shadow_round(self) -> bool:
+        """One collective round contributing nothing, on a rank that joined; whether any rank
+        still contributed (the join loop ends after the first round nobody did)."""
+        raise NotImplementedError(f"solver {self.name!r} does not implement join()")
+
     def close(self) -> None:
-        """Complete or cancel outstanding communication and free MPI resources."""
+        """Complete or cancel outstanding communication and free MPI resources (collective).
+
+        For the synchronous solvers the ranks first compare how many rounds they ran: if
+        they differ (a rank stopped early without ``join()``), :class:`UnevenSteps` is
+        raised on every rank.
+        """
         if not self.closed:
             self._sample_hook.remove()
             self.closed = True
+            self.comm.free()
+            if self._verdict is not None:
+                raise UnevenSteps(self._verdict)
+
+    # --------------------------------------------------- step API machinery
+    def _round_waiting(self) -> int | None:
+        """The round this rank's waits belong to now, or None outside a round."""
+        return self.rounds if self._round_open else None
+
+    def _end_rounds(self, busy: bool, drain: Callable[[], object] | None) -> None:
+        """First thing in ``close()`` (collective): the ranks compare their rounds.
+
+        Equal: if any rank left a round in flight (``busy``: started, not complete),
+        every rank calls ``drain`` (starts what it has not and completes the round), so
+        that nothing is freed while active; the buffers' broadcast completes. Different
+        rounds, or a round in flight that this solver cannot ``drain`` (None: its
+        collectives are started and completed inside ``step``, so only a wait
+        interrupted by another rank's ``close`` leaves one): :class:`UnevenSteps` now, on
+        every rank, and the MPI resources still in use are left allocated (freeing an
+        active request is erroneous, and no rank will complete it).
+        """
+        notices, self._notices = self._notices, None
+        if notices is None:
+            if busy and drain is not None:
+                drain()
+        else:
+            table = notices.close(self.rounds, self._round_entered or busy, busy)
+            stuck = any(c.busy or (drain is None and c.interrupted) for c in table.values())
+            if len({c.rounds for c in table.values()}) > 1 or (stuck and drain is None):
+                self._sample_hook.remove()
+                self.closed = True
+                raise UnevenSteps(notices.verdict(table) or "mpisolve: a collective round was left in flight")
+            if stuck:
+                assert drain is not None
+                drain()
+            self._verdict = notices.verdict(table)
+        if self._buffers is not None:
+            self._buffers.close()
+            self._buffers = None
+
+    def _end_step(self) -> None:
+        """After every step: the next one may be given a scaler afresh."""
+        self._unscaled_by = None
+
+    def _end_round(self, active_ranks: int) -> None:
+        """After a collective round (and its update): start broadcasting the buffers, count it.
+        ``active_ranks``: ranks that were still in their loops in it (all, but under ``join``)."""
+        self._active_ranks = active_ranks
+        if self._buffers is not None:
+            self._buffers.start()
+        self.rounds += 1
+        self._round_entered = False
+        self._end_step()
+
+    def _unscale(self, scaler: GradScaler | None) -> None:
+        """Unscale the gradients the step will apply, once per step."""
+        if scaler is None or not scaler.is_enabled() or self._unscaled_by is scaler:
+            return
+        if self._unscaled_by is not None:
+            raise ValueError(f"mpisolve {self.name}: step() was given another GradScaler than synchronize()")
+        try:
+            scaler.unscale_(self.optimizer)
+        except RuntimeError as err:
+            raise RuntimeError(
+                f"mpisolve {self.name}: {err} Pass the scaler to solver.synchronize(scaler=...) or "
+                "solver.step(scaler=...), which unscale and step; do not call scaler.unscale_(optimizer) "
+                "or scaler.step(optimizer) yourself"
+            ) from err
+        self._unscaled_by = scaler
+
+    def _may_apply(self, tensors: Sequence[torch.Tensor], what: str, scaler: GradScaler | None) -> bool:
+        """Whether to apply the step on ``tensors``: with a GradScaler, whether they are finite
+        (a skip is the scaler's normal one, uncounted); else the ``nonfinite`` policy."""
+        if scaler is not None and scaler.is_enabled():
+            return all_finite(tensors)
+        return self.nonfinite.ok(tensors, what)
+
+    def _step_optimizer(self, scaler: GradScaler | None) -> None:
+        """The user's optimizer steps (through the scaler, which then knows the step was taken)."""
+        if scaler is not None and scaler.is_enabled():
+            scaler.step(self.optimizer)
+        else:
+            self.optimizer.step()
+
+    def _global_samples(self, reduction: Reduction, batch_size: int | None) -> int:
+        """The step's global sample count: the forward passes' (it rode with the gradients),
+        or the sum of ``batch_size`` over the ranks (one small allreduce)."""
+        if batch_size is None:
+            return reduction.samples
+        if self._joining:
+            raise ValueError(
+                f"mpisolve {self.name}: step(batch_size=...) inside join(): ranks that joined cannot know "
+                "to take part in the sample count's allreduce; let the forward passes count the samples"
+            )
+        count = torch.tensor([float(batch_size)], dtype=torch.float64)
+        return int(self.comm.allreduce_(count, what="sample count").item())
+
+    def _bucket_step(
+        self,
+        grads: GradientBuckets,
+        batch_size: int | None,
+        scaler: GradScaler | None,
+        what: str,
+        before_update: Callable[[], None] | None = None,
+    ) -> StepInfo:
+        """The step of a solver whose gradients ``grads`` reduces: complete the reduction
+        (unless ``synchronize`` did), decide, maybe ``before_update`` and the optimizer's
+        step, rearm. The reduced gradients are the same on every rank: all decide alike."""
+        if grads.backward_ran and batch_size is None and self._forward_at is None:
+            raise RuntimeError(
+                f"mpisolve {self.name}: gradients arrived but no training forward of the solver's model was seen, "
+                "so the samples cannot be counted. If the model is torch.compile'd, give the compiled module to "
+                "make_solver (or make the solver before the compiled module's first call); else pass "
+                "step(batch_size=...)"
+            )
+        reduction = grads.finish(writable=scaler is not None and scaler.is_enabled())  # the scaler unscales in place
+        self._unscale(scaler)
+        samples = self._global_samples(reduction, batch_size)
+        local = self.take_samples(batch_size)
+        applied = reduction.ranks > 0 and self._may_apply(grads.reduced(), what, scaler)
+        if applied:
+            if before_update is not None:
+                before_update()
+            self._step_optimizer(scaler)
+        grads.rearm()
+        self._end_round(reduction.ranks)
+        return StepInfo(applied=applied, global_samples=samples if applied else 0, local_samples=local)
+
+    def _shadow_bucket_round(self, grads: GradientBuckets) -> bool:
+        """Join's round for a bucket solver: withhold from the buckets, then the solver's own step."""
+        grads.withhold()
+        self.step()
+        return self._active_ranks > 0
 
     @contextmanager
     def evaluating(self) -> Iterator[torch.nn.Module]:
         """A context in which the model holds the parameters to evaluate.
 
-        By default the model as it is; solvers whose result lives elsewhere (the EASGD
-        family's center variable) swap it in for the duration.
+        By default the model as it is (with rank 0's buffers, when they are broadcast);
+        solvers whose result lives elsewhere (the EASGD family's center variable) swap it
+        in for the duration.
         """
+        if self._buffers is not None:
+            self._buffers.complete()
         yield self.model
 
     def state_dict(self) -> dict[str, Any]:

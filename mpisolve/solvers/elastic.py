@@ -26,25 +26,36 @@ shard while reading and writing it (a parameter server serving one worker at a t
 is the EASGD paper's beta = p alpha = 0.9). The ``m`` variants apply Nesterov momentum
 to each local step of the user's optimizer (v = mu v + delta; x += mu v), so give them an
 optimizer without momentum. The model's parameters become views into one flat tensor
-(one dtype, CPU); buffers (batch-norm statistics) stay per rank. ``close()`` leaves the
-center (the result) in every rank's model, and :meth:`evaluating` shows it meanwhile.
+(one dtype, on the model's device, CPU or GPU); buffers (batch-norm statistics) stay per
+rank. ``close()`` leaves the center (the result) in every rank's model, and
+:meth:`evaluating` shows it meanwhile.
+
+On a GPU, ``easgd``'s allreduce goes to MPI as every collective does (directly to a
+CUDA-aware MPI, else staged). The windowed solvers keep the shared vector in host memory
+(``window="host"``, the default): an exchange copies the parameters into a pinned host
+twin, reused every time, runs there (on the host, as on the CPU) and copies them back.
+``window="device"`` puts the shared vector in the model's device memory instead
+(``MPI_Win_create``; needs an MPI whose one-sided operations take device memory), and
+the exchange runs on the device with the GPU kernels, without copies to the host.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
+from torch.amp import GradScaler
 
 from ..comm.buckets import FusedBuffer
+from ..comm.device import Stager
 from ..comm.windows import Layout, Progress, SharedVector
 from ..kernels.elastic import elastic_exchange_
 from ..options import OptionError, option, require
-from .base import Solver, StepInfo, register
+from .base import Solver, StepInfo, collective_round, register
 
 
 # ------------------------------------------------------------------ options
@@ -65,9 +76,13 @@ class EASGDOptions:
         require(self.rho is None or self.rho > 0, f"rho must be > 0, got {self.rho}")
 
 
+WindowMemory = Literal["host", "device"]
+WINDOW_MEMORY: tuple[str, ...] = ("host", "device")
+
+
 @dataclass(frozen=True, kw_only=True)
 class WindowOptions:
-    """The shared vector's MPI window: who owns it, who moves its operations along."""
+    """The shared vector's MPI window: who owns it, who moves its operations along, where it lives."""
 
     layout: Layout = option(
         "sharded",
@@ -79,6 +94,18 @@ class WindowOptions:
         "(launch with MPICH_ASYNC_PROGRESS=1), or the library alone (none)",
     )
     force_internode: bool = option(False, "use the inter-node path even when all ranks share a node (to test it)")
+    window: WindowMemory = option(
+        "host",
+        "host: MPI allocates the shared vector in host memory, a GPU model's parameters reach it through a pinned "
+        "host twin; device: the vector lives in the model's device memory (MPI_Win_create; a GPU model needs an "
+        "MPI whose one-sided operations take device memory)",
+    )
+
+    def __post_init__(self) -> None:
+        require(self.window in WINDOW_MEMORY, f"window must be one of {', '.join(WINDOW_MEMORY)}, got {self.window!r}")
+        later = getattr(super(), "__post_init__", None)  # EASGDOptions' checks, for the async EASGD options
+        if later is not None:
+            later()
 
 
 def _check_momentum(momentum: float) -> None:
@@ -92,6 +119,7 @@ class AsyncSGDOptions(WindowOptions):
     tau: int = option(1, "local steps between pushes to the shared parameters (1: every step)")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
 
 
@@ -131,7 +159,7 @@ class AsyncMEASGDOptions(AsyncEASGDOptions):
 def flatten_parameters(
     params: list[torch.nn.Parameter], *, who: str = "the EASGD family", extra: int = 0
 ) -> torch.Tensor:
-    """Make ``params`` views into one flat tensor (one copy, now) and return it.
+    """Make ``params`` views into one flat tensor on their device (one copy, now) and return it.
 
     ``extra`` trailing elements follow the parameters (e.g. a sample count that rides
     along in the same message); ``who`` names the solver in errors.
@@ -140,9 +168,10 @@ def flatten_parameters(
     if len(dtypes) != 1 or not dtypes <= {torch.float32, torch.float64}:
         found = ", ".join(sorted(map(str, dtypes)))
         raise OptionError(f"{who} needs parameters of one dtype, float32 or float64; got {found}")
-    if any(p.device.type != "cpu" for p in params):
-        raise OptionError(f"{who} keeps its vectors in host memory: move the model to the CPU")
-    flat = FusedBuffer([p.shape for p in params], params[0].dtype, extra=extra)
+    devices = {p.device for p in params}
+    if len(devices) != 1:
+        raise OptionError(f"{who} needs parameters on one device; got {', '.join(sorted(map(str, devices)))}")
+    flat = FusedBuffer([p.shape for p in params], params[0].dtype, params[0].device, extra=extra)
     flat.pack([p.detach() for p in params])
     for p, view in zip(params, flat.views):
         p.data = view
@@ -158,9 +187,10 @@ class NesterovMomentum:
         self.velocity = torch.zeros_like(flat)
         self._delta = torch.empty_like(flat)
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, optimizer_step: Callable[[], None]) -> None:
+        """Around ``optimizer_step`` (the user's optimizer stepping the flat parameters)."""
         self._delta.copy_(self.flat)
-        optimizer.step()
+        optimizer_step()
         torch.sub(self.flat, self._delta, out=self._delta)
         self.velocity.mul_(self.momentum).add_(self._delta)
         self.flat.add_(self.velocity, alpha=self.momentum)
@@ -195,21 +225,23 @@ class _LocalSteps(Solver):
     def setup_exchange(self) -> None:
         """Build what the exchange needs (called once, at the end of construction)."""
 
-    def step(self, batch_size: int | None = None) -> StepInfo:
+    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         if self.closed:
             raise RuntimeError(f"solver {self.name!r} is closed")
+        self._unscale(scaler)
         local = self.take_samples(batch_size)
         # Each rank checks its own gradients and skips alone: nothing non-finite is exchanged.
-        applied = self.nonfinite.ok([p.grad for p in self.params if p.grad is not None], "local gradients")
+        applied = self._may_apply([p.grad for p in self.params if p.grad is not None], "local gradients", scaler)
         if applied and self.momentum is not None:
-            self.momentum.step(self.optimizer)
+            self.momentum.step(lambda: self._step_optimizer(scaler))
         elif applied:
-            self.optimizer.step()
+            self._step_optimizer(scaler)
         self.steps += 1  # a skipped step still counts towards tau: exchanges stay on schedule
         self._round_samples += local if applied else 0
         exchanged = self.steps % self.options.tau == 0
         if exchanged:
             self.exchange()
+        self._end_step()
         # A lockstep solver (easgd) reports every step as applied on every rank, so that all
         # count the same steps; its skipped steps add no samples.
         counted = self.reported_samples(local if applied else 0, exchanged)
@@ -220,7 +252,7 @@ class _LocalSteps(Solver):
 
     @abstractmethod
     def exchange(self) -> None:
-        """Meet the other workers (called every ``tau`` local steps)."""
+        """Meet the other workers (called every ``tau`` local steps; ends the round)."""
 
     def reported_samples(self, local: int, exchanged: bool) -> int:
         """``StepInfo.global_samples`` of a step: this rank's ``local`` samples (not lockstep)."""
@@ -280,10 +312,13 @@ class EASGD(_LocalSteps):
 
     x_c += alpha sum_i (x_i - x_c) and x_i -= alpha (x_i - x_c), both from the old
     values, with one allreduce of the differences. beta = ranks * alpha must be <= 1.
+    Under ``join()`` a rank whose data has run out pulls on the center at the next
+    exchange if it stepped since the last one, and not after.
     """
 
     name = "easgd"
     Options = EASGDOptions
+    round_unit = "exchanges"
     #: Every rank steps and exchanges in lockstep, and an exchange reports the samples all
     #: ranks covered since the previous one (they ride in its allreduce). Counted as the
     #: asynchronous solvers are, a rank could stop or evaluate while another waits in an
@@ -297,21 +332,39 @@ class EASGD(_LocalSteps):
         )
         self.center = self.flat.clone()
         n = self.flat.numel()
-        self._wire = torch.empty(n + 1, dtype=self.flat.dtype)  # the differences, then the round's samples
+        # The differences, then the round's samples and the ranks still in their loops.
+        self._wire = torch.empty(n + 2, dtype=self.flat.dtype, device=self.flat.device)
         self._diff = self._wire[:n]
+        self._tally = self._wire[n:]
         self._sum = self.comm.persistent_allreduce(self._wire)
 
     def exchange(self) -> None:
-        torch.sub(self.flat, self.center, out=self._diff)
-        self.flat.sub_(self._diff, alpha=self.alpha)
-        self._wire[-1] = self._round_samples
+        self._exchange(active=True)
+
+    @collective_round
+    def _exchange(self, active: bool) -> None:
+        if active or self._round_samples > 0:
+            torch.sub(self.flat, self.center, out=self._diff)
+            self.flat.sub_(self._diff, alpha=self.alpha)
+        else:  # a rank that joined and has not stepped since the last exchange pulls nothing
+            self._diff.zero_()
+        self._tally[0] = self._round_samples
+        self._tally[1] = int(active)
         self._sum.start()
         self._sum.wait("easgd exchange")
         self.center.add_(self._diff, alpha=self.alpha)
+        self._end_round(int(round(float(self._tally[1]))))
+
+    def _shadow_round(self) -> bool:
+        """A joined rank's part in the next exchange."""
+        self.steps += self.options.tau - self.steps % self.options.tau
+        self._exchange(active=False)
+        self._round_samples = 0
+        return self._active_ranks > 0
 
     def reported_samples(self, local: int, exchanged: bool) -> int:
         """All ranks' samples since the previous exchange at an exchange, else 0 (lockstep)."""
-        return int(self._wire[-1]) if exchanged else 0
+        return int(self._tally[0]) if exchanged else 0
 
     def read_center(self, out: torch.Tensor) -> None:
         out.copy_(self.center)
@@ -323,6 +376,7 @@ class EASGD(_LocalSteps):
     def close(self) -> None:
         """Every rank's model becomes rank 0's center (bit for bit)."""
         if not self.closed:
+            self._end_rounds(busy=False, drain=None)
             self.comm.bcast_(self.center, what="easgd center")
             self.flat.copy_(self.center)
             self._sum.free()
@@ -331,11 +385,24 @@ class EASGD(_LocalSteps):
 
 # ------------------------------------------------------------------ windowed, asynchronous
 class _Windowed(_LocalSteps):
-    """The asynchronous solvers: the shared vector lives in a :class:`SharedVector`."""
+    """The asynchronous solvers: the shared vector lives in a :class:`SharedVector`.
+
+    Ranks may stop at different steps: ``close`` waits until every rank has stopped
+    writing, so ``join()`` has nothing to do.
+
+    The exchange's function sees this worker's parameters as :attr:`local`, in the
+    memory the vector lives in: the flat parameters themselves (a CPU model, or
+    ``window="device"``), else their pinned host twin, which :attr:`stage` fills before
+    the exchange and copies back after (reused every time).
+    """
 
     locked: ClassVar[bool]
+    tolerates_uneven = True
 
     def setup_exchange(self) -> None:
+        on_device = self.options.window == "device"
+        if on_device and self.flat.device.type == "cuda":
+            self.comm.agree(lambda: _require_cuda_aware(self.comm.cuda_aware, self.comm.cuda_aware_source))
         self.vector = SharedVector(
             self.comm,
             self.flat.numel(),
@@ -344,11 +411,29 @@ class _Windowed(_LocalSteps):
             locked=self.locked,
             force_internode=self.options.force_internode,
             progress=self.options.progress,
+            device=self.flat.device if on_device else None,
         )
+        self.stage = Stager(self.flat) if on_device else self.comm.stager(self.flat, host=True)
+        #: This worker's parameters where the exchange sees them (the vector's memory).
+        self.local = self.stage.memory
         self.vector.store_(self.flat)
 
+    def exchange(self) -> None:
+        self.stage.to_mpi()
+        self.comm.wait_for(self.stage.ready, f"{self.name}: parameters to reach the exchange")
+        self.vector.update(self.exchange_function)
+        self.stage.from_mpi()
+
+    @abstractmethod
+    def exchange_function(self, center: torch.Tensor, start: int, stop: int) -> None:
+        """Exchange elements ``start:stop`` of :attr:`local` with ``center`` (in place, both)."""
+
     def read_center(self, out: torch.Tensor) -> None:
-        self.vector.read(out)
+        if self.local is self.flat or out.device == self.local.device:
+            self.vector.read(out)
+        else:
+            self.vector.read(self.local)  # refilled from the parameters by the next exchange
+            out.copy_(self.local)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -358,9 +443,17 @@ class _Windowed(_LocalSteps):
         """Collective: wait until every rank has stopped writing, load the center, free the window."""
         if not self.closed:
             self.vector.quiesce()
-            self.vector.read(self.flat)
+            self.read_center(self.flat)
             self.vector.close()
         super().close()
+
+
+def _require_cuda_aware(aware: bool, source: str) -> None:
+    require(
+        aware,
+        f"window='device' puts the shared vector in GPU memory, which needs a CUDA-aware MPI; this one is not "
+        f"({source}): use window='host'",
+    )
 
 
 class _SharedParameters(_Windowed):
@@ -368,17 +461,18 @@ class _SharedParameters(_Windowed):
 
     def setup_exchange(self) -> None:
         super().setup_exchange()
-        self.anchor = self.flat.clone()
+        #: The parameters as last pulled, in the vector's memory.
+        self.anchor = torch.empty_like(self.local)
+        self.anchor.copy_(self.flat)
 
-    def exchange(self) -> None:
-        self.vector.update(self._push_pull)
-
-    def _push_pull(self, shared: torch.Tensor, start: int, stop: int) -> None:
-        x, anchor = self.flat[start:stop], self.anchor[start:stop]
+    def exchange_function(self, shared: torch.Tensor, start: int, stop: int) -> None:
+        x, anchor = self.local[start:stop], self.anchor[start:stop]
         torch.sub(x, anchor, out=anchor)  # this worker's progress since its last pull
         shared.add_(anchor)
         x.copy_(shared)
-        anchor.copy_(shared)
+        # From the same read: on a wild window another rank may write between two reads of
+        # shared, and an anchor off the pulled x would make the next push cancel that write.
+        anchor.copy_(x)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "anchor": self.anchor.clone()}
@@ -391,11 +485,8 @@ class _SharedParameters(_Windowed):
 class _ElasticExchange(_Windowed):
     """Asynchronous EASGD: d = alpha (x_i - x_c); x_i -= d; x_c += d, against the shared center."""
 
-    def exchange(self) -> None:
-        self.vector.update(self._pull_together)
-
-    def _pull_together(self, center: torch.Tensor, start: int, stop: int) -> None:
-        elastic_exchange_(self.flat[start:stop], center, self.alpha)
+    def exchange_function(self, center: torch.Tensor, start: int, stop: int) -> None:
+        elastic_exchange_(self.local[start:stop], center, self.alpha)
 
 
 @register

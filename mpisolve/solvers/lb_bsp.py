@@ -14,13 +14,17 @@ import heapq
 import math
 import statistics
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
+
+import torch
+from torch.amp import GradScaler
 
 from ..comm.buckets import Bucket, GradientBuckets, SumReducer
 from ..comm.communicator import Communicator
 from ..options import OptionError, option, require
-from .base import Solver, StepInfo, register
+from .base import Solver, StepInfo, SynchronousOptions, collective_round, register
 
 
 def parse_speeds(text: str) -> tuple[float, ...]:
@@ -74,7 +78,7 @@ def measure_speeds(
 
 
 @dataclass(frozen=True, kw_only=True)
-class LBBSPOptions:
+class LBBSPOptions(SynchronousOptions):
     """How the ranks' speeds are known, and the gradient buckets."""
 
     speeds: str = option(
@@ -97,20 +101,25 @@ class SampleWeightedSum:
 
     Each rank's gradients are the mean over its own micro-batch; the bucket is scaled by
     this rank's sample count before its allreduce starts, and by the global count (which
-    rides with the first bucket) when it completes.
+    rides with the first bucket) when it completes. A rank that contributes no samples
+    (under ``join()``) weighs nothing: the mean is over the samples present.
     """
 
     def __init__(self, comm: Communicator) -> None:
         self._sum = SumReducer(comm)
-        self._local = 1.0
+        self._local = torch.ones(())  # this rank's count, on the buckets' device (set in prepare)
         self._global = 1.0
 
     def prepare(self, bucket: Bucket) -> None:
         self._sum.prepare(bucket)
+        if bucket.index == 0:
+            self._local = torch.ones((), dtype=bucket.wire.dtype, device=bucket.wire.device)
 
     def start(self, bucket: Bucket) -> None:
-        if bucket.index == 0:  # started first; its extra element holds this rank's count
-            self._local = bucket.wire[-1].item()
+        # Called from autograd hooks: device operations only, no read back to the host
+        # (that would synchronize the stream inside backward).
+        if bucket.index == 0:  # started first; its first extra element holds this rank's count
+            self._local.copy_(bucket.wire[bucket.buffer.numel])  # a copy: the element itself is summed in flight
         bucket.wire[: bucket.buffer.numel].mul_(self._local)
         self._sum.start(bucket)
 
@@ -120,8 +129,8 @@ class SampleWeightedSum:
     def finish(self, bucket: Bucket) -> None:
         self._sum.finish(bucket)
         if bucket.index == 0:  # finished first
-            self._global = bucket.wire[-1].item()
-        bucket.wire[: bucket.buffer.numel].mul_(1.0 / self._global)
+            self._global = bucket.wire[bucket.buffer.numel].item()
+        bucket.wire[: bucket.buffer.numel].mul_(1.0 / self._global if self._global > 0 else 0.0)
 
     def close(self) -> None:
         self._sum.close()
@@ -166,20 +175,26 @@ class LBBSP(Solver):
     def zero_grad(self) -> None:
         self.grads.zero_()
 
-    def step(self, batch_size: int | None = None) -> StepInfo:
+    def no_sync(self) -> AbstractContextManager[None]:
+        return self.grads.no_sync()
+
+    @collective_round
+    def synchronize(self, *, scaler: GradScaler | None = None) -> None:
+        self.grads.finish(writable=True)
+        self._unscale(scaler)
+
+    @collective_round
+    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         """Complete the weighted reduction and step. The sample counts are the forward passes'."""
         if batch_size is not None:
             raise ValueError(
                 "lb-bsp weights each rank's gradients by the samples its forward passes saw, "
                 "while backward runs: step(batch_size=...) cannot change them afterwards"
             )
-        global_samples = self.grads.finish()
-        local = self.take_samples(None)
-        # The reduced gradients are the same everywhere: every rank decides alike, unasked.
-        if not self.nonfinite.ok([b.buffer.flat for b in self.grads.buckets], "weighted gradients"):
-            return StepInfo(applied=False, global_samples=0, local_samples=local)
-        self.optimizer.step()
-        return StepInfo(applied=True, global_samples=global_samples, local_samples=local)
+        return self._bucket_step(self.grads, None, scaler, "weighted gradients")
+
+    def _shadow_round(self) -> bool:
+        return self._shadow_bucket_round(self.grads)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "speeds": self.speeds, "batch_sizes": self.batch_sizes}
@@ -192,5 +207,6 @@ class LBBSP(Solver):
 
     def close(self) -> None:
         if not self.closed:
+            self._end_rounds(busy=self.grads.in_flight, drain=self.grads.finish)
             self.grads.close()
         super().close()

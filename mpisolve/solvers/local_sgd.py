@@ -6,6 +6,10 @@ saw since the last average, riding in the same message) replaces every copy by t
 mean. The average is the global update: ``step`` reports it as applied, with the global
 samples it covers, so every rank sees the same sequence of updates (lockstep) and the
 models agree right after each one. Optimizer state (momentum) stays local.
+
+Under ``join()`` a rank whose data has run out contributes its model to the next
+average if it took local steps since the last one, and nothing after: an average is
+the mean of the models of the ranks that contributed to it.
 """
 
 from __future__ import annotations
@@ -13,9 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+from torch.amp import GradScaler
+
 from ..options import option, require
-from .base import Solver, StepInfo, register
+from .base import Solver, StepInfo, collective_round, register
 from .elastic import flatten_parameters
+
+#: Trailing elements of the averaged message: samples since the last average, ranks that
+#: contributed their model, ranks still in their loops (every one, but under ``join()``).
+TALLY = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,32 +45,66 @@ class LocalSGD(Solver):
 
     name = "local-sgd"
     Options = LocalSGDOptions
+    round_unit = "averages"
 
     def setup(self) -> None:
-        self.flat = flatten_parameters(self.params, who="local-sgd", extra=1)  # parameters, then a sample count
+        self.flat = flatten_parameters(self.params, who="local-sgd", extra=TALLY)  # parameters, then the tally
+        self._params = self.flat[:-TALLY]
+        self._tally = self.flat[-TALLY:]
         self._average = self.comm.persistent_allreduce(self.flat)
         self.steps = 0
         self._since_average = 0  # this rank's samples since the last average
+        self._moved = False  # this rank took a local step since the last average
+        self._kept: torch.Tensor | None = None  # a joined rank's model while it contributes nothing
 
-    def step(self, batch_size: int | None = None) -> StepInfo:
+    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         """One local step; every ``tau``-th also averages the models (the applied global update)."""
         if self.closed:
             raise RuntimeError("solver 'local-sgd' is closed")
+        self._unscale(scaler)
         local = self.take_samples(batch_size)
         # Each rank checks its own gradients and skips its local step alone: nothing non-finite is averaged.
-        if self.nonfinite.ok([p.grad for p in self.params if p.grad is not None], "local gradients"):
-            self.optimizer.step()
+        if self._may_apply([p.grad for p in self.params if p.grad is not None], "local gradients", scaler):
+            self._step_optimizer(scaler)
+            self._moved = True
         self.steps += 1  # a skipped step still counts towards tau: averages stay on schedule
         self._since_average += local
         if self.steps % self.options.tau:
+            self._end_step()
             return StepInfo(applied=False, global_samples=0, local_samples=local)
-        self.flat[-1] = self._since_average
+        global_samples, contributors = self._average_models(active=True)
+        return StepInfo(applied=contributors > 0, global_samples=global_samples, local_samples=local)
+
+    @collective_round
+    def _average_models(self, active: bool) -> tuple[int, int]:
+        """The models' average, of the ranks that moved since the last one: (samples, contributors)."""
+        contributes = active or self._moved
+        if not contributes:
+            if self._kept is None:
+                self._kept = torch.empty_like(self._params)
+            self._kept.copy_(self._params)
+            self._params.zero_()
+        self._tally[0] = self._since_average
+        self._tally[1] = int(contributes)
+        self._tally[2] = int(active)
         self._average.start()
         self._average.wait("local-sgd average")
-        global_samples = int(round(self.flat[-1].item()))
-        self.flat[:-1].mul_(1.0 / self.comm.size)
+        samples, contributors, still_active = (int(round(v)) for v in self._tally.tolist())
+        if contributors > 0:
+            self._params.mul_(1.0 / contributors)
+        else:  # nobody moved: every model is the last average already
+            assert self._kept is not None
+            self._params.copy_(self._kept)
         self._since_average = 0
-        return StepInfo(applied=True, global_samples=global_samples, local_samples=local)
+        self._moved = False
+        self._end_round(still_active)
+        return samples, contributors
+
+    def _shadow_round(self) -> bool:
+        """A joined rank's part in the next average (its model if it moved since the last one)."""
+        self.steps += self.options.tau - self.steps % self.options.tau
+        self._average_models(active=False)
+        return self._active_ranks > 0
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "steps": self.steps, "samples_since_average": self._since_average}
@@ -71,5 +116,6 @@ class LocalSGD(Solver):
 
     def close(self) -> None:
         if not self.closed:
+            self._end_rounds(busy=False, drain=None)
             self._average.free()
         super().close()

@@ -74,16 +74,28 @@ class NonFiniteGuard:
         """
         if self.policy == "ignore":
             return True
-        self.checks += 1
         finite = all_finite(tensors)
-        if agree and self.comm.size > 1:
-            self._flag.fill_(0.0 if finite else 1.0)
-            self.comm.allreduce_(self._flag, op="max", what="non-finite check")
-            finite = self._flag.item() == 0.0
+        if agree:
+            finite = self.agreed(finite)
+        return self.decide(finite, what, agreed=agree)
+
+    def agreed(self, finite: bool) -> bool:
+        """Collective: whether ``finite`` holds on every rank (one 1-element allreduce)."""
+        if self.comm.size == 1:
+            return finite
+        self._flag.fill_(0.0 if finite else 1.0)
+        self.comm.allreduce_(self._flag, op="max", what="non-finite check")
+        return self._flag.item() == 0.0
+
+    def decide(self, finite: bool, what: str, *, agreed: bool = False) -> bool:
+        """The policy applied to a finiteness already known (``agreed``: the same on every rank)."""
+        if self.policy == "ignore":
+            return True
+        self.checks += 1
         if finite:
             self._skipped_in_a_row = 0
             return True
-        where = "on some rank" if agree else f"on rank {self.comm.rank}"
+        where = "on some rank" if agreed else f"on rank {self.comm.rank}"
         if self.policy == "raise":
             raise NonFiniteError(
                 f"solver {self.solver!r}: non-finite value (NaN or Inf) in the {what} {where} at step "

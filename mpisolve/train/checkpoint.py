@@ -169,6 +169,7 @@ class CheckpointDir:
         for key, want in expect.items():
             if header.get(key) != want:
                 raise CheckpointError(
-                    f"the checkpoint in {self.path} is of {key.replace('_', ' ')} {header.get(key)!r}; this run has {want!r}"
+                    f"the checkpoint in {self.path} is of {key.replace('_', ' ')} {header.get(key)!r}; "
+                    f"this run has {want!r}"
                 )
         return step, state

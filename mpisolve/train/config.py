@@ -16,12 +16,15 @@ import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..options import InputError, build_options, option_fields, parse_option
 from .data import DATASETS, SYNTHETIC_MIN_SIZE
 from .hetero import PRESETS, factors_for_world, parse_hetero
 from .models import MODELS
+
+if TYPE_CHECKING:
+    from ..solvers.base import Solver
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -326,7 +329,7 @@ def _config(values: dict[str, Any], world_size: int, *, solver: str, options: di
     return TrainConfig(solver=solver, options=options, hetero=hetero, **settings)
 
 
-def _solver_class(name: str) -> type:
+def _solver_class(name: str) -> type[Solver]:
     from ..solvers.base import solver_class
 
     return solver_class(name)

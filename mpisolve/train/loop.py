@@ -399,7 +399,8 @@ class Trainer:
 
     # --------------------------------------------------------------- checkpoints
     def _state(self) -> dict[str, Any]:
-        numpy_state = np.random.get_state()
+        numpy_state = np.random.get_state(legacy=True)
+        assert isinstance(numpy_state, tuple)  # the global generator is MT19937, whose legacy state is a tuple
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),

@@ -149,6 +149,7 @@ class AgreedCounter:
             if time.monotonic() - self._posted_at > self.comm.timeout_s:
                 raise self.comm.timed_out("progress allreduce (a rank stopped training)")
             return None
+        self._round.wait("progress allreduce")  # completed: brings a staged result into the buffer
         self.now = Progress(int(self._buffer[0]), int(self._buffer[1]))
         self._post()
         return self.now

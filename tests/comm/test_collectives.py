@@ -41,3 +41,29 @@ def test_bad_input_is_named():
         mpisolve.allreduce([torch.zeros(1)], op="max")
     with pytest.raises(TypeError, match=r"tensors\[1\] has dtype torch.int64"):
         mpisolve.allreduce([torch.zeros(1), torch.zeros(1, dtype=torch.int64)])
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+def test_an_mpi4py_communicator_is_wrapped_once_and_freed_with_it():
+    # Wrapped anew on every call, each call made a Split_type, an allreduce and Adasum's
+    # splits, and never freed them: MPICH ran out of communicators after about 2000 calls.
+    from mpi4py import MPI
+
+    from mpisolve.comm.communicator import as_communicator
+
+    sub = MPI.COMM_WORLD.Split(0, MPI.COMM_WORLD.Get_rank())
+    mine = [torch.full((5,), 1.0 + sub.Get_rank())]
+    wrapper = as_communicator(sub)
+    mpisolve.allreduce(mine, op="adasum", comm=sub)
+    made = dict(wrapper._named_splits)  # Adasum's level splits
+    for op in ("sum", "adasum", "sum", "adasum"):
+        mpisolve.allreduce(mine, op=op, comm=sub)
+    # Another mpi4py object of the same communicator finds the same wrapper.
+    (total,) = mpisolve.allreduce(mine, op="sum", comm=MPI.Intracomm(sub))
+    assert total.tolist() == [sum(1.0 + r for r in range(sub.Get_size()))] * 5
+    assert as_communicator(sub) is wrapper and as_communicator(MPI.Intracomm(sub)) is wrapper
+    assert made and wrapper._named_splits == made  # made once, reused
+    sub.Free()  # frees what the wrapper made, on every rank
+    splits = [c for c in made.values() if c is not None]
+    assert wrapper.node == MPI.COMM_NULL and all(c.comm == MPI.COMM_NULL for c in splits)

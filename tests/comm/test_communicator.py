@@ -78,3 +78,25 @@ def test_persistent_bcast_reused_from_any_root():
         req.wait()
         assert t.tolist() == [float(root * 10 + i)] * 5
     req.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+def test_a_persistent_collective_in_flight_is_not_freed():
+    """Freeing an active request is erroneous in MPI: refused until it has completed."""
+    comm = Communicator()
+    signal = comm.split(0)  # rank 1 starts only once rank 0 has tried to free
+    buf = torch.ones(4)
+    allreduce = comm.persistent_allreduce(buf)
+    if comm.rank == 0:
+        allreduce.start()
+        with pytest.raises(RuntimeError, match="freed while still in flight"):
+            allreduce.free()
+        signal.barrier()
+    else:
+        signal.barrier()
+        allreduce.start()
+    allreduce.wait()
+    allreduce.free()
+    assert buf.tolist() == [2.0] * 4
+    signal.free()

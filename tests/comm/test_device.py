@@ -1,4 +1,6 @@
-"""CUDA-awareness detection, the host stager and device choice (single process, no GPU needed)."""
+"""CUDA-awareness detection, the host stager and device choice (single process; the gpu-marked test needs a GPU)."""
+
+import time
 
 import pytest
 import torch
@@ -72,6 +74,17 @@ def test_staged_stager_copies_through_its_own_host_buffer():
     assert stager.host.data_ptr() == buffer_before  # reused, not reallocated
 
 
+def test_a_receive_copies_nothing_to_the_host_buffer():
+    t = torch.arange(3.0)
+    stager = Stager.staged(t)
+    stager.host.fill_(-1.0)
+    stager.to_mpi(values=False)  # MPI will only write the host buffer
+    assert stager.ready() and stager.host.tolist() == [-1.0] * 3
+    stager.host.fill_(5.0)
+    stager.from_mpi()
+    assert t.tolist() == [5.0] * 3
+
+
 def test_stager_refuses_what_mpi_cannot_take():
     with pytest.raises(ValueError, match="contiguous"):
         Stager(torch.zeros(3, 3).t())
@@ -81,3 +94,30 @@ def test_stager_refuses_what_mpi_cannot_take():
         Stager(torch.zeros(3), torch.zeros(4))
     with pytest.raises(ValueError, match="CPU or CUDA tensor"):
         mpi_buffer(torch.zeros(3, device="meta"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "direct"])
+def test_stager_waits_for_the_kernels_without_blocking_the_host(staged):
+    source = torch.arange(1000.0, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(200_000_000)  # a long kernel (about 0.1 s), then the values MPI is to send
+        t = source * 2
+        stager = Stager.staged(t) if staged else Stager(t)
+        started = time.perf_counter()
+        stager.to_mpi()
+        queued_in = time.perf_counter() - started
+        assert not stager.ready()  # the kernels that write t are still queued
+    while not stager.ready():
+        time.sleep(1e-3)
+    assert torch.equal(stager.memory.cpu(), torch.arange(1000.0) * 2)
+    assert queued_in < 0.05, f"to_mpi blocked the host for {queued_in:.3f} s"
+    if staged:
+        stager.host.fill_(1.0)  # what MPI would leave there
+        with torch.cuda.stream(stream):
+            stager.from_mpi()
+            stager.to_mpi()  # the next use waits for the copy back before overwriting the host buffer
+        while not stager.ready():
+            time.sleep(1e-3)
+        assert torch.equal(t.cpu(), torch.ones(1000))

@@ -18,12 +18,14 @@ def models(rank, odd):
     return [
         (
             shape,
-            r"parameter 2 \('1.weight'\): rank 0 has '1.weight' shape \[2, 4\] float32, rank\(s\) {odd} have '1.weight' shape \[3, 4\]",
+            r"parameter 2 \('1.weight'\): rank 0 has '1.weight' shape \[2, 4\] float32, "
+            r"rank\(s\) {odd} have '1.weight' shape \[3, 4\]",
         ),
         (count, r"parameter 4 \('2.weight'\): rank 0 has no such parameter, rank\(s\) {odd} have '2.weight'"),
         (
             dtype,
-            r"parameter 0 \('0.weight'\): rank 0 has '0.weight' shape \[4, 3\] float32, rank\(s\) {odd} have .* float64",
+            r"parameter 0 \('0.weight'\): rank 0 has '0.weight' shape \[4, 3\] float32, "
+            r"rank\(s\) {odd} have .* float64",
         ),
     ]
 

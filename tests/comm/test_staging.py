@@ -1,25 +1,23 @@
 """Device buffers and MPI on real ranks: the staged path against the direct one.
 
-Without a GPU, a communicator that stages every tensor (CPU ones too) runs each
-collective through host twins; its results must equal the direct path's bit for bit.
-The tests marked ``gpu`` do the same with CUDA tensors, staged and (where the MPI
-library is CUDA-aware) direct, against CPU results.
+Without a GPU, a communicator that stages every tensor (``stage_all``, CPU ones too)
+runs every MPI operation through host twins, on every communicator split from it; its
+results must equal the direct path's bit for bit (the same operations in the same order
+on the same values). The tests marked ``gpu`` do the same with CUDA tensors, staged and
+(where the MPI library is CUDA-aware) direct, against CPU results. The direct path is
+MPI's own (``node_shm=False``): node-shared sums take only tensors MPI is given directly,
+so a staged communicator never uses them, and they add in their own order.
 """
 
 import pytest
 import torch
+from mpi4py import MPI
 
+import mpisolve
 from mpisolve.comm.buckets import GradientBuckets
-from mpisolve.comm.collectives import allreduce
-from mpisolve.comm.communicator import Communicator, init
-from mpisolve.comm.device import detect_cuda_aware
-
-
-class StagingEverything(Communicator):
-    """A real communicator whose every tensor reaches MPI through its own host twin."""
-
-    def needs_staging(self, tensor: torch.Tensor) -> bool:
-        return True
+from mpisolve.comm.collectives import _start_sum, allreduce
+from mpisolve.comm.communicator import Communicator, PersistentAllreduce, as_communicator, init
+from mpisolve.comm.device import STAGE_ENV, Stager, detect_cuda_aware
 
 
 def _rank_data(comm, *shape, dtype=torch.float32, device="cpu", rank=None):
@@ -30,7 +28,7 @@ def _rank_data(comm, *shape, dtype=torch.float32, device="cpu", rank=None):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
 def test_staged_allreduce_and_bcast_equal_direct():
-    direct, staged = Communicator(), StagingEverything()
+    direct, staged = Communicator(node_shm=False), Communicator(stage_all=True)
     for dtype in (torch.float32, torch.float64):
         a, b = _rank_data(direct, 5, 3, dtype=dtype), _rank_data(direct, 5, 3, dtype=dtype)
         direct.allreduce_(a)
@@ -46,7 +44,7 @@ def test_staged_allreduce_and_bcast_equal_direct():
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
 def test_staged_persistent_allreduce_reuses_its_host_buffer():
-    comm = StagingEverything()
+    comm = Communicator(stage_all=True)
     t = torch.zeros(9)
     req = comm.persistent_allreduce(t)
     host = req.stager.host
@@ -63,7 +61,7 @@ def test_staged_persistent_allreduce_reuses_its_host_buffer():
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
 def test_staged_functional_allreduce_equals_direct():
-    direct, staged = Communicator(), StagingEverything()
+    direct, staged = Communicator(node_shm=False), Communicator(stage_all=True)
     tensors = [_rank_data(direct, 4, 4), _rank_data(direct, 1), _rank_data(direct, 3, dtype=torch.float16)]
     expected = allreduce(tensors, op="average", comm=direct)
     got = allreduce(tensors, op="average", comm=staged)
@@ -73,12 +71,10 @@ def test_staged_functional_allreduce_equals_direct():
 def _model_grads(comm, device="cpu", dtype=torch.float32):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).to(device, dtype)
-    grads = GradientBuckets(
-        model.parameters(), comm, bucket_bytes=100, samples=lambda: 4 + comm.rank, scale=1.0 / comm.size
-    )
+    grads = GradientBuckets(model.parameters(), comm, bucket_bytes=100, samples=lambda: 4 + comm.rank, average=True)
     grads.zero_()
     model(_rank_data(comm, 4 + comm.rank, 6, dtype=dtype, device=device)).square().sum().backward()
-    samples = grads.finish()
+    samples = grads.finish().samples
     out = [p.grad.detach().cpu().clone() for p in model.parameters()], samples, len(grads.buckets)
     grads.close()
     return out
@@ -87,11 +83,119 @@ def _model_grads(comm, device="cpu", dtype=torch.float32):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
 def test_staged_gradient_buckets_equal_direct():
-    direct_grads, direct_samples, buckets = _model_grads(Communicator())
-    staged_grads, staged_samples, _ = _model_grads(StagingEverything())
+    direct_grads, direct_samples, buckets = _model_grads(Communicator(node_shm=False))
+    staged_grads, staged_samples, _ = _model_grads(Communicator(stage_all=True))
     assert buckets > 1
     assert direct_samples == staged_samples == sum(4 + r for r in range(Communicator().size))
     assert all(torch.equal(d, s) for d, s in zip(direct_grads, staged_grads))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+def test_forced_staging_reaches_every_communicator_the_library_makes(monkeypatch):
+    staged = Communicator(stage_all=True)
+    sub = staged.split(0)
+    assert staged.stage_all and sub.stage_all and sub.needs_staging(torch.zeros(1))
+    assert staged.stager(torch.zeros(3)).host is not None
+    monkeypatch.setenv(STAGE_ENV, "1")  # what a user sets to run the staged path without a GPU
+    assert Communicator().stage_all
+    world_split = MPI.COMM_WORLD.Split(0)
+    try:
+        assert as_communicator(world_split).stage_all  # mpisolve.allreduce(..., comm=<mpi4py comm>)
+    finally:
+        world_split.Free()
+    monkeypatch.setenv(STAGE_ENV, "yes")
+    with pytest.raises(ValueError, match="MPISOLVE_STAGE must be 0 or 1, got 'yes'"):
+        Communicator(MPI.COMM_SELF)
+
+
+def _rank_model(rank_seed: int):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    return model, torch.Generator().manual_seed(rank_seed)
+
+
+def _adasum_solver_params(comm, mode):
+    model, gen = _rank_model(7 + comm.rank)
+    solver = mpisolve.make_solver("adasum", model, torch.optim.SGD(model.parameters(), lr=0.1), comm, mode=mode)
+    for _ in range(3):
+        solver.zero_grad()
+        model(torch.randn(5, 6, generator=gen)).square().sum().backward()
+        solver.step()
+    solver.close()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+def test_staged_adasum_equals_direct():
+    # The issue's finding: Adasum's messages bypassed the stager and its statistics'
+    # allreduce was completed without copying the staged sums back, so forcing staging
+    # changed the 2-rank result by about 0.1. Every message now goes through a stager.
+    direct, staged = Communicator(node_shm=False), Communicator(stage_all=True)
+    tensors = [_rank_data(direct, *shape) for shape in [(3, 4), (7,), (257,), (10, 10)]]
+    tensors.append(_rank_data(direct, 5, dtype=torch.float64))
+    expected = allreduce(tensors, op="adasum", comm=direct)
+    got = allreduce(tensors, op="adasum", comm=staged)
+    assert all(torch.equal(e, g) for e, g in zip(expected, got))
+    for mode in ("delta", "gradient"):
+        direct_params = _adasum_solver_params(direct, mode)
+        staged_params = _adasum_solver_params(staged, mode)
+        assert all(torch.equal(d, s) for d, s in zip(direct_params, staged_params)), mode
+
+
+class LateStager(Stager):
+    """A stager whose data becomes ready only after ``late`` polls, as a CUDA event passes when its kernels end."""
+
+    def __init__(self, tensor, late):
+        super().__init__(tensor)
+        self.late = late
+        self.polls = 0
+
+    def to_mpi(self, values=True):
+        super().to_mpi(values)
+        self.polls = 0
+
+    def ready(self):
+        self.polls += 1
+        return self.polls > self.late
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+def test_operations_whose_data_is_late_are_posted_in_start_order():
+    # Two nonblocking allreduces (mpisolve.allreduce's, one per fused buffer) match in the
+    # order they are posted. Rank 0's first buffer is late, the other ranks' second:
+    # posted as soon as each is ready, they would match the wrong buffers. Started in
+    # order, each sums its own, and starting never blocks.
+    comm = Communicator()
+    first, second = torch.zeros(4), torch.zeros(4)
+    for step in range(2):
+        first.fill_(1.0 + comm.rank + step)
+        second.fill_(100.0 * (1 + comm.rank))
+        lates = [5, 0] if comm.rank == 0 else [0, 5]
+        stagers = [LateStager(t, late) for t, late in zip((first, second), lates)]
+        postings = [_start_sum(comm, stager) for stager in stagers]
+        assert [p.posted for p in postings] == ([False, False] if comm.rank == 0 else [True, False])
+        comm.wait_posted(postings, "late allreduces")
+        assert first.tolist() == [sum(1.0 + r + step for r in range(comm.size))] * 4
+        assert second.tolist() == [sum(100.0 * (1 + r) for r in range(comm.size))] * 4
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+def test_a_persistent_collective_started_late_is_posted_by_its_wait():
+    comm = Communicator()
+    t = torch.zeros(3)
+    reduction = PersistentAllreduce(comm, t)
+    reduction.stager = LateStager(t, 3)
+    reduction.posting.stagers = (reduction.stager,)
+    t.fill_(comm.rank + 1.0)
+    reduction.start()
+    assert not reduction.posting.posted and not reduction.test()
+    reduction.wait()
+    assert t.tolist() == [comm.size * (comm.size + 1) / 2] * 3
+    reduction.free()
 
 
 # ------------------------------------------------------------------ real GPU
@@ -118,7 +222,7 @@ def _cuda_paths():
 def test_cuda_tensors_reduce_like_cpu_ones(aware):
     if aware not in _cuda_paths():
         pytest.skip("the MPI library is not CUDA-aware")
-    cpu, gpu = Communicator(), Communicator(cuda_aware=aware)
+    cpu, gpu = Communicator(node_shm=False), Communicator(cuda_aware=aware)
     assert gpu.needs_staging(torch.zeros(1, device="cuda")) is not aware
     a = _rank_data(cpu, 1000)
     b = a.cuda() * 1  # produced by a kernel on the current stream just before MPI

@@ -24,8 +24,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,7 +79,7 @@ PartitionName=test Nodes={host} Default=YES MaxTime=5 State=UP
 """
 
 
-def _run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:  # noqa: ANN003
+def _run(cmd: list[str], timeout: float, **kwargs: Any) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
@@ -202,8 +204,8 @@ class SlurmCluster:
     def _sbin(program: str) -> str:
         return shutil.which(program, path=SEARCH_PATH) or program
 
-    def _spawn(self, cmd: list[str], **kwargs) -> None:  # noqa: ANN003
-        log = open(self.root / "log" / f"{Path(cmd[0]).name}.console", "w")  # noqa: SIM115 (the daemon keeps it)
+    def _spawn(self, cmd: list[str], **kwargs: Any) -> None:
+        log = open(self.root / "log" / f"{Path(cmd[0]).name}.console", "w")  # the daemon keeps it
         # SLURM_CONF in the daemons' environment marks them and their job steps as this cluster's.
         proc = subprocess.Popen(
             cmd,
@@ -220,13 +222,14 @@ class SlurmCluster:
         if proc.poll() is not None:
             raise RuntimeError(f"{cmd[0]} exited with status {proc.returncode} at start:\n{self.logs()}")
 
-    def _wait_for(self, ready, timeout_s: float, what: str) -> None:  # noqa: ANN001
+    def _wait_for(self, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
         while not ready():
             dead = [name for name, p in self.daemons.items() if p.poll() is not None]
             if dead or time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"gave up waiting for {what} ({'exited: ' + ', '.join(dead) if dead else 'timeout'}):\n{self.logs()}"
+                    f"gave up waiting for {what} ({'exited: ' + ', '.join(dead) if dead else 'timeout'}):\n"
+                    f"{self.logs()}"
                 )
             time.sleep(0.2)
 

@@ -7,6 +7,7 @@ from numba import config, cuda
 
 from mpisolve.kernels import adasum, adasum_cuda
 from mpisolve.kernels.adasum import TINY
+from tests.kernels.twins import DEVICE, side_stream
 
 
 def layout(lengths):
@@ -120,3 +121,21 @@ def test_cuda_twins_match_cpu(lengths, dtype):
     adasum_cuda.combine_arrays(d_a, d_b, d_bounds, cuda.to_device(stats.numpy()), d_out)
     rtol = 1e-6 if dtype == np.float32 else 1e-13
     np.testing.assert_allclose(d_out.copy_to_host(), out.numpy(), rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_torch_facing_twins_match_the_cpu_twins(dtype):
+    lengths = [7, 0, 300, 1]
+    gen = torch.Generator().manual_seed(4)
+    a, b = (torch.randn(sum(lengths), generator=gen, dtype=dtype) for _ in range(2))
+    bounds = layout(lengths)
+    stats = adasum.segment_stats_cpu(a, b, bounds, torch.empty(len(lengths), 3, dtype=torch.float64))
+    out = adasum.segment_combine_cpu(a, b, bounds, stats, torch.empty_like(a))
+    d_a, d_b, d_bounds = a.to(DEVICE), b.to(DEVICE), bounds.to(DEVICE)
+    with side_stream():
+        d_stats = adasum_cuda.segment_stats(d_a * 1, d_b * 1, d_bounds, torch.full_like(stats, 7.0, device=DEVICE))
+        d_out = adasum_cuda.segment_combine(d_a, d_b, d_bounds, d_stats, d_a)  # in place, as Adasum combines
+    np.testing.assert_allclose(d_stats.cpu().numpy(), stats.numpy(), rtol=1e-12, atol=1e-12)
+    rtol = 1e-6 if dtype == torch.float32 else 1e-13
+    np.testing.assert_allclose(d_out.cpu().numpy(), out.numpy(), rtol=rtol, atol=rtol)
+    assert d_out is d_a

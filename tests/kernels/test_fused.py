@@ -10,6 +10,7 @@ import torch
 from numba import cuda
 
 from mpisolve.kernels import fused, fused_cuda
+from tests.kernels.twins import DEVICE, side_stream
 
 THREADS = fused_cuda.THREADS
 
@@ -146,3 +147,27 @@ def test_pack_and_unpack_torch_cuda_tensors_on_a_side_stream():
 def test_dispatch_refuses_mixed_devices():
     with pytest.raises(ValueError, match="different devices"):
         fused.pack([torch.zeros(2)], torch.zeros(2, device="cuda"))
+
+
+def test_torch_facing_pack_and_unpack_match_the_cpu_twin():
+    dtype = torch.bfloat16  # moved as 2-byte integers
+    sizes = [0, 1, THREADS + 1, 3]
+    tensors = _tensors(sizes, dtype)
+    flat = torch.empty(sum(sizes), dtype=dtype)
+    fused.pack_cpu([t * 2 for t in tensors], flat)
+    on_device = [t.to(DEVICE) for t in tensors]
+    device_flat = torch.full((sum(sizes),), -1.0, dtype=dtype, device=DEVICE)
+    with side_stream():
+        doubled = [t * 2 for t in on_device]  # produced on the stream the copy must follow
+        fused_cuda.pack(doubled, device_flat)
+        out = [torch.empty_like(t) for t in on_device]
+        fused_cuda.unpack(device_flat, out)
+    assert torch.equal(device_flat.cpu(), flat)
+    assert all(torch.equal(o.cpu(), t * 2) for o, t in zip(out, tensors))
+
+
+def test_the_torch_facing_twin_refuses_tensors_it_cannot_reach():
+    with pytest.raises(ValueError, match="tensor 1 is on meta"):
+        fused_cuda.pack([torch.zeros(2, device=DEVICE), torch.zeros(2, device="meta")], torch.zeros(4, device=DEVICE))
+    with pytest.raises(ValueError, match="GPU kernels take CUDA tensors"):
+        fused_cuda.pack([torch.zeros(2, device="meta")], torch.zeros(2, device="meta"))

@@ -6,6 +6,7 @@ import torch
 from numba import config, cuda
 
 from mpisolve.kernels.triangle import bench_cases, pack_triu, triangle_numel, unpack_triu_
+from tests.kernels.twins import DEVICE, side_stream
 
 
 @pytest.mark.parametrize("n", [1, 2, 17, 70])
@@ -48,17 +49,16 @@ def test_gpu_twin_kernels_agree_with_the_cpu_twin(n):
     assert torch.equal(torch.from_numpy(d_out.copy_to_host()), symmetric)
 
 
-@pytest.mark.gpu
-def test_pack_and_unpack_torch_cuda_tensors_on_a_side_stream():
-    n = 70
+def test_torch_facing_twin_packs_and_unpacks_on_torch_s_stream():
+    from mpisolve.kernels import triangle_cuda
+
+    n = 19  # more than one 16 x 16 block
     x = torch.randn(n, n, dtype=torch.float64)
-    symmetric = (x + x.T).cuda()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        doubled = symmetric * 2  # produced on the side stream: packing must be ordered after it
-        packed = pack_triu(doubled, torch.empty(triangle_numel(n), dtype=torch.float64, device="cuda"))
-        out = unpack_triu_(packed, torch.empty_like(doubled))
-    stream.synchronize()
+    symmetric = (x + x.T).to(DEVICE)
+    with side_stream():
+        doubled = symmetric * 2  # produced on the stream: packing must be ordered after it
+        packed = triangle_cuda.pack_triu(doubled, torch.empty(triangle_numel(n), dtype=torch.float64, device=DEVICE))
+        out = triangle_cuda.unpack_triu_(packed, torch.empty_like(doubled))
     assert torch.equal(
         packed.cpu(), pack_triu(symmetric.cpu() * 2, torch.empty(triangle_numel(n), dtype=torch.float64))
     )

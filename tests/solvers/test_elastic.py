@@ -224,3 +224,30 @@ def test_easgd_under_the_trainer_evaluates_and_stops_with_every_rank():
     assert summary["steps"] % 3 == 0 and summary["final_accuracy"] is not None
     assert summary["epochs"] * 1438 == pytest.approx(summary["steps"] // 3 * samples_per_round)
     assert len(set(comm.allgather_object(summary["steps"]))) == 1
+
+
+class WrittenAfterEachRead(torch.Tensor):
+    """Shared memory into which another rank writes right after every read of it (a wild window)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        result = super().__torch_function__(func, types, args, kwargs or {})
+        if func is torch.Tensor.copy_ and isinstance(args[1], cls):
+            with torch._C.DisableTorchFunctionSubclass():
+                args[1].add_(1.0)
+        return result
+
+
+def test_hogwild_takes_its_anchor_from_the_same_read_as_its_parameters():
+    # Read twice, the anchor held another rank's write that x did not: the next push,
+    # x - anchor, would then have taken that write back out of the shared parameters.
+    torch.manual_seed(2)
+    model = nn.Linear(3, 2)
+    solver = mpisolve.make_solver("hogwild-sgd", model, torch.optim.SGD(model.parameters(), lr=0.1))
+    n = solver.flat.numel()
+    shared = torch.randn(n).as_subclass(WrittenAfterEachRead)
+    pulled = shared.as_subclass(torch.Tensor).clone() + (solver.local - solver.anchor)
+    solver.exchange_function(shared, 0, n)
+    assert torch.equal(solver.local, pulled)
+    assert torch.equal(solver.anchor, solver.local)
+    solver.close()

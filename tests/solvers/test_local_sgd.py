@@ -32,7 +32,10 @@ def test_every_tau_steps_the_models_are_averaged(explicit_batch):
         assert info.applied == (step == 3) and info.global_samples == (
             15 * comm.size if step == 3 else 0
         )  # all since the last average
-    flat = lambda m: torch.cat([p.detach().reshape(-1) for p in m.parameters()])  # noqa: E731
+
+    def flat(m: nn.Module) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+
     local = torch.tensor(comm.allgather_object(flat(shadow).tolist()))
     torch.testing.assert_close(flat(model), local.mean(0), rtol=1e-6, atol=1e-7)
     solver.close()

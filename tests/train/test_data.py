@@ -38,7 +38,10 @@ def test_digits_are_scikit_learns_without_importing_it():
     x, y = _digits()
     assert torch.equal(x, torch.from_numpy(digits.images).float().unsqueeze(1))
     assert torch.equal(y, torch.from_numpy(digits.target).long())
-    check = "import sys; from mpisolve.train.data import load_dataset; load_dataset('digits'); print('sklearn' in sys.modules)"
+    check = (
+        "import sys; from mpisolve.train.data import load_dataset; load_dataset('digits'); "
+        "print('sklearn' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout == "False\n"
 
 

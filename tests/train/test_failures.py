@@ -2,8 +2,9 @@
 
 Each test launches its own job (2 ranks: the failing one must bring the other down) with
 ``MPISOLVE_FAULT`` making rank 1 fail in training step 5, and checks that the job ends,
-non-zero, within 30 s of the failure, with no rank left running. Every registered solver is run once; which failure it gets
-alternates along the registry (an exception or a SIGKILL), so each kind meets
+non-zero, within 30 s of the failure, with no rank left running. Every registered solver
+is run once; which failure it gets alternates along the registry (an exception or a
+SIGKILL), so each kind meets
 synchronous, locked-window and wild-window solvers. A stalled rank is caught by the
 others' watchdog (``--comm-timeout``). A run killed and resumed ends as an uninterrupted one.
 

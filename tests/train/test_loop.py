@@ -29,8 +29,7 @@ class DelayedSolver(Solver):
 
     name = "test-delayed"
 
-    def __init__(self, model, optimizer, comm=None, **options):
-        super().__init__(model, optimizer, comm, **options)
+    def setup(self):
         n = sum(p.numel() for p in self.params)
         self.flat = torch.zeros(n + 1, dtype=torch.float64)
         self.acc = torch.zeros(n + 1, dtype=torch.float64)
@@ -77,8 +76,7 @@ class LocalSolver(Solver):
     name = "test-local"
     lockstep = False
 
-    def __init__(self, model, optimizer, comm=None, **options):
-        super().__init__(model, optimizer, comm, **options)
+    def setup(self):
         self.updates = 0
         BUILT.append(self)
 

@@ -44,7 +44,10 @@ def test_plot_runs_where_mpi_cannot_start(tmp_path):
     import sys
 
     write_log(tmp_path / "run.jsonl", [0.5, 0.9])
-    blocker = "import sys; sys.modules['mpi4py'] = None; import runpy; sys.argv = ['mpisolve'] + sys.argv[1:]; runpy.run_module('mpisolve', run_name='__main__')"
+    blocker = (
+        "import sys; sys.modules['mpi4py'] = None; import runpy; sys.argv = ['mpisolve'] + sys.argv[1:]; "
+        "runpy.run_module('mpisolve', run_name='__main__')"
+    )
     done = subprocess.run(
         [sys.executable, "-c", blocker, "plot", str(tmp_path / "run.jsonl"), "--out", str(tmp_path)],
         capture_output=True,

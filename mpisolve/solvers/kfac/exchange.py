@@ -74,7 +74,13 @@ class FactorExchange:
         self.captured = [False] * len(dims)
         self._pending = [len(g) for g in self.groups]
         self._next = 0
+        self._finished = False
         self._inflight: list[PersistentAllreduce | NodePersistentAllreduce] = []
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a message of this step has started and :meth:`finish` has not completed them."""
+        return self._next > 0 and not self._finished
 
     def wire_numel(self, f: int) -> int:
         """Elements factor ``f`` puts on the wire."""
@@ -126,6 +132,7 @@ class FactorExchange:
         for g, request in enumerate(self.requests):
             request.wait(f"K-FAC factor allreduce {g}")
         self._inflight.clear()
+        self._finished = True
 
     def result(self, f: int) -> tuple[torch.Tensor, int]:
         """After :meth:`finish`: the sum of factor ``f`` over ranks (upper triangle when packed)
@@ -137,8 +144,10 @@ class FactorExchange:
         self.captured = [False] * len(self.dims)
         self._pending = [len(g) for g in self.groups]
         self._next = 0
+        self._finished = False
 
     def close(self) -> None:
+        """Free the messages' requests (a step in flight must be finished first, on every rank)."""
         for request in self.requests:
             request.free()
         self.requests.clear()

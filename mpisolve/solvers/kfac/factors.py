@@ -34,14 +34,10 @@ class LayerSpec:
     """A layer K-FAC preconditions: ``a_dim`` = inputs (+1 for the bias), ``g_dim`` = outputs."""
 
     name: str
-    module: nn.Module
+    module: nn.Linear | nn.Conv2d
     a_dim: int
     g_dim: int
     has_bias: bool
-
-    @property
-    def params(self) -> list[nn.Parameter]:
-        return [self.module.weight] + ([self.module.bias] if self.has_bias else [])
 
 
 def _skipped(name: str, module: nn.Module, skip: Sequence[str | type]) -> bool:

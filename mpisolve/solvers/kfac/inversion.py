@@ -4,9 +4,10 @@ Each rank inverts the factors it owns and those every rank inverts, stacked by s
 one batched kernel call per size (``mpisolve.kernels.inverse``). Owned results go out in
 persistent broadcasts: one per factor, or one per owner with the owner's results fused
 (``fuse_broadcasts``), each inverse as its upper triangle where ``packed`` says so (the
-inverse method's results are symmetric; eigenvectors are not). Broadcasts are started in one order on every rank (by root): a rank posts
-the receives from lower roots before it computes, its own broadcast as soon as its
-owned results are ready, and computes the replicated factors while everything moves.
+inverse method's results are symmetric; eigenvectors are not). Broadcasts are started
+in one order on every rank (by root): a rank posts the receives from lower roots before
+it computes, its own broadcast as soon as its owned results are ready, and computes the
+replicated factors while everything moves.
 
 Whether a result is usable (kernel status) travels in one small MAX-allreduce, so every
 rank makes the same choice: a FAILED factor keeps its previous decomposition (the
@@ -177,6 +178,7 @@ class Inverter:
     def _to_wire(self, f: int, batch: _Batch, i: int) -> None:
         payload = self._payload[f]
         if self.method == "eigen":
+            assert batch.values is not None  # built for the eigen method
             payload[0].copy_(batch.stack[i])
             payload[1].copy_(batch.values[i])
         elif self.packed[f]:
@@ -187,7 +189,7 @@ class Inverter:
     def _commit(self, f: int, factor: Factor) -> None:
         if self.owners[f] == EVERY_RANK:
             batch, i = self._where[f]
-            sources = [batch.stack[i]] if self.method == "inverse" else [batch.stack[i], batch.values[i]]
+            sources = [batch.stack[i]] if batch.values is None else [batch.stack[i], batch.values[i]]
             for target, source in zip(factor.decomposition(), sources):
                 target.copy_(source)
         elif self.packed[f]:

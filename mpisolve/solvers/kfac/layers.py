@@ -152,15 +152,25 @@ class KFACLayer:
             torch.outer(self.g.values, self.a.values, out=self._scale)
             self._scale.add_(damping).reciprocal_()
 
+    def _grads(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The weight's gradient, and the bias's when the layer has one."""
+        weight, bias = self.spec.module.weight.grad, self.spec.module.bias
+        assert weight is not None  # step() preconditions only layers whose weight has a gradient
+        if not self.spec.has_bias:
+            return weight, None
+        assert bias is not None and bias.grad is not None  # a trained bias gets its gradient with the weight's
+        return weight, bias.grad
+
     def gradient(self) -> torch.Tensor:
         """The (averaged) gradient as the ``[out, in(+1)]`` matrix: a view when there is no bias."""
-        weight = self.spec.module.weight.grad.view(self.spec.g_dim, -1)
+        weight_grad, bias_grad = self._grads()
+        weight = weight_grad.view(self.spec.g_dim, -1)
         if self._matrix is None:
             return weight
         features = weight.shape[1]
         self._matrix[:, :features].copy_(weight)
-        if self.spec.has_bias:
-            self._matrix[:, features].copy_(self.spec.module.bias.grad)
+        if bias_grad is not None:
+            self._matrix[:, features].copy_(bias_grad)
         return self._matrix
 
     def precondition(self, v: torch.Tensor) -> torch.Tensor:
@@ -170,6 +180,7 @@ class KFACLayer:
             torch.mm(self.g.inverse, v, out=work)
             torch.mm(work, self.a.inverse, out=result)
         else:
+            assert self._scale is not None  # built for the eigen method
             torch.mm(self.g.vectors.T, v, out=work)
             torch.mm(work, self.a.vectors, out=result)
             result.mul_(self._scale)
@@ -179,11 +190,12 @@ class KFACLayer:
 
     def write(self, scale: float) -> None:
         """Put ``scale`` times the preconditioned matrix into the parameters' gradients."""
-        weight = self.spec.module.weight.grad.view(self.spec.g_dim, -1)
+        weight_grad, bias_grad = self._grads()
+        weight = weight_grad.view(self.spec.g_dim, -1)
         features = weight.shape[1]
         targets = [(weight, self.result[:, :features])]
-        if self.spec.has_bias:
-            targets.append((self.spec.module.bias.grad, self.result[:, features]))
+        if bias_grad is not None:
+            targets.append((bias_grad, self.result[:, features]))
         for grad, value in targets:
             grad.copy_(value)
             if scale != 1.0:

@@ -26,18 +26,20 @@ import math
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
 import torch
 from torch import nn
+from torch.amp import GradScaler
 
 from ...comm.buckets import GradientBuckets
 from ...kernels.inverse import FAILED, RECOVERED, eigh_psd_, inverse_spd_
 from ...kernels.triangle import triangle_numel, unpack_triu_
 from ...options import OptionError, require
-from ..base import Solver, StepInfo, register
+from ..base import Solver, StepInfo, SynchronousOptions, collective_round, register
 from . import placement
 from .exchange import FactorExchange
 from .factors import find_layers
@@ -51,7 +53,7 @@ PROBE_LIMIT = 1 << 22
 
 
 @dataclass(frozen=True, kw_only=True)
-class KFACOptions:
+class KFACOptions(SynchronousOptions):
     """Options of the "kfac" solver (see the README's K-FAC section for the defaults' reasons).
 
     Knobs left at None take the variant's choice: ``fusion`` ("dynamic" for spd-kfac),
@@ -152,7 +154,7 @@ class KFACSolver(Solver):
             self.comm,
             bucket_bytes=int(o.bucket_mb * 1e6),
             samples=self.samples_seen,
-            scale=1.0 / self.comm.size,
+            average=True,
             shared_result=False,
         )
         # Factor traffic has its own communicator: its collectives, started from forward and
@@ -180,7 +182,9 @@ class KFACSolver(Solver):
         self._stream_start: dict[str, float] = {}
         self._captures = 0
         self._hooks = [
-            layer.spec.module.register_forward_hook(partial(self._on_forward, i)) for i, layer in enumerate(self.layers)
+            # Run eagerly under torch.compile (a graph break per layer): the capture talks to MPI.
+            layer.spec.module.register_forward_hook(torch.compiler.disable(partial(self._on_forward, i)))
+            for i, layer in enumerate(self.layers)
         ]
         self.steps = 0
         self._damping_used = 0.0
@@ -329,25 +333,42 @@ class KFACSolver(Solver):
     def zero_grad(self) -> None:
         self.grads.zero_()
 
-    def step(self, batch_size: int | None = None) -> StepInfo:
+    def no_sync(self) -> AbstractContextManager[None]:
+        """Refused: K-FAC's factors come from one forward and backward per step."""
+        raise RuntimeError(
+            "mpisolve kfac: no_sync() (gradient accumulation) is not supported: the Kronecker factors are "
+            "computed from a single forward and backward pass per step. Use one larger batch per step"
+        )
+
+    @collective_round
+    def synchronize(self, *, scaler: GradScaler | None = None) -> None:
+        """Complete the gradients' average now (before preconditioning, which ``step`` does)."""
+        self.grads.finish(writable=True)
+        self._unscale(scaler)
+
+    @collective_round
+    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         o = self.options
         step = self.steps
+        if self._capturing and self.grads.backward_ran and not any(self.exchange.captured):
+            raise RuntimeError(
+                "mpisolve kfac: backward ran but no layer's Kronecker factors were captured: the layer hooks "
+                "did not run. A torch.compile'd module called before the solver was made does not see hooks "
+                "added later: make the solver first (or give it the compiled module before its first call)"
+            )
         if self._capturing:
             start = time.perf_counter()
             self.exchange.finish()
             middle = time.perf_counter()
             self.timings["factor_comm"] += middle - start
-            self._update_factors()
+            self._update_factors(scaler)
             self.timings["factor_compute"] += time.perf_counter() - middle
             if self._fusion_pending:
                 self._profile()
         if step % o.inv_update_steps == 0:
             self._update_inverses(_schedule(o.damping, step, "damping"))
-        global_samples = self.grads.finish(local_samples=batch_size)
-        local = self.take_samples(batch_size)
-        # The averaged gradients are the same everywhere: every rank decides alike, unasked.
-        applied = self.nonfinite.ok(self.grads.reduced(), "averaged gradients")
-        if applied:
+
+        def precondition() -> None:
             start = time.perf_counter()
             lr = None if o.lr is None else _schedule(o.lr, step, "lr")
             if lr is not None:
@@ -355,22 +376,44 @@ class KFACSolver(Solver):
                     group["lr"] = lr
             self._precondition()
             self.timings["precondition"] += time.perf_counter() - start
-            self.optimizer.step()
+
+        # The averaged gradients are the same everywhere: every rank decides alike, unasked.
+        info = self._bucket_step(self.grads, batch_size, scaler, "averaged gradients", before_update=precondition)
         self.steps += 1
         if self._capturing:
             self.exchange.rearm()
         self._capturing = self.steps % o.factor_update_steps == 0
-        return StepInfo(applied=applied, global_samples=global_samples if applied else 0, local_samples=local)
+        return info
 
-    def _update_factors(self) -> None:
+    def _shadow_round(self) -> bool:
+        return self._shadow_bucket_round(self.grads)
+
+    def _drain(self) -> None:
+        """Complete a round some rank left in flight (close): the factors' messages, the gradients'."""
+        if self._capturing:
+            self.exchange.finish()
+        self.grads.finish()
+
+    def _update_factors(self, scaler: GradScaler | None) -> None:
+        """Fold this step's summed batch factors into the running averages.
+
+        With a GradScaler, G came from the scaled loss: it is divided by the scale squared,
+        and a non-finite G (a step the scaler skips) is left out without a warning.
+        """
+        scaled = scaler is not None and scaler.is_enabled()
+        unscale = 1.0 / scaler.get_scale() ** 2 if scaler is not None and scaled else 1.0
         skipped = []
         for f, factor in enumerate(self.factors):
             batch, count = self.exchange.result(f)
             if count == 0:
                 continue
+            is_g = f % 2 == 1
             if not math.isfinite(float(batch.sum())):
-                skipped.append(factor.name)
+                if not (scaled and is_g):
+                    skipped.append(factor.name)
                 continue
+            if scaled and is_g:
+                batch.mul_(unscale)
             factor.update(batch, count, self.options.factor_decay)
         if skipped:
             self._warn(f"non-finite batch factors (their running averages are left as they were): {', '.join(skipped)}")
@@ -471,6 +514,7 @@ class KFACSolver(Solver):
         if not self.closed:
             for hook in self._hooks:
                 hook.remove()
+            self._end_rounds(busy=self.grads.in_flight or self.exchange.in_flight, drain=self._drain)
             self.grads.close()
             self.exchange.close()
             self.inverter.close()

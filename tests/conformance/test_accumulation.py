@@ -1,0 +1,115 @@
+"""Gradient accumulation: micro-batches under ``no_sync()``, then one step, equal one step
+on their concatenated samples (each micro-batch's loss divided by their number, as with
+DDP). A second backward outside ``no_sync()`` either works the same or is refused with a
+clear error on every rank, never a silently different update. K-FAC refuses ``no_sync``.
+
+Before the fix, two backward passes before a step raced the bucket allreduce already in
+flight and applied a different update on every rank.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import pytest
+
+from .harness import (
+    BATCH,
+    BUCKETS,
+    all_raised,
+    assert_close,
+    cases,
+    expected,
+    final_params,
+    global_batch,
+    loss_fn,
+    make_model,
+    run,
+    settle,
+    shard,
+)
+
+MICRO = 2  # micro-batches per step
+STEPS = 2
+
+
+def accumulate(use_no_sync: bool):
+    """A step function: the rank's shard in MICRO micro-batches, the last outside no_sync()."""
+
+    def step(solver, model, optimizer, k):
+        x, y = shard(global_batch(k, solver.comm.size), solver.comm.rank)
+        solver.zero_grad()
+        size = BATCH // MICRO
+        for i in range(MICRO):
+            last = i == MICRO - 1
+            with solver.no_sync() if use_no_sync and not last else nullcontext():
+                xs, ys = x[i * size : (i + 1) * size], y[i * size : (i + 1) * size]
+                (loss_fn(model(xs), ys) / MICRO).backward()
+        info = solver.step()
+        assert info.local_samples == BATCH
+        settle(solver)
+
+    return step
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("case", cases(), ids=lambda c: c.id)
+def test_no_sync_accumulation_equals_one_step_on_the_concatenated_batch(comm, case):
+    if case.id == "kfac":
+        model = make_model()
+        solver = case.build(model, __import__("torch").optim.SGD(model.parameters(), lr=0.1), comm)
+        error = None
+        try:
+            solver.no_sync()
+        except RuntimeError as err:
+            error = err
+        solver.close()
+        messages = all_raised(comm, error)
+        assert all(m is not None and "no_sync() (gradient accumulation) is not supported" in m for m in messages)
+        return
+    got = run(case, comm, STEPS, accumulate(use_no_sync=True))
+    assert_close(got, expected(case, comm, STEPS), f"{case.id} with no_sync")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("case", cases(), ids=lambda c: c.id)
+def test_second_backward_without_no_sync_works_or_is_refused_on_every_rank(comm, case):
+    if case.id not in BUCKETS:
+        got = run(case, comm, STEPS, accumulate(use_no_sync=False))
+        assert_close(got, expected(case, comm, STEPS), f"{case.id}, two backward passes")
+        return
+    import torch
+
+    model = make_model()
+    solver = case.build(model, torch.optim.SGD(model.parameters(), lr=0.1), comm)
+    error = None
+    try:
+        accumulate(use_no_sync=False)(solver, model, None, 0)
+    except RuntimeError as err:
+        error = err
+    final_params(solver, model)  # close() completes what the refused step left in flight
+    messages = all_raised(comm, error)
+    want = "computed twice" if case.id == "kfac" else "run every backward but the last inside `with solver.no_sync():`"
+    assert all(m is not None and want in m for m in messages), messages
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("case", cases(BUCKETS[:3]), ids=lambda c: c.id)
+def test_no_sync_after_a_synchronizing_backward_is_refused_before_it_runs(comm, case):
+    import torch
+
+    model = make_model()
+    solver = case.build(model, torch.optim.SGD(model.parameters(), lr=0.1), comm)
+    x, y = shard(global_batch(0, comm.size), comm.rank)
+    loss_fn(model(x), y).backward()
+    error = None
+    try:
+        solver.no_sync()
+    except RuntimeError as err:
+        error = err
+    solver.step()  # the first backward's step is intact
+    final_params(solver, model)
+    assert all(m is not None and "no_sync() entered after a backward()" in m for m in all_raised(comm, error))
