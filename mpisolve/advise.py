@@ -1,7 +1,8 @@
 """``python -m mpi4py -m mpisolve advise``: which solver suits this model on this cluster, and why.
 
 Under ``mpiexec``, every rank at once measures, for ``--model`` on micro-batches of
-``--batch-size`` from ``--dataset``:
+``--batch-size`` from ``--dataset`` (the same forms as ``train``'s: built-in names,
+``torchvision:NAME``, ``MODULE:FACTORY``, ``cifar10:PATH``, ``imagefolder:PATH``):
 
 - ``compute_s``: one training step of a rank alone (forward, backward, an SGD step
   with momentum), all ranks computing at the same time, as they do in training; or,
@@ -43,11 +44,21 @@ STUDY = "docs/studies/easgd-async.md"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .train.data import DATASETS
-    from .train.models import MODELS
+    from .train.data import DATASET_FORMS, DEFAULT_IMAGE_SIZE
+    from .train.models import MODEL_FORMS
 
-    parser.add_argument("--model", choices=list(MODELS), default="mlp", help="the model (default mlp)")
-    parser.add_argument("--dataset", choices=list(DATASETS), default="digits", help="the data set (default digits)")
+    parser.add_argument(
+        "--model", metavar="SPEC", default="mlp", help=f"the model: {MODEL_FORMS} (default mlp; as train's)"
+    )
+    parser.add_argument(
+        "--dataset", metavar="SPEC", default="digits", help=f"the data set: {DATASET_FORMS} (default digits)"
+    )
+    parser.add_argument(
+        "--image-size",
+        type=int,
+        metavar="S",
+        help=f"imagefolder: the side images are resized and cropped to (default {DEFAULT_IMAGE_SIZE})",
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="each worker's micro-batch (default 32)")
     parser.add_argument(
         "--device-ms",
@@ -71,7 +82,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
-    """Raise :class:`InputError` naming the first bad argument."""
+    """Raise :class:`InputError` naming the first bad argument (the model and data set are not loaded yet)."""
+    from .train.data import parse_dataset
+    from .train.models import check_model_spec
+
+    check_model_spec(args.model)
+    kind, _ = parse_dataset(args.dataset)
+    if args.image_size is not None and (args.image_size < 1 or kind != "imagefolder"):
+        raise InputError(f"--image-size must be >= 1 and applies to imagefolder data sets, got {args.image_size}")
     if args.batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.device_ms is not None and not args.device_ms > 0:
@@ -99,15 +117,15 @@ def advise(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     """Measure on every rank of ``comm``; the figures, the rule and the recommendation."""
     from .bench import median_seconds
     from .bench.allreduce import solver_allreduce_seconds
-    from .train.data import load_dataset
-    from .train.models import build_model
+    from .train.data import load_dataset, seed_everything
+    from .train.models import model_for
 
-    data = load_dataset(args.dataset)
-    torch.manual_seed(0)
-    model = build_model(args.model, data.in_shape, data.classes)
+    seed_everything(0)  # a data set factory that draws random numbers draws the same on every rank
+    data = comm.agree(lambda: load_dataset(args.dataset, image_size=args.image_size))
+    model = comm.agree(lambda: model_for(args.model, data, seed=0))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     picks = torch.arange(comm.rank * args.batch_size, (comm.rank + 1) * args.batch_size) % len(data.train)
-    x, y = data.train.x[picks], data.train.y[picks]
+    x, y = comm.agree(lambda: data.train.take(picks))
 
     def compute() -> None:
         optimizer.zero_grad()

@@ -16,9 +16,9 @@ from .options import CollectiveInputError, InputError
 #: command -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("mpisolve.bench", "measure collectives, solvers and kernels; print JSON"),
-    "train": ("mpisolve.train.loop", "train a built-in model with one solver (under MPI)"),
+    "train": ("mpisolve.train.loop", "train a model (built-in, torchvision, or your own) with one solver (under MPI)"),
     "compare": ("mpisolve.train.compare", "train with several solvers on one workload; table, JSON, plots"),
-    "plot": ("mpisolve.train.plots", "plot test accuracy from run logs (no mpiexec needed)"),
+    "plot": ("mpisolve.train.plots", "plot test accuracy, loss and samples/s from run logs (no mpiexec needed)"),
     "model": (
         "mpisolve.perfmodel.command",
         "project solvers' iteration time and efficiency to many GPUs (no mpiexec needed)",

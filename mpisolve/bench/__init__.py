@@ -22,24 +22,29 @@ if TYPE_CHECKING:
 
 import torch
 
-#: benchmark -> module. Each module is imported only when it runs.
-BENCHES: dict[str, str] = {
-    "allreduce": "mpisolve.bench.allreduce",
-    "kernels": "mpisolve.bench.kernels",
-    "windows": "mpisolve.bench.windows",
-    "adasum": "mpisolve.bench.adasum",
-    "kfac": "mpisolve.bench.kfac",
-    "soak": "mpisolve.bench.soak",
-    "sweep": "mpisolve.bench.sweep",
-    "step": "mpisolve.bench.step",
+#: benchmark -> (module, one line for ``bench --help``). Each module's docstring says more.
+BENCHES: dict[str, tuple[str, str]] = {
+    "allreduce": ("mpisolve.bench.allreduce", "the allreduce solver's gradient allreduce vs MPI and gloo"),
+    "kernels": ("mpisolve.bench.kernels", "each kernel against its plain torch/numpy equivalent"),
+    "windows": ("mpisolve.bench.windows", "one SharedVector exchange (EA-wild's) by path, mode and size"),
+    "adasum": ("mpisolve.bench.adasum", "Adasum against a sum allreduce of the same tensors"),
+    "kfac": ("mpisolve.bench.kfac", "one iteration of each K-FAC variant and of SGD, by phase"),
+    "soak": ("mpisolve.bench.soak", "long asynchronous runs: memory must not grow, windows freed"),
+    "sweep": ("mpisolve.bench.sweep", "allreduce latency and bus bandwidth over message sizes"),
+    "step": ("mpisolve.bench.step", "a solver's whole training step against plain PyTorch's"),
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="bench", metavar="benchmark")
+    width = max(map(len, BENCHES))
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the list below, as laid out
+    parser.description = "benchmarks (mpisolve bench NAME --help: its options):\n" + "\n".join(
+        f"  {name:<{width}}  {help_text}" for name, (_, help_text) in BENCHES.items()
+    )
+    sub = parser.add_subparsers(dest="bench", metavar="benchmark", help="one of the benchmarks above")
     sub.required = True
-    for name, module in BENCHES.items():
-        p = sub.add_parser(name)
+    for name, (module, help_text) in BENCHES.items():
+        p = sub.add_parser(name, description=help_text)
         p.set_defaults(bench_module=module)
         p.add_argument("--repeats", type=int, default=10, help="timed repeats (the median is reported)")
         p.add_argument("--warmup", type=int, default=2, help="untimed repeats first")

@@ -3,7 +3,8 @@
 Runs each solver in turn in the same MPI job (same data, same initial model, same
 heterogeneity), then writes ``DIR/summary.json``, each run's ``DIR/<solver>.jsonl`` and
 ``DIR/<solver>.summary.json``, the PNG plots of :mod:`mpisolve.train.plots`, and a table
-on stdout. ``summary.json``::
+on stdout; with ``--tensorboard TB``, each solver's scalars go to ``TB/<solver>`` (one
+run each in TensorBoard). ``summary.json``::
 
     {"solvers": {name: {"time_to_target_s": float or null, "epochs_to_target": float or null,
                         "final_accuracy": float,
@@ -59,6 +60,8 @@ def compare(plan: CompareConfig, comm: Communicator, *, show: bool = True) -> di
     device_ms = None  # --device-ms auto: calibrated by the first run, then the same device for every solver
     for config in plan.runs:
         config = dataclasses.replace(config, log=str(out / f"{config.solver}.jsonl"))
+        if config.tensorboard is not None:
+            config = dataclasses.replace(config, tensorboard=str(Path(config.tensorboard) / config.solver))
         if config.device_ms == "auto" and device_ms is not None:
             config = dataclasses.replace(config, device_ms=device_ms)
         summary = summaries[config.solver] = train(config, comm, show=show)

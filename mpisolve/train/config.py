@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..options import InputError, build_options, option_fields, parse_option
-from .data import DATASETS, SYNTHETIC_MIN_SIZE
+from .data import DATASET_FORMS, DEFAULT_IMAGE_SIZE, SYNTHETIC_MIN_SIZE, parse_dataset
 from .hetero import PRESETS, factors_for_world, parse_hetero
-from .models import MODELS
+from .models import MODEL_FORMS, check_model_spec
 
 if TYPE_CHECKING:
     from ..solvers.base import Solver
@@ -44,9 +44,15 @@ class TrainConfig:
     """One training run. Every field but ``options`` is a flag (``--data-size``) and a TOML key."""
 
     solver: str = _flag("allreduce", "the solver (any name in mpisolve.solvers())", str, "NAME")
-    model: str = _flag("mlp", f"the model: {', '.join(MODELS)}", str, "NAME")
-    dataset: str = _flag("digits", f"the data set: {', '.join(DATASETS)}", str, "NAME")
+    model: str = _flag("mlp", f"the model: {MODEL_FORMS} (docs/guide/cli.md)", str, "SPEC")
+    dataset: str = _flag("digits", f"the data set: {DATASET_FORMS} (docs/guide/cli.md)", str, "SPEC")
     data_size: int = _flag(6000, "examples in the synthetic data set, train and test together", int, "N")
+    image_size: int | None = _flag(
+        None,
+        f"imagefolder: resize each image's shorter side to S, then centre-crop S x S (default {DEFAULT_IMAGE_SIZE})",
+        int,
+        "S",
+    )
     epochs: float | None = _flag(
         None, f"train for this many epochs of global samples (default {DEFAULT_EPOCHS:g})", float, "E"
     )
@@ -78,6 +84,9 @@ class TrainConfig:
     eval_every: float = _flag(0.5, "evaluate the test accuracy every this many epochs (and at the end)", float, "E")
     log_every: int = _flag(10, "write a metrics record every this many updates", int, "N")
     log: str | None = _flag(None, "JSON Lines metrics file (rank 0); the summary goes to LOG.summary.json", str, "PATH")
+    tensorboard: str | None = _flag(
+        None, "also write the records as TensorBoard scalars in DIR (rank 0; needs the tensorboard package)", str, "DIR"
+    )
     checkpoint_dir: str | None = _flag(
         None, "write checkpoints here (at the end, and every --checkpoint-every)", str, "DIR"
     )
@@ -97,8 +106,13 @@ class TrainConfig:
             if not ok:
                 raise InputError(message)
 
-        check(self.model in MODELS, f"unknown model {self.model!r} (known: {', '.join(MODELS)})")
-        check(self.dataset in DATASETS, f"unknown dataset {self.dataset!r} (known: {', '.join(DATASETS)})")
+        check_model_spec(self.model)
+        dataset_kind, _ = parse_dataset(self.dataset)
+        check(self.image_size is None or self.image_size >= 1, f"--image-size must be >= 1, got {self.image_size}")
+        check(
+            self.image_size is None or dataset_kind == "imagefolder",
+            f"--image-size applies to imagefolder data sets, not {self.dataset!r}",
+        )
         check(
             self.data_size >= SYNTHETIC_MIN_SIZE, f"--data-size must be >= {SYNTHETIC_MIN_SIZE}, got {self.data_size}"
         )
@@ -154,6 +168,7 @@ class TrainConfig:
             "model",
             "dataset",
             "data_size",
+            "image_size",
             "epochs",
             "steps",
             "batch_size",

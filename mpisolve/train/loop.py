@@ -42,11 +42,11 @@ from . import faults
 from .accounting import TimeAccount, split_time
 from .checkpoint import CheckpointDir
 from .config import TrainConfig
-from .data import ShardStream, derive_seed, eval_shard, load_dataset
+from .data import ShardStream, derive_seed, eval_shard, load_dataset, seed_everything
 from .display import Display
 from .hetero import Slowdown, moving_factor
-from .metrics import RunLog, run_facts, summary_path, write_json
-from .models import build_model
+from .metrics import RunLog, TensorBoardLog, run_facts, summary_path, write_json
+from .models import model_for
 from .schedule import AgreedCounter, Due, LockstepCounter, Progress, Schedule
 
 #: Test examples evaluated per forward pass.
@@ -95,15 +95,20 @@ class Trainer:
     def __init__(self, config: TrainConfig, comm: Communicator, *, show: bool) -> None:
         self.config = config
         self.comm = comm
-        self.ctrl = comm.split(0)  # the trainer's own collectives, apart from the solver's
+        ctrl = comm.split(0)  # the trainer's own collectives, apart from the solver's
+        assert ctrl is not None  # every rank gives color 0, so every rank joins
+        self.ctrl = ctrl
         rank, size = comm.rank, comm.size
-        self.data = self.ctrl.agree(lambda: load_dataset(config.dataset, size=config.data_size))
+        seed_everything(config.seed)  # a data set factory that draws random numbers draws the same on every rank
+        self.data = self.ctrl.agree(
+            lambda: load_dataset(config.dataset, size=config.data_size, image_size=config.image_size)
+        )
         self.shard = self.ctrl.agree(
             lambda: ShardStream(self.data.train, rank=rank, size=size, seed=config.seed, batch_size=config.batch_size)
         )
         self.test = eval_shard(self.data.test, rank, size)
-        torch.manual_seed(config.seed)  # the same initial model everywhere (the solver broadcasts rank 0's anyway)
-        self.model = build_model(config.model, self.data.in_shape, self.data.classes)
+        # The same initial model everywhere (the solver broadcasts rank 0's anyway).
+        self.model = self.ctrl.agree(lambda: model_for(config.model, self.data, seed=config.seed))
         # A solver with a momentum option of its own (async-msgd, async-measgd) applies it on
         # each local step; the optimizer it holds then runs without momentum.
         own_momentum = "momentum" in option_fields(solver_class(config.solver).Options)
@@ -115,9 +120,7 @@ class Trainer:
         )
         self.solver = make_solver(config.solver, self.model, self.optimizer, comm, **config.options)
         faults.install(self.model, rank)  # MPISOLVE_FAULT, for reliability tests; nothing when unset
-        torch.manual_seed(derive_seed(config.seed, rank))  # each rank's own stream from here on
-        random.seed(derive_seed(config.seed, rank))
-        np.random.seed(derive_seed(config.seed, rank) % 2**32)
+        seed_everything(derive_seed(config.seed, rank))  # each rank's own stream from here on
         self.slowdown = Slowdown(1.0)  # the emulated device is agreed by prepare()
         self.counter = LockstepCounter() if self.solver.lockstep else AgreedCounter(self.ctrl)
         self.schedule = Schedule(
@@ -146,6 +149,7 @@ class Trainer:
         self.last_update_samples = 0
         self.clock = TimeAccount(comm)  # restarted by prepare(), from the checkpoint's times on resume
         self.log: RunLog | None = None
+        self.board: TensorBoardLog | None = None
         self.display = Display(config.solver) if rank == 0 and show else None
         # Hot-path buffers (sized by prepare()) and the running interval (since the previous record).
         self._pred = self._pred_buffer = torch.empty(0, dtype=torch.long)
@@ -176,6 +180,13 @@ class Trainer:
         self.log = self.ctrl.agree(
             lambda: RunLog(config.log, resume_step=resume_step) if rank == 0 and config.log is not None else None
         )
+        self.board = self.ctrl.agree(
+            lambda: (
+                TensorBoardLog(config.tensorboard, resume_step=resume_step)
+                if rank == 0 and config.tensorboard is not None
+                else None
+            )
+        )
         self.clock = TimeAccount(self.comm, wall_s=wall_s, blocked_s=blocked_s)
         self._mark = (self.clock.wall_s(), self.clock.blocked_s())
 
@@ -194,9 +205,7 @@ class Trainer:
         changes, no solver hook fires), batch-norm statistics are restored and its samples
         are not counted.
         """
-        train = self.data.train
-        index = torch.arange(n) % len(train)
-        x, y = train.x[index], train.y[index]
+        x, y = self.data.train.take(torch.arange(n) % len(self.data.train))
         buffers = [b.clone() for b in self.model.buffers()]
         start, blocked = perf_counter(), self.comm.blocked_s
         loss = F.cross_entropy(self.model(x), y)
@@ -299,7 +308,7 @@ class Trainer:
                 was_training = model.training
                 model.eval()
                 for lo in range(0, len(self.test), EVAL_CHUNK):
-                    x, y = self.test.x[lo : lo + EVAL_CHUNK], self.test.y[lo : lo + EVAL_CHUNK]
+                    x, y = self.test.rows(lo, min(lo + EVAL_CHUNK, len(self.test)))
                     out = model(x)
                     totals[0] += F.cross_entropy(out, y, reduction="sum").item()
                     totals[1] += int((out.argmax(1) == y).sum())
@@ -344,6 +353,8 @@ class Trainer:
         self._mark = (wall, blocked)
         if self.log is not None:
             self.log.write(record)
+        if self.board is not None:
+            self.board.write(record)
         if self.display is not None:
             self.display.update(
                 self.schedule.fraction(now),
@@ -457,6 +468,8 @@ class Trainer:
         self.solver.close()
         if self.log is not None:
             self.log.close()
+        if self.board is not None:
+            self.board.close()
         if self.display is not None:
             self.display.close()
 

@@ -16,6 +16,9 @@ training seconds, summed over ranks (not the agreed progress, which lags under
 asynchronous solvers); ``busy``,
 ``comm``, ``idle``: fractions of each rank's time since the previous record (see
 :mod:`mpisolve.train.accounting`).
+
+With ``--tensorboard DIR``, rank 0 also writes each record as TensorBoard scalars
+(:class:`TensorBoardLog`).
 """
 
 from __future__ import annotations
@@ -59,6 +62,42 @@ class RunLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+class TensorBoardLog:
+    """Rank 0's TensorBoard scalars: each record's numbers, tagged with their JSON Lines names.
+
+    A record's ``step`` is the scalars' step. Every number of the record is a scalar of
+    the same name (``loss``, ``train_accuracy``, ``test_accuracy`` when evaluated,
+    ``samples_per_s``, ``epoch``, ``wall_s``, ...); the per-rank lists ``busy``,
+    ``comm``, ``idle`` are written as their mean over ranks, and ``skipped_steps`` as its
+    sum. On resume, scalars past the resumed step (written by the run that crashed) are
+    hidden, as :class:`RunLog` drops its records.
+    """
+
+    def __init__(self, directory: str | Path, *, resume_step: int | None = None) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise InputError("--tensorboard needs tensorboard: pip install 'mpisolve[tensorboard]'") from None
+        purge_step = None if resume_step is None else resume_step + 1
+        try:
+            self._writer = SummaryWriter(log_dir=str(directory), purge_step=purge_step)
+        except OSError as err:
+            raise InputError(f"cannot write TensorBoard logs in {directory}: {err.strerror}") from None
+
+    def write(self, record: dict[str, Any]) -> None:
+        step = record["step"]
+        for key, value in record.items():
+            if key == "step" or value is None:
+                continue
+            if isinstance(value, list):
+                value = sum(value) if key == "skipped_steps" else sum(value) / max(len(value), 1)
+            self._writer.add_scalar(key, value, step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:

@@ -1,11 +1,32 @@
-"""The built-in models: the communication-bound MLP, a small CNN, and CIFAR-style ResNet-18."""
+"""The models ``--model`` names: built-in, torchvision's, or the user's own.
+
+- ``mlp``, ``cnn``, ``resnet18``: built in: the communication-bound MLP, a small CNN,
+  and CIFAR-style ResNet-18.
+- ``torchvision:NAME``: ``torchvision.models.get_model(NAME, weights=None,
+  num_classes=classes)``, untrained (nothing is downloaded); torchvision is the optional
+  extra ``mpisolve[vision]``.
+- ``MODULE:FACTORY``: the user's callable (a function or an ``nn.Module`` class),
+  called with the keyword arguments it names among ``in_shape`` (one example's shape,
+  e.g. ``(3, 32, 32)``) and ``classes`` (the number of classes); it returns the
+  ``nn.Module``, whose output on a batch is ``(batch, classes)`` logits.
+
+:func:`model_for` builds one for a data set and checks it on two of its examples, so a
+model that does not fit the data fails with one line before training starts.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+from ..options import InputError
+from .factory import call, describe, is_reference, load_callable
+
+if TYPE_CHECKING:
+    from .data import DataSet
 
 
 def mlp(in_shape: tuple[int, ...], classes: int, width: int = 1024, depth: int = 3) -> nn.Module:
@@ -79,10 +100,81 @@ def resnet18(in_shape: tuple[int, ...], classes: int) -> nn.Module:
 
 
 MODELS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {"mlp": mlp, "cnn": cnn, "resnet18": resnet18}
+#: What ``--model`` takes, for help texts and errors.
+MODEL_FORMS = f"{', '.join(MODELS)}, torchvision:NAME or MODULE:FACTORY"
 
 
-def build_model(name: str, in_shape: tuple[int, ...], classes: int) -> nn.Module:
-    """A built-in model by name, sized for inputs of ``in_shape`` and ``classes`` outputs."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r} (known: {', '.join(MODELS)})")
-    return MODELS[name](in_shape, classes)
+def check_model_spec(spec: str) -> None:
+    """Raise :class:`InputError` unless ``spec`` has one of the forms of :data:`MODEL_FORMS` (nothing is imported)."""
+    kind, sep, name = spec.partition(":")
+    if spec in MODELS or (kind == "torchvision" and name) or (kind != "torchvision" and is_reference(spec)):
+        return
+    raise InputError(f"unknown model {spec!r} (give {MODEL_FORMS})")
+
+
+def build_model(spec: str, in_shape: tuple[int, ...], classes: int) -> nn.Module:
+    """The model ``spec`` names, sized for inputs of ``in_shape`` and ``classes`` outputs."""
+    check_model_spec(spec)
+    if spec in MODELS:
+        return MODELS[spec](in_shape, classes)
+    kind, _, name = spec.partition(":")
+    model = (
+        _torchvision_model(name, classes)
+        if kind == "torchvision"
+        else call(load_callable(spec, "--model"), spec, "--model", {"in_shape": in_shape, "classes": classes})
+    )
+    if not isinstance(model, nn.Module):
+        raise InputError(f"--model {spec}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def _torchvision_model(name: str, classes: int) -> nn.Module:
+    try:
+        from torchvision.models import get_model, list_models
+    except ImportError:
+        raise InputError(
+            f"--model torchvision:{name} needs torchvision: pip install 'mpisolve[vision]' "
+            f"(the torchvision release made for torch {torch.__version__})"
+        ) from None
+    except Exception as err:  # a torchvision built for another torch fails as it registers its operators
+        raise InputError(
+            f"--model torchvision:{name}: torchvision does not import ({describe(err)}); "
+            f"install the torchvision build made for this torch ({torch.__version__})"
+        ) from None
+    if name not in list_models():
+        raise InputError(f"unknown torchvision model {name!r} (torchvision.models.list_models() names them)")
+    try:
+        model: nn.Module = get_model(name, weights=None, num_classes=classes)
+    except Exception as err:
+        raise InputError(f"--model torchvision:{name}: {describe(err)}") from None
+    return model
+
+
+def model_for(spec: str, data: DataSet, *, seed: int) -> nn.Module:
+    """The model ``spec`` names for ``data``, initialised from ``seed``, checked on two examples.
+
+    The check is one forward pass in eval mode without gradients: it must give
+    ``(2, classes)`` logits. It also sizes lazy modules (``nn.LazyLinear``) before any
+    solver sees the parameters.
+    """
+    x, _ = data.train.take(torch.arange(min(2, len(data.train))))
+    torch.manual_seed(seed)
+    model = build_model(spec, data.in_shape, data.classes)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(x)
+    except Exception as err:
+        raise InputError(
+            f"model {spec} fails on a batch of {data.name} (shape {tuple(x.shape)}, {x.dtype}): {describe(err)}"
+        ) from None
+    model.train(was_training)
+    expected = (len(x), data.classes)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise InputError(
+            f"model {spec} gives {got} on a batch of {len(x)} from {data.name}; "
+            f"expected logits of shape {expected} ({data.classes} classes)"
+        )
+    return model

@@ -86,3 +86,39 @@ def test_workstation_script_trains_on_every_rank(tmp_path):
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run.summary.json").read_text())
     assert summary["ranks"] == 2 and summary["steps"] == 4 and len(summary["busy"]) == 2
+
+
+def documented_command(script: Path) -> list[str]:
+    """The training options of the script's first example (``#   sbatch jobs/NAME ...``), continuation lines joined."""
+    lines = script.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"#   sbatch jobs/{script.name} "))
+    text = ""
+    for line in lines[start:]:
+        text += line.lstrip("# ").rstrip("\\").strip() + " "
+        if not line.endswith("\\"):
+            break
+    return text.split()[2:]  # after "sbatch jobs/NAME"
+
+
+@pytest.mark.parametrize("template", [p for p in SCRIPTS if p.suffix == ".sbatch"], ids=lambda p: p.name)
+def test_each_template_documents_a_command_that_runs(template, tmp_path):
+    """The example at the top of each template, its $CIFAR_DIR a CIFAR-10 directory in the real
+    format: its settings are valid, its data set loads and its model fits the data."""
+    import argparse
+
+    from mpisolve.train.config import add_arguments, train_config
+    from mpisolve.train.data import load_dataset
+    from mpisolve.train.models import model_for
+    from tests.train.userdata import write_cifar10
+
+    args = documented_command(template)
+    assert "$CIFAR_DIR" in " ".join(args), args  # the CIFAR example, documented in the header
+    assert "CIFAR_DIR:" in template.read_text()
+    cifar = write_cifar10(tmp_path)["folder"]
+    args = [a.replace("$CIFAR_DIR", str(cifar)) for a in args]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = train_config(parser.parse_args(args), world_size=4)
+    data = load_dataset(config.dataset, image_size=config.image_size)
+    assert data.in_shape == (3, 32, 32) and len(data.train) == 40
+    model_for(config.model, data, seed=0)

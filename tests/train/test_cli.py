@@ -52,7 +52,10 @@ def mpisolve(*args, ranks=2, cwd=None):
             ["--hetero", "1,2,4"],
             "mpisolve train: error: --hetero gives 3 factors for 2 ranks (give one per rank, or a preset)",
         ),
-        (["--model", "vgg"], "mpisolve train: error: unknown model 'vgg' (known: mlp, cnn, resnet18)"),
+        (
+            ["--model", "vgg"],
+            "mpisolve train: error: unknown model 'vgg' (give mlp, cnn, resnet18, torchvision:NAME or MODULE:FACTORY)",
+        ),
         (["--batch-size", "0"], "mpisolve train: error: --batch-size must be >= 1, got 0"),
         (
             ["--set", "tau=2"],
