@@ -6,6 +6,7 @@ the same sums go hierarchically: the node's sum, then MPI between the nodes.
 
 import pytest
 import torch
+from mpi4py import MPI
 from torch import nn
 
 import mpisolve
@@ -161,7 +162,10 @@ def test_functional_allreduce_goes_through_the_node_windows():
     ranks = comm.size
     assert torch.equal(out[0], torch.full((5, 3), (ranks + 1) / 2))
     assert torch.equal(out[1], torch.full((7,), float(ranks - 1), dtype=torch.float64))
-    assert len(node_group(comm)._one_shot) == 2  # a window per fused buffer, kept for the next call
+    kept = list(node_group(comm)._one_shot.values())
+    assert len(kept) == 2  # a window per fused buffer, kept for the next call
+    comm.free()  # and freed with the communicator
+    assert all(op.win == MPI.WIN_NULL for op in kept)
 
 
 @pytest.mark.mpi(min_size=2)
