@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The ABS-SGD heterogeneous-cluster study (issue 5), one command: bash perf/abs_sgd.sh
+# The ABS-SGD heterogeneous-cluster study (issues 5 and 19), one command: bash perf/abs_sgd.sh
 # Write-up, figures and provenance: docs/studies/abs-sgd.md
 #
 # 4 ranks; the homogeneous cluster, the three presets of mpisolve/train/hetero.py and
@@ -7,9 +7,8 @@
 # MLP on digits; every solver trained to the same target test accuracy (stopping there),
 # once per seed (SEEDS, default 0 to 4: the model's initialisation and the data order).
 # Each (model, cluster, seed) is one `mpisolve compare` job, written to
-# OUT/mlp-<cluster>/seed<k>; the clusters run under the CPU lock in groups (PRESET_GROUPS:
-# groups separated by spaces, clusters in a group by commas; one hold of the lock per
-# group, 6-8 minutes per cluster). perf/abs_sgd_report.py then writes results.csv,
+# OUT/mlp-<cluster>/seed<k>, and each job holds the CPU lock alone (one run per hold, 1-2
+# minutes; CLUSTERS picks clusters). perf/abs_sgd_report.py then writes results.csv,
 # results.json, table.md and abs_sgd.png into OUT (medians over the seeds) and prints the
 # verdicts.
 #
@@ -25,7 +24,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 OUT=${OUT:-perf/results/abs_sgd}
 LOCK=${LOCK:-/tmp/mpisolve-cpu.lock}
-PRESET_GROUPS=${PRESET_GROUPS:-homogeneous,straggler two-tier,graded moving-straggler}
+CLUSTERS=${CLUSTERS:-homogeneous straggler two-tier graded moving-straggler}
 SEEDS=${SEEDS:-0 1 2 3 4}
 SOLVERS=abs-sgd,allreduce,lb-bsp,local-sgd
 WORKLOAD="--model mlp --dataset digits --batch-size 4 --momentum 0.9 --epochs 3 --eval-every 0.1 --log-every 50
@@ -33,29 +32,21 @@ WORKLOAD="--model mlp --dataset digits --batch-size 4 --momentum 0.9 --epochs 3 
 ASYNC_SGD="--lr 0.005 --set async-sgd.tau=1 --set async-sgd.nonfinite=skip"
 export MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-600}
 
-# One group of clusters in one hold of the lock.
-study() {
-    local preset hetero seed
-    for preset in ${1//,/ }; do
-        case $preset in
-            homogeneous) hetero="" ;;
-            moving-straggler) hetero="--hetero straggler --hetero-every 2" ;;  # the 4x straggler moves every 2 s
-            *) hetero="--hetero $preset" ;;
-        esac
-        for seed in $SEEDS; do
-            echo "== mlp, $preset, seed $seed $(date +%T)" >&2
-            # shellcheck disable=SC2086
-            timeout "$MPIEXEC_TIMEOUT" "$VENV/bin/mpiexec" -n 4 "$VENV/bin/python" -m mpi4py -m mpisolve compare \
-                --solvers "$SOLVERS" $WORKLOAD --lr 0.02 $hetero --seed "$seed" --out "$OUT/mlp-$preset/seed$seed"
-            # shellcheck disable=SC2086
-            timeout "$MPIEXEC_TIMEOUT" "$VENV/bin/mpiexec" -n 4 "$VENV/bin/python" -m mpi4py -m mpisolve compare \
-                --solvers async-sgd $WORKLOAD $ASYNC_SGD $hetero --seed "$seed" --out "$OUT/mlp-$preset/seed$seed/async-sgd"
-        done
+for preset in $CLUSTERS; do
+    case $preset in
+        homogeneous) hetero="" ;;
+        moving-straggler) hetero="--hetero straggler --hetero-every 2" ;;  # the 4x straggler moves every 2 s
+        *) hetero="--hetero $preset" ;;
+    esac
+    for seed in $SEEDS; do
+        echo "== mlp, $preset, seed $seed $(date +%T)" >&2
+        dir="$OUT/mlp-$preset/seed$seed"
+        # shellcheck disable=SC2086
+        flock "$LOCK" timeout "$MPIEXEC_TIMEOUT" "$VENV/bin/mpiexec" -n 4 "$VENV/bin/python" -m mpi4py -m mpisolve \
+            compare --solvers "$SOLVERS" $WORKLOAD --lr 0.02 $hetero --seed "$seed" --out "$dir"
+        # shellcheck disable=SC2086
+        flock "$LOCK" timeout "$MPIEXEC_TIMEOUT" "$VENV/bin/mpiexec" -n 4 "$VENV/bin/python" -m mpi4py -m mpisolve \
+            compare --solvers async-sgd $WORKLOAD $ASYNC_SGD $hetero --seed "$seed" --out "$dir/async-sgd"
     done
-}
-export -f study
-export VENV OUT SOLVERS WORKLOAD ASYNC_SGD SEEDS
-for group in $PRESET_GROUPS; do
-    flock "$LOCK" bash -c "set -euo pipefail; study $group"  # a failed job stops the study
 done
 "$VENV/bin/python" perf/abs_sgd_report.py "$OUT"

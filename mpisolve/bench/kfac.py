@@ -1,15 +1,20 @@
 """``bench kfac``: a training iteration of each K-FAC variant, and of plain allreduce SGD.
 
 Every K-FAC iteration updates the factors and the inverses (``factor_update_steps =
-inv_update_steps = 1``): the worst case, where the variants differ most. Per variant:
-``iter_s`` (median seconds of forward, backward and ``step()``, the slowest rank's),
-``breakdown`` (seconds per iteration of each phase: factor compute in the hooks and the
-running-average update, factor communication waited for, inversion, inverse
-communication waited for, preconditioning; the largest over ranks), the placement's
-``inversion_load_max_over_mean`` (in its cost unit) and the measured
-``inversion_s_max_over_mean``, both over the ``inverting_ranks`` (all ranks, unless a
-node runs more ranks than it has cores). Top level: ``sgd_iter_s`` (the allreduce
-solver on the same model and batch), ``spd_over_d`` (spd-kfac iter_s / d-kfac iter_s),
+inv_update_steps = 1``): the worst case, where the variants differ most. Per variant
+(``variants``; with ``--grad-worker-fraction`` other than 1, ``variants["spd-kfac@0.5"]``
+and so on): ``iter_s`` (median seconds of forward, backward and ``step()``, the slowest
+rank's), ``breakdown`` (seconds per iteration of each phase, the largest over ranks:
+factor compute in the hooks and the running-average update, factor communication waited
+for, inversion, waiting for other ranks' inversions (``inverse_wait``) and moving their
+results (``inverse_transfer``), preconditioning, and the same two for preconditioned
+gradients from other ranks), the placement's ``inversion_load_max_over_mean`` (its cost
+unit: inversions plus preconditioning) and the measured ``inversion_s_max_over_mean``,
+both over the ``inverting_ranks`` (all ranks, unless a node runs more ranks than it has
+cores), and ``predicted_over_measured`` per rank (the placement's load, in seconds with
+``--placement-cost measured``, over the rank's measured inversion plus preconditioning).
+Top level: ``sgd_iter_s`` (the allreduce solver on the same model and batch),
+``spd_over_d`` (spd-kfac iter_s / d-kfac iter_s, at the first fraction),
 ``inversion_load_max_over_mean`` (spd-kfac's), ``ranks``. ``--device cuda`` runs the
 model on this rank's GPU (factors, inversions through CuPy, MPI staged or direct).
 """
@@ -41,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", choices=("inverse", "eigen"), default="inverse")
     parser.add_argument("--profile-steps", type=int, default=2, help="spd-kfac's fusion_profile_steps")
     add_device_argument(parser)
+    parser.add_argument(
+        "--grad-worker-fraction",
+        default="1",
+        help="comma-separated grad_worker_fraction values to time each variant at",
+    )
+    parser.add_argument("--placement-cost", choices=("flops", "measured"), default="flops")
     parser.set_defaults(repeats=3, warmup=1)  # a ResNet-18 K-FAC iteration takes seconds on a CPU
 
 
@@ -65,12 +76,30 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         "repeats": args.repeats,
         "variants": {},
     }
-    for variant in variants:
-        options = dict(variant=variant, method=args.method, factor_update_steps=1, inv_update_steps=1, kl_clip=0.001)
-        if variant == "spd-kfac":
-            options["fusion_profile_steps"] = args.profile_steps
-        result["variants"][variant] = _time_kfac(args, comm, x, y, in_shape, classes, options)
-        gc.collect()
+    try:
+        fractions = [float(f) for f in args.grad_worker_fraction.split(",") if f]
+    except ValueError:
+        given = args.grad_worker_fraction
+        raise InputError(f"--grad-worker-fraction takes comma-separated numbers, got {given!r}") from None
+    if not fractions:
+        raise InputError("--grad-worker-fraction needs at least one value")
+    for fraction in fractions:
+        for variant in variants:
+            options = dict(
+                variant=variant,
+                method=args.method,
+                factor_update_steps=1,
+                inv_update_steps=1,
+                kl_clip=0.001,
+                grad_worker_fraction=fraction,
+                placement_cost=args.placement_cost,
+            )
+            if variant == "spd-kfac":
+                options["fusion_profile_steps"] = args.profile_steps
+            key = variant if fraction == fractions[0] else f"{variant}@{fraction:g}"
+            result["variants"][key] = _time_kfac(args, comm, x, y, in_shape, classes, options)
+            result["variants"][key]["grad_worker_fraction"] = fraction
+            gc.collect()
     result["sgd_iter_s"], sgd = _time_solver(args, comm, x, y, in_shape, classes, "allreduce", {})
     sgd.close()
     if "spd-kfac" in variants and "d-kfac" in variants:
@@ -129,6 +158,7 @@ def _time_kfac(
     assert isinstance(solver, KFACSolver)  # make_solver("kfac") builds one
     breakdown = {phase: comm.reduce_scalar(solver.timings[phase] / args.repeats, op="max") for phase in PHASES}
     inversion_s = comm.allgather_object(solver.timings["inversion"] / args.repeats)
+    work_s = comm.allgather_object((solver.timings["inversion"] + solver.timings["precondition"]) / args.repeats)
     loads = solver.placement_loads()
     workers = solver.inverting_ranks
     entry: dict[str, Any] = {
@@ -137,10 +167,15 @@ def _time_kfac(
         "inverting_ranks": len(workers),
         "inversion_load_max_over_mean": max_over_mean([loads[r] for r in workers]),
         "inversion_s_max_over_mean": max_over_mean([inversion_s[r] for r in workers]),
+        "predicted_over_measured": [load / w if w > 0 else None for load, w in zip(loads, work_s)],
+        "gradient_workers": len(solver.groups[0]),
         "factors": len(solver.factors),
         "replicated_factors": sum(1 for o in solver.owners if o == EVERY_RANK),
         "factor_messages": len(solver.exchange.groups),
-        "inverse_broadcasts": len(solver.inverter.broadcast_groups),
+        "inverse_broadcasts": len(solver.inverter.messages),
+        "gradient_broadcasts": sum(1 for r in solver.sharing.roots if r != solver.sharing.comm.rank)
+        if solver.sharing.active
+        else 0,
         "packed_inverses": sum(solver.inverse_packed),
     }
     if solver.comm_models:

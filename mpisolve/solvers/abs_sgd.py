@@ -9,29 +9,34 @@ Per worker, round after round::
     w <- w - lr * (sum over ranks of the last round's G) / (sum of its n)
 
 A collective completes only once every rank has joined it, so the slowest worker paces
-the rounds while the faster ones fill the wait with more micro-batches: nobody idles,
-the global batch adapts every round, and the update is the sample-weighted mean of
-gradients one round old. Every rank applies the same rounds in the same order with the
-same global sample count: the solver is lockstep.
+the rounds while the faster ones fill the wait with more micro-batches, and the update is
+the sample-weighted mean of gradients one round old. Every rank applies the same rounds in
+the same order with the same global sample count: the solver is lockstep.
 
 In the user's loop this is one ``step()`` per micro-batch: it adds the micro-batch to the
 round's sums, tests the previous round's allreduce (which is what moves it along between
 micro-batches), and when that has completed applies its mean through the user's
-optimizer, posts this round's sums and starts a new round. Two fused buffers alternate
-(one accumulating, one in flight), each with its own persistent allreduce, so a round's
-gradients are never allocated or copied (the adaptive split reads ranks + 1 numbers back).
+optimizer, posts this round's sums and starts a new round. Two fused buffers (one
+accumulating, one in flight) alternate, each with its own persistent allreduce, so a
+round's gradients are never allocated or copied.
 
 The paper's full text was not available: the rule above is reconstructed from its
-abstract (README, ABS-SGD), and its open choices are the options below.
+abstract, and its open choices are the options below. Three defaults make it converge
+wherever synchronous SGD does (docs/solvers/abs-sgd.md derives them, docs/studies/abs-sgd.md
+measures them):
 
-The one-round delay is compensated by weight prediction (``weight_prediction``, on by
-default): a round's micro-batches compute their gradients at the weights predicted for
-when the round will be applied, ``w + c (w - w_before_last_update)``, rather than at
-``w``. Uncompensated, a gradient one update old under heavy-ball momentum ``beta`` is
-stable only for ``lr * curvature < 1 - beta`` (instead of ``2 (1 + beta)``), which on the
-study's MLP doubled the updates to a target accuracy; predicted weights give back about
-sync SGD's count (README, ABS-SGD study). The model holds the predicted weights while it
-trains; :meth:`ABSSGD.evaluating`, ``close`` and checkpoints keep the true ones.
+- ``max_round_batches=1``: a rank computes one micro-batch per round, then waits for the
+  previous round's allreduce. Unbounded rounds (the rule as written) grow to several times
+  synchronous SGD's global batch wherever the allreduce outlasts a micro-batch, and at one
+  learning rate each update then costs that many more samples.
+- ``weight_prediction=1.5``: a round's micro-batches compute their gradients at the weights
+  predicted for when the round is applied, ``w + c (w - w_before_last_update)``. The model
+  holds the predicted weights while it trains; :meth:`ABSSGD.evaluating`, ``close`` and
+  checkpoints keep the true ones.
+- ``momentum_correction=True``: a gradient one round late acts as one more round of
+  momentum (Mitliagkas et al., 2016), so each update runs the optimizer's momentum lowered
+  to keep synchronous SGD's memory in samples, and its learning rate raised to keep its
+  step ``lr / (1 - momentum)``.
 """
 
 from __future__ import annotations
@@ -50,9 +55,10 @@ import torch
 from torch.amp import GradScaler
 
 from ..comm.buckets import FusedBuffer, wire_dtype
+from ..comm.closing import CloseNotices
 from ..comm.communicator import CommTimeout
 from ..comm.progress import ProgressThread, require_async_progress
-from ..options import require
+from ..options import option, require
 from .base import Solver, StepInfo, register
 from .lb_bsp import measure_speeds, proportional_batches
 from .nonfinite import all_finite
@@ -62,79 +68,64 @@ LRScaling = Literal["none", "linear", "sqrt"]
 ProgressMode = Literal["poll", "thread", "mpich"]
 MicroBatch = Literal["adaptive", "speed", "fixed"]
 
-#: Rounds of measured speeds whose per-rank median sets the adaptive split.
+#: Rounds of measured speeds whose per-rank median sets the adaptive split (one slow round does not move it).
 SPEED_ROUNDS = 3
+
+#: The least momentum ``momentum_correction`` gives an optimizer that has some: at 0, torch's SGD
+#: would skip its velocity buffer, and the next update would start from a stale one.
+MOMENTUM_FLOOR = 1e-3
 
 
 @dataclass(frozen=True, kw_only=True)
 class ABSSGDOptions:
-    """When a round ends, how the learning rate follows the global batch, who moves MPI along,
-    how large each rank's micro-batches are.
+    """When a round ends, how an update follows the delay and the round's batch, who moves
+    MPI along, how large each rank's micro-batches are (docs/solvers/abs-sgd.md)."""
 
-    ``trigger``: ``"collective"`` (default): a round ends at the first micro-batch after
-    the previous round's allreduce completed, the paper's rule, with nothing to tune.
-    ``"window"``: also not before the round has lasted ``window_s`` seconds on this rank
-    (fewer, larger updates: for communication-bound models). ``"samples"``: a completed
-    round whose global count, with any rounds carried before it, is below
-    ``min_samples`` is carried into the next instead of applied (a global batch of at
-    least ``min_samples``, as Hivemind's target batch size).
-
-    ``lr_scaling``: ``"none"`` (default): the update is the sample-weighted mean at the
-    optimizer's learning rate, as the rule is written, which keeps the comparison with
-    synchronous SGD at one learning rate. ``"linear"`` / ``"sqrt"``: each update's
-    learning rate is multiplied by ``N / reference_batch`` (or its square root), N being
-    the update's global sample count; ``reference_batch`` defaults to the first update's
-    count (every rank's first micro-batch: the global batch synchronous SGD would use).
-
-    ``progress``: ``"thread"`` (default): a thread of ours tests the allreduce every
-    ``progress_ms`` (default 1) while the rank computes (needs ``MPI_THREAD_MULTIPLE``,
-    mpi4py's default). MPICH runs a large allreduce in stages, each started by a test, so
-    the interval sets the round's length: a 4.4 MB allreduce at 4 ranks completed 54 ms
-    after it started testing every 5 ms, 14 ms testing every 1 ms, and the study's rounds
-    went from 1.8 micro-batches to 1.05. Each test takes the GIL and enters MPI, CPU the
-    rank's own work lacks when ranks share cores (the study's MLP, 4 ranks on 2 cores:
-    300 samples/s at 1 ms, 325 at 5 ms); on a GPU node that CPU is idle. ``"poll"``:
-    the allreduce moves only when ``step`` tests it, between micro-batches: no thread, but
-    a large allreduce runs in several stages (MPICH's ring for big messages), each waiting
-    for the slowest rank's next test, so a round lasts several of its micro-batches (an
-    MLP of 1.1 M parameters with a 4x straggler: 2 updates in 2 epochs under ``"poll"``,
-    10 under ``"thread"``). ``"mpich"``: MPICH's own progress thread (launch with
-    ``MPICH_ASYNC_PROGRESS=1``, refused otherwise; it busy-polls a core).
-
-    ``micro_batch`` (what a training loop gets from :meth:`ABSSGD.local_batch_size`):
-    ``"speed"``: the ranks split ``ranks * configured`` samples by their speeds (measured
-    with the loop's probe, ``measure_batches`` timed micro-batches), as ``lb-bsp`` splits
-    its batch, so every rank's micro-batch takes about as long: the slowest rank, which
-    paces the rounds, ends a round after a short micro-batch instead of a long one (the
-    paper computes "without specifying batch size in advance"), and one micro-batch per
-    rank holds the global batch synchronous SGD would use, so one learning rate means the
-    same to both. ``"adaptive"`` (default): that split, then split again whenever the
-    speeds change: every rank times its own micro-batches (from the first training
-    forward after a ``step`` to the next ``step``: forward, backward, whatever the loop
-    does between them, not evaluations or checkpoints) and sends its speed with the
-    round's sums, so every rank learns every speed with no collective of its own and
-    computes the same split, from the median of each rank's last ``SPEED_ROUNDS`` rounds
-    (one slow round does not move it). A step that changes this rank's size says so in
-    ``StepInfo.next_batch_size``, which the loop follows (a loop that does not keeps its
-    size; the weighting by samples stays exact). Speeds measured once go stale when load
-    moves between nodes; these do not. ``"fixed"``: every rank uses the configured size.
-
-    ``weight_prediction`` (``c``, default 1): micro-batches compute gradients at
-    ``w + c * (last update)``, the weights their round's update will be applied to if the
-    next update repeats the last one (the delay compensation above; SpecTrain's weight
-    prediction, Chen et al. 2018). ``0``: at ``w``, the rule as written.
-    """
-
-    trigger: Trigger = "collective"
-    window_s: float | None = None
-    min_samples: int | None = None
-    lr_scaling: LRScaling = "none"
-    reference_batch: int | None = None
-    progress: ProgressMode = "thread"
-    progress_ms: float = 1.0
-    micro_batch: MicroBatch = "adaptive"
-    measure_batches: int = 3
-    weight_prediction: float = 1.0
+    trigger: Trigger = option(
+        "collective",
+        "when a round ends: at the first micro-batch after the previous round's allreduce completed; 'window': "
+        "also not before window_s seconds; 'samples': a round whose global count (with any carried before it) is "
+        "below min_samples is carried into the next",
+    )
+    window_s: float | None = option(None, "trigger='window': the shortest round, in seconds on this rank")
+    min_samples: int | None = option(None, "trigger='samples': the smallest global sample count of an update")
+    lr_scaling: LRScaling = option(
+        "none",
+        "each update's learning rate: as given, or times N / reference_batch ('linear') or its square root "
+        "('sqrt'), N the update's global samples",
+    )
+    reference_batch: int | None = option(
+        None,
+        "the global batch lr_scaling and momentum_correction compare an update's with (default: the first "
+        "update's, synchronous SGD's global batch)",
+    )
+    progress: ProgressMode = option(
+        "thread",
+        "who moves the allreduce along while the rank computes: a thread testing it every progress_ms; 'poll': "
+        "step()'s tests only; 'mpich': MPICH's own thread (launch with MPICH_ASYNC_PROGRESS=1)",
+    )
+    progress_ms: float = option(1.0, "the progress thread's interval, in milliseconds")
+    micro_batch: MicroBatch = option(
+        "adaptive",
+        "each rank's micro-batch: synchronous SGD's global batch split by the speeds every rank measures, split "
+        "again as they change; 'speed': split once; 'fixed': the configured size everywhere",
+    )
+    measure_batches: int = option(3, "timed micro-batches whose median gives each rank's speed at the start")
+    weight_prediction: float = option(
+        1.5,
+        "delay compensation c: a round's gradients are computed at w + c * (the last update); 0: at w, the rule "
+        "as written",
+    )
+    max_round_batches: int | None = option(
+        1,
+        "micro-batches a rank computes per round before it waits for the previous round's allreduce; None: no "
+        "limit (the rule as written)",
+    )
+    momentum_correction: bool = option(
+        True,
+        "each update lowers the optimizer's momentum for the one-round delay and the round's batch and raises "
+        "its lr to keep lr / (1 - momentum); False: the optimizer's settings as given",
+    )
 
     def __post_init__(self) -> None:
         require(
@@ -156,8 +147,8 @@ class ABSSGDOptions:
         )
         require(self.min_samples is None or self.min_samples >= 1, f"min_samples must be >= 1, got {self.min_samples}")
         require(
-            self.reference_batch is None or self.lr_scaling != "none",
-            "reference_batch is used by lr_scaling='linear' or 'sqrt' only",
+            self.reference_batch is None or self.lr_scaling != "none" or self.momentum_correction,
+            "reference_batch is used by lr_scaling='linear' or 'sqrt' and by momentum_correction only",
         )
         require(
             self.reference_batch is None or self.reference_batch >= 1,
@@ -165,9 +156,27 @@ class ABSSGDOptions:
         )
         require(self.measure_batches >= 1, f"measure_batches must be >= 1, got {self.measure_batches}")
         require(
+            self.max_round_batches is None or self.max_round_batches >= 1,
+            f"max_round_batches must be >= 1 or None, got {self.max_round_batches}",
+        )
+        require(
             math.isfinite(self.weight_prediction) and self.weight_prediction >= 0,
             f"weight_prediction must be a finite number >= 0, got {self.weight_prediction}",
         )
+
+
+def corrected_momentum(momentum: float, ratio: float, delay: int = 1) -> float:
+    """The momentum of an update ``ratio`` times synchronous SGD's global batch, ``delay`` rounds late.
+
+    Heavy-ball momentum ``b`` remembers ``b / (1 - b)`` steps; synchronous SGD's steps
+    hold one global batch each, so it remembers ``momentum / (1 - momentum)`` global
+    batches. An update of ``ratio`` global batches whose gradient is ``delay`` rounds old
+    remembers ``b / (1 - b) + delay`` rounds (a stale gradient acts as momentum: Mitliagkas
+    et al., 2016) of ``ratio`` batches each. Equal memories give ``b / (1 - b) =
+    momentum / (1 - momentum) / ratio - delay``, floored at 0 (at ``MOMENTUM_FLOOR`` in ``b``).
+    """
+    memory = max(momentum / (1.0 - momentum) / ratio - delay, 0.0)
+    return max(memory / (1.0 + memory), MOMENTUM_FLOOR)
 
 
 @register
@@ -206,11 +215,14 @@ class ABSSGD(Solver):
             self._weights.pack([p.detach() for p in self.params])
             self._last_update = FusedBuffer(shapes, dtype, device)
         self._control = self.comm.split(0, name="abs-sgd close")  # close()'s agreement, apart from the rounds
+        # A rank that stops early announces it, so that a bounded round stops waiting for its
+        # contribution (close() then evens the ranks' rounds).
+        self._closings = CloseNotices(self.comm, lambda: None, self.name, "rounds") if self.comm.size > 1 else None
         self._acc = 0  # index of the accumulating buffer; the other one is in flight
         self._in_flight = False  # a posted round not yet applied (or carried)
         self._known_done = False  # ... whose allreduce is known to have completed
         self._posted_at = 0.0
-        self._round_samples = 0
+        self._round_samples = self._round_batches = 0
         # This round's timed micro-batches: each from its first training forward to its step.
         self._timed_samples = 0
         self._timed_s = 0.0
@@ -284,8 +296,15 @@ class ABSSGD(Solver):
         if finite:
             self._sums[self._acc][: self._numel].add_(self.grads.flat, alpha=n)  # the mean gradient, summed
             self._round_samples += n
+        self._round_batches += 1
         if self._in_flight and not self._round_over():
-            return StepInfo(applied=False, global_samples=0, local_samples=n)
+            limit = self.options.max_round_batches
+            if limit is None or self._round_batches < limit:
+                return StepInfo(applied=False, global_samples=0, local_samples=n)
+            # This rank's share of the round is done: wait for it, unless a rank stopped (it posts no more).
+            self._complete_in_flight("abs-sgd round", unless_peer_closed=True)
+            if not self._round_over():  # trigger="window", or a rank stopped: the round is not over yet
+                return StepInfo(applied=False, global_samples=0, local_samples=n)
         applied, samples = self._finish_round() if self._in_flight else (False, 0)
         self._post()
         resized, self._next_batch_size = self._next_batch_size, None
@@ -403,23 +422,29 @@ class ABSSGD(Solver):
             self._hold_predicted_weights()
 
     def _scaled_step(self, global_samples: int) -> None:
-        scaling = self.options.lr_scaling
-        if scaling == "none":
+        """The user's optimizer steps with this update's learning rate and momentum (docs/solvers/abs-sgd.md)."""
+        scaling, correct = self.options.lr_scaling, self.options.momentum_correction
+        if scaling == "none" and not correct:
             self.optimizer.step()
             return
         if self.reference_batch is None:
             self.reference_batch = float(global_samples)
         ratio = global_samples / self.reference_batch
-        factor = ratio if scaling == "linear" else math.sqrt(ratio)
+        factor = 1.0 if scaling == "none" else ratio if scaling == "linear" else math.sqrt(ratio)
         groups = self.optimizer.param_groups
-        base = [group["lr"] for group in groups]
-        for group, lr in zip(groups, base):
+        given = [(group["lr"], group.get("momentum")) for group in groups]
+        for group, (lr, momentum) in zip(groups, given):
             group["lr"] = lr * factor
+            if correct and momentum and not group.get("dampening"):
+                group["momentum"] = corrected_momentum(momentum, ratio)
+                group["lr"] *= (1.0 - group["momentum"]) / (1.0 - momentum)
         try:
             self.optimizer.step()
         finally:
-            for group, lr in zip(groups, base):
+            for group, (lr, momentum) in zip(groups, given):
                 group["lr"] = lr
+                if momentum is not None:
+                    group["momentum"] = momentum
 
     def _post(self) -> None:
         """Start this round's allreduce and a new round in the other buffer."""
@@ -436,13 +461,21 @@ class ABSSGD(Solver):
         self._sums[self._acc].zero_()
         self._in_flight, self._known_done = True, False
         self._posted_at = time.perf_counter()
-        self._round_samples = self._timed_samples = 0
+        self._round_samples = self._round_batches = self._timed_samples = 0
         self._timed_s = 0.0
         self.rounds += 1
 
-    def _complete_in_flight(self, what: str) -> None:
-        """Wait (watchdogged) until the round in flight has completed; it stays to be applied."""
+    def _complete_in_flight(self, what: str, *, unless_peer_closed: bool = False) -> None:
+        """Wait (watchdogged) until the round in flight has completed; it stays to be applied.
+
+        ``unless_peer_closed``: stop waiting, the round still in flight, once another rank
+        has reached ``close()``: it will post no further round.
+        """
         if not self._in_flight or self._known_done:
+            return
+        closings = self._closings
+        if unless_peer_closed and closings is not None:
+            self.comm.wait_for(lambda: self._completed() or closings.peer_closed(), what)
             return
         if self._thread is not None:
             with self._watch_lock:  # the thread no longer touches the request
@@ -464,6 +497,8 @@ class ABSSGD(Solver):
             return
         if self._thread is not None:
             self._thread.stop()
+        if self._closings is not None:  # announced first: a rank waiting in a bounded round stops waiting
+            self._closings.close(self.rounds, entered=False, busy=self._in_flight)
         rounds = torch.tensor([float(self.rounds)], dtype=torch.float64)
         newest = int(self._control.allreduce_(rounds, "max", what="abs-sgd close").item())
         self._complete_in_flight("abs-sgd round at close")
@@ -471,7 +506,7 @@ class ABSSGD(Solver):
             if self._in_flight:
                 self._finish_round()
             self._sums[self._acc].zero_()
-            self._round_samples = 0
+            self._round_samples = self._round_batches = 0
             self._post()
             self._complete_in_flight("abs-sgd closing round")
         for round_ in self._rounds:
@@ -496,6 +531,7 @@ class ABSSGD(Solver):
             "batch_sizes": self.batch_sizes,
             "accumulating": self._sums[self._acc][: self._numel].clone(),
             "round_samples": self._round_samples,
+            "round_batches": self._round_batches,
             "completed": self._sums[1 - self._acc].clone() if self._in_flight else None,  # with its speeds
             "speeds": [list(speeds) for speeds in self._speeds],
             "timed": (self._timed_samples, self._timed_s),
@@ -513,6 +549,7 @@ class ABSSGD(Solver):
         self._sums[0].zero_()
         self._sums[0][: self._numel].copy_(state["accumulating"])
         self._round_samples = int(state["round_samples"])
+        self._round_batches = int(state["round_batches"])
         completed = state["completed"]
         self._in_flight = self._known_done = completed is not None
         if completed is not None:

@@ -71,6 +71,9 @@ class TrainConfig:
         float,
         "S",
     )
+    hetero_drift: bool = _flag(
+        False, "with --hetero-every: each factor slides into the next over the period instead of jumping", bool
+    )
     device_ms: str | None = _flag(
         None,
         "emulate a device per rank: a micro-batch of n samples takes (hetero factor) x n x MS milliseconds, "
@@ -135,6 +138,7 @@ class TrainConfig:
             f"--hetero-every must be > 0 seconds, got {self.hetero_every}",
         )
         check(self.hetero_every is None or bool(self.hetero), "--hetero-every needs --hetero")
+        check(not self.hetero_drift or self.hetero_every is not None, "--hetero-drift needs --hetero-every")
         check(
             self.device_ms is None or self.device_ms == "auto" or _positive_float(self.device_ms),
             f"--device-ms must be 'auto' or a number of milliseconds > 0, got {self.device_ms!r}",
@@ -180,6 +184,7 @@ class TrainConfig:
         out = {k: getattr(self, k) for k in keys}
         out["hetero"] = list(self.hetero)
         out["hetero_every"] = self.hetero_every
+        out["hetero_drift"] = self.hetero_drift
         out["device_ms"] = self.device_ms
         return out
 

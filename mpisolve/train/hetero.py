@@ -70,13 +70,25 @@ def factors_for_world(preset: str | None, factors: tuple[float, ...], size: int)
 
 
 def moving_factor(
-    factors: tuple[float, ...], rank: int, every_s: float, start_s: float, now_s: float | None = None
+    factors: tuple[float, ...],
+    rank: int,
+    every_s: float,
+    start_s: float,
+    now_s: float | None = None,
+    *,
+    drift: bool = False,
 ) -> float:
     """``rank``'s factor at ``now_s`` (default: now, by the wall clock) when the cluster's
     ``factors`` move one rank along every ``every_s`` seconds from ``start_s`` (a time every
-    rank agreed on: rank 0's clock when the run began)."""
-    period = int(((time.time() if now_s is None else now_s) - start_s) // every_s)
-    return factors[(rank - period) % len(factors)]
+    rank agreed on: rank 0's clock when the run began). With ``drift`` a factor slides
+    linearly into the next one over the period instead of jumping at its end."""
+    phase = ((time.time() if now_s is None else now_s) - start_s) / every_s
+    period = math.floor(phase)
+    now = factors[(rank - period) % len(factors)]
+    if not drift:
+        return now
+    upcoming = factors[(rank - period - 1) % len(factors)]
+    return now + (phase - period) * (upcoming - now)
 
 
 class Slowdown:

@@ -173,7 +173,9 @@ class Trainer:
         factor: float | Callable[[], float] = config.hetero[rank] if config.hetero else 1.0
         if config.hetero_every is not None:
             start_s = self.ctrl.bcast_object(time.time())  # the moves count from rank 0's clock, now
-            factor = functools.partial(moving_factor, config.hetero, rank, config.hetero_every, start_s)
+            factor = functools.partial(
+                moving_factor, config.hetero, rank, config.hetero_every, start_s, drift=config.hetero_drift
+            )
         self.slowdown = Slowdown(factor, self._device_seconds_per_sample())
         self._resize(self.solver.local_batch_size(config.batch_size, self._probe))
         resume_step = self.counter.now.steps if config.resume else None

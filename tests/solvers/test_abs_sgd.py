@@ -11,6 +11,7 @@ from torch import nn
 import mpisolve
 from mpisolve.solvers.lb_bsp import proportional_batches
 from mpisolve.train.config import TrainConfig
+from mpisolve.train.hetero import PRESETS
 from mpisolve.train.loop import train
 
 LR, MOMENTUM = 0.1, 0.9
@@ -43,14 +44,38 @@ def parameters(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
+def documented_momentum(momentum, ratio):
+    """docs/solvers/abs-sgd.md: b / (1 - b) = momentum / (1 - momentum) / ratio - 1; b at least 0.001."""
+    memory = momentum / (1 - momentum) / ratio - 1
+    return max(memory / (1 + memory), 0.001)
+
+
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("progress, prediction", [("thread", 1.0), ("poll", 1.0), ("thread", 0.0), ("poll", 0.5)])
-def test_update_is_the_sample_weighted_mean_of_the_previous_round(comm, progress, prediction):
+@pytest.mark.parametrize(
+    "progress, prediction, correction, max_round_batches",
+    [
+        ("thread", 1.5, True, 1),  # the defaults
+        ("thread", 1.0, True, None),  # rounds of several micro-batches: the correction follows their size
+        ("poll", 1.0, False, None),
+        ("thread", 0.0, False, 1),
+        ("poll", 0.5, True, None),
+    ],
+)
+def test_update_is_the_documented_rule_on_the_previous_round(comm, progress, prediction, correction, max_round_batches):
     model = net()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    solver = mpisolve.make_solver("abs-sgd", model, optimizer, comm, progress=progress, weight_prediction=prediction)
+    solver = mpisolve.make_solver(
+        "abs-sgd",
+        model,
+        optimizer,
+        comm,
+        progress=progress,
+        weight_prediction=prediction,
+        momentum_correction=correction,
+        max_round_batches=max_round_batches,
+    )
     start = [p.detach().clone() for p in model.parameters()]
-    updates, mine, applied = 4, [], []
+    updates, mine, applied = 5, [], []
     i = 0
     while len(applied) < updates:
         x, y = micro_batch(comm.rank, i)
@@ -60,7 +85,7 @@ def test_update_is_the_sample_weighted_mean_of_the_previous_round(comm, progress
         if info.applied:
             applied.append(info.global_samples)
         if comm.rank == 0:
-            time.sleep(0.004)  # rank 0 slow: the others fit more micro-batches into a round
+            time.sleep(0.004)  # rank 0 slow: without a limit the others fit more micro-batches into a round
         i += 1
     assert solver.updates == updates and solver.rounds == updates + 1
     everyone = comm.allgather_object(mine)
@@ -68,17 +93,18 @@ def test_update_is_the_sample_weighted_mean_of_the_previous_round(comm, progress
         final = parameters(model)
     solver.close()
     assert torch.equal(parameters(model), final)  # closed, the model holds the true weights
+    assert optimizer.param_groups[0]["lr"] == LR and optimizer.param_groups[0]["momentum"] == MOMENTUM
+    if max_round_batches is not None:  # every rank put exactly its one micro-batch into every round
+        assert all(sum(joins == k for joins, _ in batches) == 1 for batches in everyone for k in range(updates))
 
-    # One process: update k applies round k - 1, whose micro-batches were computed at the
-    # weights predicted after k - 2 updates, w + c (w - w_before): rounds 0 and 1 both at
-    # the start.
-    reference = net()
-    with torch.no_grad():
-        for p, q in zip(reference.parameters(), start):
-            p.copy_(q)
-    optimizer = torch.optim.SGD(reference.parameters(), lr=LR, momentum=MOMENTUM)
+    # One process, heavy ball by hand: update k applies round k - 1, whose micro-batches
+    # were computed at the weights predicted after k - 2 updates, w + c (w - w_before):
+    # rounds 0 and 1 both at the start. With the correction, an update of N samples, N / N_1
+    # times the first, runs momentum b (documented_momentum) at lr * (1 - b) / (1 - momentum).
+    reference = [q.clone() for q in start]
+    velocity = [torch.zeros_like(q) for q in start]
     scratch = net()
-    history = [[p.detach().clone() for p in reference.parameters()]]
+    history = [[q.clone() for q in reference]]
     for k in range(1, updates + 1):
         members = [(rank, j) for rank, batches in enumerate(everyone) for joins, j in batches if joins == k - 1]
         now, before = history[max(k - 2, 0)], history[max(k - 3, 0)]
@@ -92,11 +118,40 @@ def test_update_is_the_sample_weighted_mean_of_the_previous_round(comm, progress
             nn.functional.cross_entropy(scratch(x), y, reduction="sum").backward()
             total += y.shape[0]
         assert applied[k - 1] == total  # every rank was told the round's global sample count
-        for p, q in zip(reference.parameters(), scratch.parameters()):
-            p.grad = q.grad / total
-        optimizer.step()
-        history.append([p.detach().clone() for p in reference.parameters()])
-    torch.testing.assert_close(final, parameters(reference), rtol=1e-10, atol=1e-12)
+        beta, lr = MOMENTUM, LR
+        if correction:
+            beta = documented_momentum(MOMENTUM, total / applied[0])
+            lr = LR * (1 - beta) / (1 - MOMENTUM)
+        for w, v, q in zip(reference, velocity, scratch.parameters()):
+            v.mul_(beta).add_(q.grad / total)
+            w.sub_(lr * v)
+        history.append([w.clone() for w in reference])
+    if max_round_batches is None and comm.size == 2:
+        assert len(set(applied)) > 1, applied  # rounds of different sizes, so the correction varied
+    torch.testing.assert_close(final, torch.cat([w.reshape(-1) for w in reference]), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(4)
+def test_the_demo_configuration_converges(comm):
+    """``make demo``'s abs-sgd run: 4 ranks, a 4x straggler, real compute, the MLP on digits,
+    batch 32, lr 0.05, momentum 0.9, default options. It reaches 90% test accuracy within 5
+    epochs and is still there at the end (before the defaults of issue 19 it fell back to
+    73-80%)."""
+    config = TrainConfig(
+        solver="abs-sgd",
+        model="mlp",
+        dataset="digits",
+        batch_size=32,
+        lr=0.05,
+        momentum=0.9,
+        epochs=5,
+        hetero=PRESETS["straggler"],
+        target_accuracy=0.9,
+    )  # evaluated every 0.5 epoch, as make demo does (each evaluation's barrier shortens a round)
+    summary = train(config, comm, show=False)
+    assert summary["time_to_target_s"] is not None, summary["final_accuracy"]
+    assert summary["final_accuracy"] >= 0.9
 
 
 @pytest.mark.mpi(min_size=2)
@@ -195,7 +250,8 @@ def test_trainer_resumes_an_abs_sgd_run(comm):
     [
         ({"trigger": "window"}, "window_s goes with trigger='window'"),
         ({"min_samples": 64}, "min_samples goes with trigger='samples'"),
-        ({"reference_batch": 64}, "reference_batch is used by lr_scaling"),
+        ({"reference_batch": 64, "momentum_correction": False}, "reference_batch is used by lr_scaling"),
+        ({"max_round_batches": 0}, "max_round_batches must be >= 1 or None, got 0"),
         ({"progress": "mpich"}, "MPICH_ASYNC_PROGRESS=1"),
         ({"progress_ms": 0.0}, "progress_ms must be > 0, got 0.0"),
         ({"weight_prediction": -1.0}, "weight_prediction must be a finite number >= 0"),
@@ -247,9 +303,9 @@ def test_adaptive_micro_batches_follow_speeds_that_move(comm, mode):
     )
     last = comm.size - 1
 
-    def seconds_per_sample(moved):
+    def seconds_per_sample(moved):  # micro-batches of about 25 ms: longer than the scheduler's noise on shared cores
         slow = last if moved else 0
-        return 4e-3 if comm.rank == slow else 1e-3
+        return 12e-3 if comm.rank == slow else 3e-3
 
     n = solver.local_batch_size(8, lambda k: k * seconds_per_sample(False))
     before = list(solver.batch_sizes)
@@ -261,7 +317,7 @@ def test_adaptive_micro_batches_follow_speeds_that_move(comm, mode):
         nn.functional.cross_entropy(model(x), y).backward()
         time.sleep(n * seconds_per_sample(solver.updates >= 10))  # the emulated device
         if solver.updates == 4 and not hiccup and comm.rank == last:
-            time.sleep(0.05)  # one slow micro-batch on a fast rank
+            time.sleep(0.15)  # one slow micro-batch on a fast rank
             hiccup = True
         info = solver.step()
         assert info.next_batch_size != n  # said only when this rank's size changes

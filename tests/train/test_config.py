@@ -71,6 +71,7 @@ def test_flags_override_the_config_file(tmp_path):
         (["--comm-timeout", "-5"], "--comm-timeout must be > 0, got -5.0"),
         (["--hetero", "2"], "1 factors for 2 ranks"),
         (["--hetero-every", "5"], "--hetero-every needs --hetero"),
+        (["--hetero", "1,4", "--hetero-drift"], "--hetero-drift needs --hetero-every"),
         (["--hetero", "1,4", "--hetero-every", "0"], "--hetero-every must be > 0 seconds, got 0.0"),
         (["--hetero", "1,4", "--hetero-every", "inf"], "--hetero-every must be > 0 seconds, got inf"),
         (

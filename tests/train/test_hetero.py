@@ -64,6 +64,15 @@ def test_a_moving_cluster_passes_each_factor_to_the_next_rank_every_period_from_
     assert moving_factor(straggler, 3, 2.0, time.time()) == 4  # from now: the preset as given
 
 
+def test_a_drifting_factor_slides_into_the_next_one():
+    straggler, start = PRESETS["straggler"], 1000.0
+    at = [
+        [moving_factor(straggler, rank, 2.0, start, now_s=start + t, drift=True) for rank in range(4)]
+        for t in (0.0, 0.5, 1.0, 2.0, 3.5)
+    ]
+    assert at == [[1, 1, 1, 4], [1.75, 1, 1, 3.25], [2.5, 1, 1, 2.5], [4, 1, 1, 1], [1.75, 3.25, 1, 1]]
+
+
 def test_a_moving_factor_below_one_is_refused_when_it_comes():
     with pytest.raises(InputError, match="must be finite and >= 1, got nan"):
         Slowdown(lambda: float("nan"), device_s_per_sample=0.001).stretch(0.0, 1)

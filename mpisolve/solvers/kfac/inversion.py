@@ -1,17 +1,23 @@
-"""Inverting (or eigendecomposing) the factors where the placement says, and sharing the results.
+"""Inverting (or eigendecomposing) one group's factors where the placement says, and sharing the results.
 
-Each rank inverts the factors it owns and those every rank inverts, stacked by size into
-one batched kernel call per size (``mpisolve.kernels.inverse``). Owned results go out in
-persistent broadcasts: one per factor, or one per owner with the owner's results fused
-(``fuse_broadcasts``), each inverse as its upper triangle where ``packed`` says so (the
-inverse method's results are symmetric; eigenvectors are not). Broadcasts are started
-in one order on every rank (by root): a rank posts the receives from lower roots before
-it computes, its own broadcast as soon as its owned results are ready, and computes the
-replicated factors while everything moves.
+A rank works on the factors of its own group's layers (see :mod:`.placement`). It inverts
+those it owns and those every member inverts, stacked by size into one batched kernel
+call per size (``mpisolve.kernels.inverse``). Owned results go to the group's other
+members in persistent broadcasts on one communicator per root (so no root's broadcast
+waits for another root to reach it): one broadcast per batch of equal-sized factors
+(``fuse_broadcasts``) or per factor, each inverse as its upper triangle where ``packed``
+says so (the inverse method's results are symmetric; eigenvectors are not). Every rank
+posts its receives before it computes, and a root starts each broadcast as soon as its
+batch is done.
 
-Whether a result is usable (kernel status) travels in one small MAX-allreduce, so every
-rank makes the same choice: a FAILED factor keeps its previous decomposition (the
-identity before the first one) everywhere, and a warning names it.
+A round does not wait for the broadcasts: :meth:`Inverter.start` inverts and starts
+them; the solver asks :meth:`Inverter.ready` per factor, preconditions the layers whose
+decompositions are here while the others travel, and :meth:`Inverter.wait` only for a
+factor it needs next. Each broadcast carries its factors' kernel statuses (a FAILED one
+keeps its previous decomposition, the identity before the first, on every member alike)
+and the time its root started it, on a clock the ranks share (``epoch``): a receiver's
+blocked time splits into ``inverse_wait`` (before the root had its result: waiting for
+another rank's inversion) and ``inverse_transfer`` (after: moving the bytes).
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ from ...kernels.triangle import pack_triu, triangle_numel, unpack_triu_
 from .layers import Factor
 from .placement import EVERY_RANK
 
+#: Trailing elements of a broadcast that carry its root's start time (two floats: high and low part).
+STAMP_SLOTS = 2
+
 
 def result_shapes(n: int, method: str, packed: bool) -> list[torch.Size]:
     """How one n x n factor's decomposition travels: the inverse (its upper triangle when
@@ -35,6 +44,30 @@ def result_shapes(n: int, method: str, packed: bool) -> list[torch.Size]:
     if method == "eigen":
         return [torch.Size([n, n]), torch.Size([n])]
     return [torch.Size([triangle_numel(n)])] if packed else [torch.Size([n, n])]
+
+
+def duplicate(comm: Communicator) -> Communicator:
+    """A communicator of the same ranks (collective): its collectives are ordered apart from ``comm``'s."""
+    twin = comm.split(0)
+    assert twin is not None  # every rank passes a color
+    return twin
+
+
+def write_stamp(slots: torch.Tensor, seconds: float) -> None:
+    """Store ``seconds`` in two slots of a float32 (or wider) buffer without losing precision."""
+    high = float(torch.tensor(seconds, dtype=slots.dtype))
+    slots[0], slots[1] = high, seconds - high
+
+
+def read_stamp(slots: torch.Tensor) -> float:
+    return float(slots[0]) + float(slots[1])
+
+
+def split_blocked(start: float, end: float, sent: float) -> tuple[float, float]:
+    """A blocked interval ``[start, end]`` on a message its sender started at ``sent``:
+    (seconds waiting for the sender, seconds of transfer)."""
+    waiting = min(max(sent - start, 0.0), end - start)
+    return waiting, end - start - waiting
 
 
 class _Batch:
@@ -46,124 +79,195 @@ class _Batch:
         self.values = torch.empty(len(members), n, dtype=dtype, device=device) if method == "eigen" else None
 
 
-def _batches(members: list[int], factors: Sequence[Factor], method: str) -> list[_Batch]:
-    by_size: dict[int, list[int]] = {}
+def by_size(members: Sequence[int], factors: Sequence[Factor]) -> list[list[int]]:
+    """``members`` grouped by factor size, largest first: a root's broadcast order is known to all."""
+    sizes: dict[int, list[int]] = {}
     for f in members:
-        by_size.setdefault(factors[f].dim, []).append(f)
-    first = factors[members[0]] if members else None
-    if first is None:
-        return []
-    dtype, device = first.running.dtype, first.running.device
-    # Largest first: the owner's broadcast waits for all of its batches anyway, and the
-    # small ones finish while the large ones' predecessors are on the wire.
-    return [_Batch(fs, n, method, dtype, device) for n, fs in sorted(by_size.items(), reverse=True)]
+        sizes.setdefault(factors[f].dim, []).append(f)
+    return [fs for _, fs in sorted(sizes.items(), reverse=True)]
+
+
+class _Message:
+    """One broadcast: ``members``' decompositions, their statuses, the root's start time."""
+
+    def __init__(self, root: int, members: list[int], buffer: FusedBuffer, request: PersistentBcast) -> None:
+        self.root = root
+        self.members = members
+        self.buffer = buffer
+        self.request = request
+        self.statuses = buffer.extra[: len(members)]
+        self.stamp = buffer.extra[len(members) :]
 
 
 class Inverter:
-    """Runs one inversion round for ``factors`` placed by ``owners`` (``EVERY_RANK`` = all)."""
+    """Inversion rounds of one group's factors.
+
+    ``members``: indices (into ``factors``) of the factors this rank's group handles;
+    ``owners[f]``: the rank of ``comm`` (the group's communicator) that inverts factor f,
+    or ``EVERY_RANK`` (every member). ``epoch``: this rank's ``perf_counter`` at an
+    instant all ranks share (after a barrier).
+    """
 
     def __init__(
         self,
         comm: Communicator,
         factors: Sequence[Factor],
+        members: Sequence[int],
         owners: Sequence[int],
         *,
         method: str,
         packed: Sequence[bool],
         fuse_broadcasts: bool,
+        epoch: float,
     ) -> None:
         if len(owners) != len(factors) or len(packed) != len(factors):
             raise ValueError("one owner and one packing choice per factor")
         self.comm = comm
         self.factors = list(factors)
+        self.members = list(members)
         self.owners = list(owners)
         self.method = method
         self.packed = [p and method == "inverse" for p in packed]  # eigenvectors are not symmetric
+        self.epoch = epoch
         rank = comm.rank
-        owned = [f for f, o in enumerate(owners) if o == rank]
-        replicated = [f for f, o in enumerate(owners) if o == EVERY_RANK]
-        self._owned_batches = _batches(owned, self.factors, method)
-        self._replicated_batches = _batches(replicated, self.factors, method)
+        dtype = self.factors[0].running.dtype if self.factors else torch.float32
+        device = self.factors[0].running.device if self.factors else torch.device("cpu")
+        owned = [f for f in self.members if self.owners[f] == rank]
+        replicated = [f for f in self.members if self.owners[f] == EVERY_RANK]
+        self._owned_batches = [self._batch(fs, dtype, device) for fs in by_size(owned, self.factors)]
+        self._replicated_batches = [self._batch(fs, dtype, device) for fs in by_size(replicated, self.factors)]
         self._where: dict[int, tuple[_Batch, int]] = {}
         for batch in self._owned_batches + self._replicated_batches:
             for i, f in enumerate(batch.members):
                 self._where[f] = (batch, i)
-        device = self.factors[0].running.device if self.factors else torch.device("cpu")
-        # Broadcast groups, in the order every rank starts them: by root, then factor.
-        placed = sorted((o, f) for f, o in enumerate(owners) if o != EVERY_RANK)
-        groups: list[tuple[int, list[int]]] = []
-        for root, f in placed:
-            if fuse_broadcasts and groups and groups[-1][0] == root:
-                groups[-1][1].append(f)
-            else:
-                groups.append((root, [f]))
-        self.broadcast_groups = groups
+        # Messages: per root (in rank order, each on a communicator of its own), its
+        # batches largest first, one message per batch or per factor.
+        self.messages: list[_Message] = []
+        self._root_comms: list[Communicator] = []
+        roots = sorted({self.owners[f] for f in self.members} - {EVERY_RANK})
+        for root in roots if comm.size > 1 else []:
+            root_comm = duplicate(comm)
+            self._root_comms.append(root_comm)
+            for equal in by_size([f for f in self.members if self.owners[f] == root], self.factors):
+                for group in [equal] if fuse_broadcasts else [[f] for f in equal]:
+                    shapes = [s for f in group for s in self._wire_shapes(f)]
+                    buffer = FusedBuffer(shapes, dtype, device, extra=len(group) + STAMP_SLOTS)
+                    self.messages.append(_Message(root, group, buffer, root_comm.persistent_bcast(buffer.flat, root)))
+        self._message_of: dict[int, _Message] = {}
         self._payload: dict[int, list[torch.Tensor]] = {}
-        self._buffers: list[FusedBuffer] = []
-        self._requests: list[PersistentBcast] = []
-        for root, members in groups:
-            shapes = [s for f in members for s in self._wire_shapes(f)]
-            buffer = FusedBuffer(shapes, self.factors[members[0]].running.dtype, device)
-            self._buffers.append(buffer)
+        for message in self.messages:
             i = 0
-            for f in members:
+            for f in message.members:
                 count = len(self._wire_shapes(f))
-                self._payload[f] = buffer.views[i : i + count]
+                self._payload[f] = message.buffer.views[i : i + count]
+                self._message_of[f] = message
                 i += count
-            self._requests.append(comm.persistent_bcast(buffer.flat, root))
-        self._status = torch.zeros(len(self.factors), dtype=torch.int32)
-        self._status_request = comm.persistent_allreduce(self._status, "max")
-        #: Seconds of the last round: inverting (kernels, packing) and waiting on communication.
-        self.seconds = {"inversion": 0.0, "inverse_comm": 0.0}
+        #: The messages each owned batch fills, in their start order.
+        self._outgoing = {
+            id(batch): [m for m in self.messages if m.root == rank and m.members[0] in batch.members]
+            for batch in self._owned_batches
+        }
+        self._pending: list[_Message] = []
+        self._sending: list[_Message] = []
+        #: The kernel status of each factor of the last round (0 for other groups' factors).
+        self.statuses = torch.zeros(len(self.factors), dtype=torch.int32)
+        #: Seconds of the last round: inverting (kernels, packing, unpacking), waiting for
+        #: roots' results, and transfers.
+        self.seconds = {"inversion": 0.0, "inverse_wait": 0.0, "inverse_transfer": 0.0}
+
+    def _batch(self, members: list[int], dtype: torch.dtype, device: torch.device) -> _Batch:
+        return _Batch(members, self.factors[members[0]].dim, self.method, dtype, device)
 
     def _wire_shapes(self, f: int) -> list[torch.Size]:
         return result_shapes(self.factors[f].dim, self.method, self.packed[f])
 
     # --------------------------------------------------------------- a round
-    def run(self, shifts: Sequence[float]) -> list[int]:
-        """Decompose every factor (damped by ``shifts`` for the inverse method); the statuses."""
-        compute = comm_wait = 0.0
-        self._status.zero_()
+    def start(self, shifts: Sequence[float]) -> None:
+        """Decompose this rank's factors (damped by ``shifts`` for the inverse method), start
+        its broadcasts and post its receives; commit what is here."""
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
+        self.statuses.zero_()
         rank = self.comm.rank
-        first_own = next(
-            (i for i, (root, _) in enumerate(self.broadcast_groups) if root >= rank), len(self.broadcast_groups)
-        )
-        for request in self._requests[:first_own]:
-            request.start()  # receives from lower roots: nothing to wait for
         start = time.perf_counter()
+        self._pending = [m for m in self.messages if m.root != rank]
+        for message in self._pending:
+            message.request.start()  # receives first: nothing to wait for
+        self._sending = []
         for batch in self._owned_batches:
             self._decompose(batch, shifts)
-            for i, f in enumerate(batch.members):
-                self._to_wire(f, batch, i)
-            self._progress()
-        compute += time.perf_counter() - start
-        for request in self._requests[first_own:]:
-            request.start()
-        start = time.perf_counter()
+            for message in self._outgoing[id(batch)]:
+                self._send(message)
+            for f in batch.members:
+                if f not in self._message_of:  # a group of one: nobody to send to
+                    self._commit(f, int(self.statuses[f]))
+            self.progress()
         for batch in self._replicated_batches:
             self._decompose(batch, shifts)
-            self._progress()
-        compute += time.perf_counter() - start
-        start = time.perf_counter()
-        self._status_request.start()
-        for i, request in enumerate(self._requests):
-            request.wait(f"K-FAC inverse broadcast {i} from rank {self.broadcast_groups[i][0]}")
-        self._status_request.wait("K-FAC inversion status")
-        comm_wait += time.perf_counter() - start
-        start = time.perf_counter()
-        statuses = self._status.tolist()
-        for f, factor in enumerate(self.factors):
-            if statuses[f] == FAILED and factor.inverted:
-                continue  # keep the previous decomposition
-            self._commit(f, factor)
-            factor.inverted = True
-        compute += time.perf_counter() - start
-        self.seconds = {"inversion": compute, "inverse_comm": comm_wait}
-        return statuses
+            for f in batch.members:
+                self._commit(f, int(self.statuses[f]))
+            self.progress()
+        self.seconds["inversion"] += time.perf_counter() - start
 
-    def _progress(self) -> None:
-        for request in self._requests:
-            request.test()
+    def _send(self, message: _Message) -> None:
+        for i, f in enumerate(message.members):
+            batch, j = self._where[f]
+            self._to_wire(f, batch, j)
+            message.statuses[i] = float(self.statuses[f])
+            self._commit(f, int(self.statuses[f]))
+        write_stamp(message.stamp, time.perf_counter() - self.epoch)
+        message.request.start()
+        self._sending.append(message)
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a round's broadcasts were started and not all completed."""
+        return bool(self._pending or self._sending)
+
+    def ready(self, f: int) -> bool:
+        """Whether factor ``f``'s decomposition of this round is here and committed."""
+        message = self._message_of.get(f)
+        return message is None or message not in self._pending
+
+    def progress(self) -> None:
+        """Let MPI move the broadcasts along; commit those that arrived."""
+        for message in list(self._pending):
+            if message.request.test():
+                # Complete it (at once): a staged broadcast's result reaches the buffer only here.
+                message.request.wait(f"K-FAC inverse broadcast from rank {message.root}")
+                self._arrived(message)
+        self._sending = [m for m in self._sending if not m.request.test()]
+
+    def wait(self, f: int) -> None:
+        """Block until factor ``f``'s broadcast arrived (timed: waiting vs transfer), and commit it."""
+        message = self._message_of.get(f)
+        if message is None or message not in self._pending:
+            return
+        start = time.perf_counter()
+        message.request.wait(f"K-FAC inverse broadcast of {self.factors[f].name} from rank {message.root}")
+        end = time.perf_counter()
+        waiting, transfer = split_blocked(start, end, self.epoch + read_stamp(message.stamp))
+        self.seconds["inverse_wait"] += waiting
+        self.seconds["inverse_transfer"] += transfer
+        self._arrived(message)
+
+    def finish(self) -> None:
+        """Complete the round: every receive committed, every own broadcast sent."""
+        for message in list(self._pending):
+            self.wait(message.members[0])
+        start = time.perf_counter()
+        for message in self._sending:
+            message.request.wait(f"K-FAC inverse broadcast from rank {message.root}")
+        self._sending = []
+        self.seconds["inverse_transfer"] += time.perf_counter() - start
+
+    def _arrived(self, message: _Message) -> None:
+        start = time.perf_counter()
+        self._pending.remove(message)
+        for i, f in enumerate(message.members):
+            status = int(round(float(message.statuses[i])))
+            self.statuses[f] = status
+            self._commit(f, status)
+        self.seconds["inversion"] += time.perf_counter() - start
 
     def _decompose(self, batch: _Batch, shifts: Sequence[float]) -> None:
         for i, f in enumerate(batch.members):
@@ -173,7 +277,7 @@ class Inverter:
         else:
             status = eigh_psd_(batch.stack, batch.values)
         for i, f in enumerate(batch.members):
-            self._status[f] = int(status[i])
+            self.statuses[f] = int(status[i])
 
     def _to_wire(self, f: int, batch: _Batch, i: int) -> None:
         payload = self._payload[f]
@@ -186,8 +290,15 @@ class Inverter:
         else:
             payload[0].copy_(batch.stack[i])
 
-    def _commit(self, f: int, factor: Factor) -> None:
-        if self.owners[f] == EVERY_RANK:
+    def _commit(self, f: int, status: int) -> None:
+        """Factor f's new decomposition into place, unless it FAILED and an older one exists.
+
+        Broadcast factors are committed from the wire on every member, root included, so
+        all members hold the same numbers."""
+        factor = self.factors[f]
+        if status == FAILED and factor.inverted:
+            return
+        if f not in self._message_of:
             batch, i = self._where[f]
             sources = [batch.stack[i]] if batch.values is None else [batch.stack[i], batch.values[i]]
             for target, source in zip(factor.decomposition(), sources):
@@ -197,9 +308,9 @@ class Inverter:
         else:
             for target, source in zip(factor.decomposition(), self._payload[f]):
                 target.copy_(source)
+        factor.inverted = True
 
     def close(self) -> None:
-        for request in self._requests:
-            request.free()
-        self._requests.clear()
-        self._status_request.free()
+        for message in self.messages:
+            message.request.free()
+        self.messages.clear()

@@ -120,6 +120,31 @@ def factored_damping(a: Factor, g: Factor, damping: float) -> tuple[float, float
     return pi * root, root / pi
 
 
+def precondition_matrix(
+    method: str,
+    g: torch.Tensor,
+    a: torch.Tensor,
+    scale: torch.Tensor | None,
+    v: torch.Tensor,
+    work: torch.Tensor,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """``out <- the preconditioned gradient matrix`` of ``v``: ``g`` and ``a`` are the damped
+    inverses (inverse method) or the eigenvectors (eigen method, with ``scale`` = 1 /
+    (d_G d_A^T + damping)); ``work`` is scratch of ``v``'s shape."""
+    if method == "inverse":
+        torch.mm(g, v, out=work)
+        torch.mm(work, a, out=out)
+    else:
+        assert scale is not None  # the eigen method always has its scale
+        torch.mm(g.T, v, out=work)
+        torch.mm(work, a, out=out)
+        out.mul_(scale)
+        torch.mm(g, out, out=work)
+        torch.mm(work, a.T, out=out)
+    return out
+
+
 class KFACLayer:
     """One Linear or Conv2d layer: factor computation, preconditioning, and writing back.
 
@@ -175,18 +200,8 @@ class KFACLayer:
 
     def precondition(self, v: torch.Tensor) -> torch.Tensor:
         """``self.result <- the preconditioned gradient matrix`` (and return it)."""
-        work, result = self._work, self.result
-        if self.method == "inverse":
-            torch.mm(self.g.inverse, v, out=work)
-            torch.mm(work, self.a.inverse, out=result)
-        else:
-            assert self._scale is not None  # built for the eigen method
-            torch.mm(self.g.vectors.T, v, out=work)
-            torch.mm(work, self.a.vectors, out=result)
-            result.mul_(self._scale)
-            torch.mm(self.g.vectors, result, out=work)
-            torch.mm(work, self.a.vectors.T, out=result)
-        return result
+        g, a = self.g.decomposition()[0], self.a.decomposition()[0]
+        return precondition_matrix(self.method, g, a, self._scale, v, self._work, self.result)
 
     def write(self, scale: float) -> None:
         """Put ``scale`` times the preconditioned matrix into the parameters' gradients."""

@@ -23,6 +23,7 @@ The variants differ in how the factor work is spread and communicated, not in th
 from __future__ import annotations
 
 import math
+import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -36,16 +37,18 @@ from torch import nn
 from torch.amp import GradScaler
 
 from ...comm.buckets import GradientBuckets
+from ...comm.communicator import Communicator
 from ...kernels.inverse import FAILED, RECOVERED, eigh_psd_, inverse_spd_
 from ...kernels.triangle import triangle_numel, unpack_triu_
-from ...options import OptionError, require
+from ...options import OptionError, option, require
 from ..base import Solver, StepInfo, SynchronousOptions, collective_round, register
 from . import placement
 from .exchange import FactorExchange
 from .factors import find_layers
 from .fusion import CommModel, measure_comm_model, plan_fusion, probe_sizes
-from .inversion import Inverter, result_shapes
-from .layers import KFACLayer, factored_damping
+from .inversion import Inverter, duplicate, result_shapes
+from .layers import KFACLayer, factored_damping, precondition_matrix
+from .sharing import GradientSharing
 
 VARIANTS = ("d-kfac", "mpd-kfac", "spd-kfac")
 #: Largest message the communication-model probes send (elements); the fit extrapolates.
@@ -54,29 +57,53 @@ PROBE_LIMIT = 1 << 22
 
 @dataclass(frozen=True, kw_only=True)
 class KFACOptions(SynchronousOptions):
-    """Options of the "kfac" solver (see the README's K-FAC section for the defaults' reasons).
+    """Options of the "kfac" solver (docs/solvers/kfac.md gives the defaults' reasons).
 
     Knobs left at None take the variant's choice: ``fusion`` ("dynamic" for spd-kfac),
     ``placement`` ("round-robin" for mpd-kfac, "balanced" for spd-kfac), ``replicate``
     ("never" for mpd-kfac, "auto" for spd-kfac), ``pack_triangles`` (True for spd-kfac).
     """
 
-    variant: Literal["d-kfac", "mpd-kfac", "spd-kfac"] = "spd-kfac"
-    method: Literal["eigen", "inverse"] = "inverse"
-    damping: float | Callable[[int], float] = 0.001
-    factor_decay: float = 0.95
-    kl_clip: float | None = 0.001
-    factor_update_steps: int = 10
-    inv_update_steps: int = 100
-    lr: float | Callable[[int], float] | None = None
-    skip: tuple | list = ()
-    bucket_mb: float = 25.0
-    fusion: Literal["dynamic", "none"] | None = None
-    fusion_profile_steps: int = 5
-    placement: Literal["balanced", "round-robin"] | None = None
-    placement_cost: Literal["flops", "measured"] = "flops"
-    replicate: Literal["auto", "never"] | None = None
-    pack_triangles: bool | None = None
+    variant: Literal["d-kfac", "mpd-kfac", "spd-kfac"] = option(
+        "spd-kfac", "how factor work is spread and communicated: d-kfac, mpd-kfac or spd-kfac (same parameters)"
+    )
+    method: Literal["eigen", "inverse"] = option(
+        "inverse", "inverse (factored Tikhonov damping, batched Cholesky) or eigen (exact damping, eigh)"
+    )
+    damping: float | Callable[[int], float] = option(
+        0.001, "Tikhonov damping, or callable(step) -> damping read at inversion steps; > 0"
+    )
+    factor_decay: float = option(0.95, "running-average decay of the Kronecker factors, in [0, 1)")
+    kl_clip: float | None = option(0.001, "KL clip of the preconditioned step; None disables it")
+    factor_update_steps: int = option(10, "steps between factor updates")
+    inv_update_steps: int = option(100, "steps between inversions; a multiple of factor_update_steps")
+    lr: float | Callable[[int], float] | None = option(
+        None, "sets every param group's lr before each step (float or callable(step)); None keeps the optimizer's"
+    )
+    skip: tuple | list = option((), "module names, class names or classes left unpreconditioned")
+    bucket_mb: float = option(25.0, "gradient bucket size in MB, as the allreduce solver's")
+    grad_worker_fraction: float = option(
+        1.0,
+        "fraction of ranks that precondition each layer (KAISA's): 1 every rank; 1/ranks or 0 the rank that "
+        "inverts it, which broadcasts the result; between: groups; ranks x fraction must divide the ranks",
+    )
+    fusion: Literal["dynamic", "none"] | None = option(
+        None, "spd-kfac: dynamic (fitted-model merge of factor messages) or none; None: the variant's"
+    )
+    fusion_profile_steps: int = option(5, "factor steps measured (after one warm-up) before the fusion plan")
+    placement: Literal["balanced", "round-robin"] | None = option(
+        None, "who inverts and preconditions what (mpd/spd): balanced or round-robin; None: the variant's"
+    )
+    placement_cost: Literal["flops", "measured"] = option(
+        "flops", "placement cost of inversions and preconditioning: flop counts, or seconds timed at construction"
+    )
+    replicate: Literal["auto", "never"] | None = option(
+        None,
+        "auto: a group inverts a factor on every member where that beats its broadcast (timed); None: the variant's",
+    )
+    pack_triangles: bool | None = option(
+        None, "factors travel and are averaged as upper triangles; None: the variant's (spd-kfac: True)"
+    )
 
     def __post_init__(self) -> None:
         if not callable(self.damping):
@@ -94,6 +121,10 @@ class KFACOptions(SynchronousOptions):
         for entry in self.skip:
             require(isinstance(entry, (str, type)), f"skip entries must be module names or classes, got {entry!r}")
         require(self.bucket_mb > 0, f"bucket_mb must be > 0, got {self.bucket_mb}")
+        require(
+            0.0 <= self.grad_worker_fraction <= 1.0,
+            f"grad_worker_fraction must be in [0, 1], got {self.grad_worker_fraction}",
+        )
         require(self.fusion_profile_steps >= 1, f"fusion_profile_steps must be >= 1, got {self.fusion_profile_steps}")
         if self.variant != "spd-kfac":
             require(self.fusion is None, f"fusion applies to variant 'spd-kfac' only, not {self.variant!r}")
@@ -125,7 +156,29 @@ def _schedule(value: float | Callable[[int], float], step: int, name: str) -> fl
     return result
 
 
-PHASES = ("factor_compute", "factor_comm", "inversion", "inverse_comm", "precondition")
+PHASES = (
+    "factor_compute",
+    "factor_comm",
+    "inversion",
+    "inverse_wait",
+    "inverse_transfer",
+    "precondition",
+    "gradient_wait",
+    "gradient_transfer",
+)
+
+
+def gradient_workers(fraction: float, ranks: int) -> int:
+    """Ranks that precondition each layer: ``max(1, round(ranks x fraction))``, which must divide ``ranks``."""
+    workers = max(1, round(ranks * fraction))
+    if ranks % workers:
+        divisors = [d for d in range(1, ranks + 1) if ranks % d == 0]
+        raise OptionError(
+            f"grad_worker_fraction {fraction:g} at {ranks} ranks gives {workers} gradient workers per layer, "
+            f"which does not divide the ranks into equal groups; use a fraction giving one of {divisors} "
+            f"(e.g. {', '.join(f'{d}/{ranks}' for d in divisors)})"
+        )
+    return workers
 
 
 @register
@@ -148,6 +201,10 @@ class KFACSolver(Solver):
             if s.module.weight.dtype not in (torch.float16, torch.bfloat16):
                 dtype = torch.promote_types(dtype, s.module.weight.dtype)
         self.device = devices.pop()
+        ranks, rank = self.comm.size, self.comm.rank
+        #: Gradient-worker groups (see placement): this rank's group and row.
+        self.groups = placement.worker_groups(ranks, gradient_workers(o.grad_worker_fraction, ranks))
+        self.group = rank % len(self.groups)
         # The preconditioner rewrites the gradients in place: node-shared sums are copied out.
         self.grads = GradientBuckets(
             self.params,
@@ -159,22 +216,43 @@ class KFACSolver(Solver):
         )
         # Factor traffic has its own communicator: its collectives, started from forward and
         # backward hooks, never have to be ordered against the gradient buckets'.
-        self.factor_comm = self.comm.split(0)
+        self.factor_comm = duplicate(self.comm)
+        self.group_comm = self._split(self.group)
+        self.row_comm = self._split(rank // len(self.groups))
+        self.factor_comm.barrier("K-FAC clock")
+        epoch = time.perf_counter()  # an instant every rank shares, to split waiting from transfer
         self.packed = bool(o.resolved("pack_triangles"))
         self.layers = [KFACLayer(s, o.method, dtype, self.device, self.packed) for s in specs]
         self.factors = [f for layer in self.layers for f in (layer.a, layer.g)]
         self._group_lr = {id(p): group for group in self.optimizer.param_groups for p in group["params"]}
         self.comm_models: dict[str, CommModel] = {}
         self.inverting_ranks = self._inverting_ranks()
-        self.owners, self.inversion_costs, self.inverse_packed = self._place()
+        self._place()
+        #: The layers this rank preconditions (its group's), and their factors.
+        self.own_layers = [i for i, g in enumerate(self.layer_group) if g == self.group]
+        members = [f for i in self.own_layers for f in (2 * i, 2 * i + 1)]
+        group_ranks = self.groups[self.group]
         self.inverter = Inverter(
-            self.factor_comm,
+            self.group_comm,
             self.factors,
-            self.owners,
+            members,
+            [group_ranks.index(r) if r in group_ranks else placement.EVERY_RANK for r in self.owners],
             method=o.method,
             packed=self.inverse_packed,
             fuse_broadcasts=o.variant == "spd-kfac",
+            epoch=epoch,
         )
+        self.sharing = GradientSharing(
+            self.row_comm,
+            [layer.result.shape for layer in self.layers],
+            self.layer_group,
+            dtype=dtype,
+            device=self.device,
+            epoch=epoch,
+        )
+        for layer, result in zip(self.layers, self.sharing.results):
+            layer.result = result
+        self._statuses = self.factor_comm.persistent_allreduce(self.inverter.statuses, "max")
         self.exchange = self._exchange(self._unfused_groups(), eager=o.variant == "spd-kfac")
         self._fusion_pending = o.resolved("fusion") == "dynamic" and self.comm.size > 1
         self._ready_at = torch.zeros(len(self.factors), dtype=torch.float64)
@@ -189,9 +267,15 @@ class KFACSolver(Solver):
         self.steps = 0
         self._damping_used = 0.0
         self._capturing = True
+        self._invert_next = False
         self.timings = dict.fromkeys(PHASES, 0.0)
 
     # ------------------------------------------------------------ structure
+    def _split(self, color: int) -> Communicator:
+        sub = self.comm.split(color)
+        assert sub is not None  # every rank passes a color
+        return sub
+
     def _unfused_groups(self) -> list[list[int]]:
         """Before (or without) fusion: one message for all (d/mpd) or one per factor (spd)."""
         forward = [2 * i for i in range(len(self.layers))]
@@ -212,47 +296,65 @@ class KFACSolver(Solver):
             device=self.device,
         )
 
-    def _place(self) -> tuple[list[int], list[float], list[bool]]:
-        """Owner of each factor's inversion (``EVERY_RANK``: all ranks), the costs it balanced,
-        and whether each inverse is broadcast as its upper triangle.
+    def _place(self) -> None:
+        """Each layer's group (``layer_group``), each factor's owner (``owners``: a rank, or
+        ``EVERY_RANK``: every member of its layer's group), the costs balanced
+        (``inversion_costs`` per factor, ``precondition_costs`` per layer, one unit), and
+        whether each inverse is broadcast as its upper triangle (``inverse_packed``).
 
         The same on every rank: whatever is measured is agreed on (slowest rank) first.
         """
-        o, ranks = self.options, self.comm.size
+        o = self.options
         dims = [f.dim for f in self.factors]
-        flops = [placement.flop_cost(n) for n in dims]
-        if o.variant == "d-kfac" or ranks == 1:
-            return [placement.EVERY_RANK] * len(dims), flops, [False] * len(dims)
-        packable = self.packed and o.method == "inverse"
-        if o.resolved("replicate") == "auto" or packable:
-            largest = max(sum(s.numel() for s in result_shapes(n, o.method, False)) for n in dims)
-            sizes = probe_sizes(min(largest, PROBE_LIMIT))
-            self.comm_models["bcast"] = measure_comm_model(self.factor_comm, "bcast", sizes)
-        pays = {n: packable and self._packing_pays(n) for n in sorted(set(dims))}
-        pack = [pays[n] for n in dims]
-        wire = [sum(s.numel() for s in result_shapes(n, o.method, p)) for n, p in zip(dims, pack)]
+        shapes = [(layer.spec.g_dim, layer.spec.a_dim) for layer in self.layers]
+        self.inversion_costs = [placement.flop_cost(n, o.method) for n in dims]
+        self.precondition_costs = [placement.precondition_flop_cost(g, a, o.method) for g, a in shapes]
+        self.inverse_packed = [False] * len(dims)
+        replicated = [True] * len(dims)
+        broadcasts = o.variant != "d-kfac" and self.group_comm.size > 1
         seconds: dict[int, float] = {}
-        replicated = [False] * len(dims)
-        if o.resolved("replicate") == "auto":
-            broadcast = {n: self.comm_models["bcast"].seconds(w) for n, w in zip(dims, wire)}
-            # Smallest first until an inversion costs more than its broadcast: beyond, inversions
-            # grow as n^3 and broadcasts as n^2.
-            for n in sorted(broadcast):
-                seconds[n] = self._time_inversion(n)
-                if seconds[n] > broadcast[n]:
-                    break
-            replicated = [n in seconds and seconds[n] <= broadcast[n] for n in dims]
-        costs = flops
+        if broadcasts:
+            packable = self.packed and o.method == "inverse"
+            if o.resolved("replicate") == "auto" or packable:
+                largest = max(sum(s.numel() for s in result_shapes(n, o.method, False)) for n in dims)
+                sizes = probe_sizes(min(largest, PROBE_LIMIT))
+                self.comm_models["bcast"] = measure_comm_model(self.group_comm, "bcast", sizes)
+            pays = {n: packable and self._packing_pays(n) for n in sorted(set(dims))}
+            self.inverse_packed = [pays[n] for n in dims]
+            wire = [sum(s.numel() for s in result_shapes(n, o.method, p)) for n, p in zip(dims, self.inverse_packed)]
+            replicated = [False] * len(dims)
+            if o.resolved("replicate") == "auto":
+                # Each group timed its own broadcasts; the slowest group's figures decide everywhere,
+                # so every rank times the same inversions below (each timing is collective over all ranks).
+                local = {n: self.comm_models["bcast"].seconds(w) for n, w in zip(dims, wire)}
+                order = sorted(local)
+                agreed = self.factor_comm.allreduce_(
+                    torch.tensor([local[n] for n in order], dtype=torch.float64), op="max", what="K-FAC broadcast model"
+                )
+                broadcast = dict(zip(order, agreed.tolist()))
+                # Smallest first until an inversion costs more than its broadcast: beyond, inversions
+                # grow as n^3 and broadcasts as n^2.
+                for n in sorted(broadcast):
+                    seconds[n] = self._time_inversion(n)
+                    if seconds[n] > broadcast[n]:
+                        break
+                replicated = [n in seconds and seconds[n] <= broadcast[n] for n in dims]
+        elif o.variant != "d-kfac":
+            replicated = [False] * len(dims)  # a group of one: its member inverts everything it preconditions
         if o.placement_cost == "measured":
             for n in sorted(set(dims) - set(seconds)):
                 seconds[n] = self._time_inversion(n)
-            costs = [seconds[n] for n in dims]
-        if o.resolved("placement") == "balanced":
-            workers = self.inverting_ranks
-            placed = placement.balanced(costs, len(workers), replicated)
-            return [r if r == placement.EVERY_RANK else workers[r] for r in placed], costs, pack
-        spread = iter(placement.round_robin(len(dims) - sum(replicated), ranks))
-        return [placement.EVERY_RANK if r else next(spread) for r in replicated], costs, pack
+            self.inversion_costs = [seconds[n] for n in dims]
+            timed = {shape: self._time_precondition(*shape) for shape in sorted(set(shapes))}
+            self.precondition_costs = [timed[shape] for shape in shapes]
+        self.layer_group, self.owners = placement.assign(
+            self.inversion_costs,
+            self.precondition_costs,
+            self.groups,
+            inverters=self.inverting_ranks,
+            replicated=replicated,
+            balance=o.variant == "d-kfac" or o.resolved("placement") == "balanced",
+        )
 
     def _packing_pays(self, n: int) -> bool:
         """Whether broadcasting an n x n inverse as its triangle saves more wire time (by the
@@ -266,10 +368,11 @@ class KFACSolver(Solver):
             start = time.perf_counter()
             unpack_triu_(packed, out)
             seconds = time.perf_counter() - start
-        slowest = self.factor_comm.allreduce_(
-            torch.tensor([seconds], dtype=torch.float64), op="max", what="unpack timing"
-        )
-        return saved > float(slowest)
+        return saved > self._slowest(seconds, "unpack timing")
+
+    def _slowest(self, seconds: float, what: str) -> float:
+        timing = torch.tensor([seconds], dtype=torch.float64)
+        return float(self.factor_comm.allreduce_(timing, op="max", what=what))
 
     def _inverting_ranks(self) -> list[int]:
         """The ranks that may own inversions: every rank, except that for a balanced placement a
@@ -282,7 +385,7 @@ class KFACSolver(Solver):
         return [rank for rank, seated in enumerate(seats) if seated]
 
     def _time_inversion(self, n: int) -> float:
-        """Seconds to decompose one n x n factor here, best of a few after a warm-up call;
+        """Seconds to decompose one n x n factor here, the median of a few after a warm-up call;
         the slowest rank's, so all ranks agree."""
         generator = torch.Generator().manual_seed(n)
         x = torch.randn(n, 2 * n, generator=generator, dtype=self.factors[0].running.dtype)
@@ -298,16 +401,37 @@ class KFACSolver(Solver):
             else:
                 eigh_psd_(stack, values)
             times.append(time.perf_counter() - start)
-        best = min(times[1:])  # the first call pays for lazy initialisation
-        return float(
-            self.factor_comm.allreduce_(torch.tensor([best], dtype=torch.float64), op="max", what="inversion timing")
-        )
+        return self._slowest(statistics.median(times[1:]), "inversion timing")  # the first pays for initialisation
+
+    def _time_precondition(self, g: int, a: int) -> float:
+        """Seconds to precondition one ``g x a`` gradient here, the median of a few after a warm-up;
+        the slowest rank's."""
+        dtype = self.factors[0].running.dtype
+        generator = torch.Generator().manual_seed(g * 100003 + a)
+        g_dec, a_dec = torch.randn(g, g, generator=generator, dtype=dtype), torch.randn(a, a, generator=generator)
+        v = torch.randn(g, a, generator=generator, dtype=dtype)
+        tensors = [t.to(self.device, dtype) for t in (g_dec, a_dec, v, torch.empty(g, a), torch.empty(g, a))]
+        scale = torch.ones(g, a, dtype=dtype, device=self.device) if self.options.method == "eigen" else None
+        times = []
+        for _ in range(1 + (3 if g * a < 1 << 18 else 1)):
+            start = time.perf_counter()
+            precondition_matrix(self.options.method, tensors[0], tensors[1], scale, *tensors[2:])
+            times.append(time.perf_counter() - start)
+        return self._slowest(statistics.median(times[1:]), "preconditioning timing")
 
     def placement_loads(self) -> list[float]:
-        """Each rank's inversion cost under the placement (n^3 units or measured seconds).
+        """Each rank's predicted cost under the placement: inversions plus preconditioning (flops
+        or, with ``placement_cost="measured"``, seconds).
 
         ``max_over_mean`` of the loads of ``inverting_ranks`` is the placement's balance."""
-        return placement.loads(self.inversion_costs, self.owners, self.comm.size)
+        return placement.loads(
+            self.inversion_costs,
+            self.owners,
+            self.comm.size,
+            precondition=self.precondition_costs,
+            layer_group=self.layer_group,
+            groups=self.groups,
+        )
 
     # ---------------------------------------------------------------- hooks
     def _on_forward(self, index: int, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
@@ -365,20 +489,30 @@ class KFACSolver(Solver):
             self.timings["factor_compute"] += time.perf_counter() - middle
             if self._fusion_pending:
                 self._profile()
-        if step % o.inv_update_steps == 0:
-            self._update_inverses(_schedule(o.damping, step, "damping"))
+        inverting = step % o.inv_update_steps == 0 or self._invert_next
+        self._invert_next = False
+        if inverting:
+            self._start_inverses(_schedule(o.damping, step, "damping"))
 
         def precondition() -> None:
-            start = time.perf_counter()
             lr = None if o.lr is None else _schedule(o.lr, step, "lr")
             if lr is not None:
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
-            self._precondition()
-            self.timings["precondition"] += time.perf_counter() - start
+            self._precondition(inverting)
 
         # The averaged gradients are the same everywhere: every rank decides alike, unasked.
-        info = self._bucket_step(self.grads, batch_size, scaler, "averaged gradients", before_update=precondition)
+        def finish_inverses(applied: bool) -> None:
+            self._finish_inverses(refresh=not applied)
+
+        info = self._bucket_step(
+            self.grads,
+            batch_size,
+            scaler,
+            "averaged gradients",
+            before_update=precondition,
+            after_update=finish_inverses if inverting else None,
+        )
         self.steps += 1
         if self._capturing:
             self.exchange.rearm()
@@ -389,10 +523,13 @@ class KFACSolver(Solver):
         return self._shadow_bucket_round(self.grads)
 
     def _drain(self) -> None:
-        """Complete a round some rank left in flight (close): the factors' messages, the gradients'."""
+        """Complete a round some rank left in flight (close): the factors' messages, the gradients',
+        the inverses' (a step that raised, e.g. on non-finite gradients, left them travelling)."""
         if self._capturing:
             self.exchange.finish()
         self.grads.finish()
+        if self.inverter.in_flight:
+            self.inverter.finish()
 
     def _update_factors(self, scaler: GradScaler | None) -> None:
         """Fold this step's summed batch factors into the running averages.
@@ -418,17 +555,28 @@ class KFACSolver(Solver):
         if skipped:
             self._warn(f"non-finite batch factors (their running averages are left as they were): {', '.join(skipped)}")
 
-    def _update_inverses(self, damping: float) -> None:
+    def _start_inverses(self, damping: float) -> None:
+        """Invert this rank's share and start the broadcasts; preconditioning collects the results."""
         shifts = [0.0] * len(self.factors)
         if self.options.method == "inverse":
             for i, layer in enumerate(self.layers):
                 shifts[2 * i], shifts[2 * i + 1] = factored_damping(layer.a, layer.g, damping)
-        statuses = self.inverter.run(shifts)
-        self.timings["inversion"] += self.inverter.seconds["inversion"]
-        self.timings["inverse_comm"] += self.inverter.seconds["inverse_comm"]
         self._damping_used = damping
-        for layer in self.layers:
-            layer.refresh_scale(damping)
+        self.inverter.start(shifts)
+
+    def _finish_inverses(self, refresh: bool) -> None:
+        """Complete the round (what preconditioning did not need yet; ``refresh``: the eigen
+        scales too, which preconditioning refreshes as it goes), and warn, on rank 0, of the
+        factors any group could not decompose."""
+        self.inverter.finish()
+        if refresh:
+            for i in self.own_layers:
+                self.layers[i].refresh_scale(self._damping_used)
+        for phase in ("inversion", "inverse_wait", "inverse_transfer"):
+            self.timings[phase] += self.inverter.seconds[phase]
+        self._statuses.start()
+        self._statuses.wait("K-FAC inversion status")
+        statuses = self.inverter.statuses.tolist()
         failed = [f.name for f, s in zip(self.factors, statuses) if s == FAILED]
         recovered = [f.name for f, s in zip(self.factors, statuses) if s == RECOVERED]
         if recovered:
@@ -443,21 +591,53 @@ class KFACSolver(Solver):
         if self.comm.rank == 0:
             warnings.warn(f"mpisolve kfac, step {self.steps}: {message}", RuntimeWarning, stacklevel=3)
 
-    def _precondition(self) -> None:
+    def _precondition(self, inverting: bool) -> None:
+        """Precondition this rank's layers, each as soon as its decompositions are here (while
+        the others' broadcasts travel), send each result to the row, and write every layer's."""
         o = self.options
-        active = [layer for layer in self.layers if layer.ready and layer.spec.module.weight.grad is not None]
+        self.sharing.post()
+        pending = list(self.own_layers)
+        seconds = 0.0
+        while pending:
+            ready = next((i for i in pending if self._decomposed(i)), None)
+            if ready is None:  # nothing here to work on: wait for the next layer's broadcast
+                self.inverter.wait(next(f for f in (2 * pending[0], 2 * pending[0] + 1) if not self.inverter.ready(f)))
+                continue
+            pending.remove(ready)
+            layer = self.layers[ready]
+            start = time.perf_counter()
+            usable = layer.ready and layer.spec.module.weight.grad is not None
+            if usable:
+                if inverting:
+                    layer.refresh_scale(self._damping_used)
+                layer.precondition(layer.gradient())
+            seconds += time.perf_counter() - start
+            self.sharing.send(ready, usable)
+            if inverting:
+                self.inverter.progress()
+        preconditioned = self.sharing.finish()
+        start = time.perf_counter()
+        active = [
+            layer
+            for layer, done in zip(self.layers, preconditioned)
+            if done and layer.spec.module.weight.grad is not None
+        ]
         quadratic = 0.0
-        for layer in active:
-            v = layer.gradient()
-            u = layer.precondition(v)
-            if o.kl_clip is not None:
+        if o.kl_clip is not None:
+            for layer in active:
                 lr = float(self._group_lr[id(layer.spec.module.weight)]["lr"])
-                quadratic += lr * lr * float(torch.dot(u.reshape(-1), v.reshape(-1)))
+                quadratic += lr * lr * float(torch.dot(layer.result.reshape(-1), layer.gradient().reshape(-1)))
         scale = 1.0
         if o.kl_clip is not None and quadratic != 0.0:
             scale = min(1.0, math.sqrt(o.kl_clip / abs(quadratic)))
         for layer in active:
             layer.write(scale)
+        self.timings["precondition"] += seconds + time.perf_counter() - start
+        for phase in ("gradient_wait", "gradient_transfer"):
+            self.timings[phase] += self.sharing.seconds[phase]
+
+    def _decomposed(self, layer: int) -> bool:
+        return self.inverter.ready(2 * layer) and self.inverter.ready(2 * layer + 1)
 
     def _profile(self) -> None:
         """Fusion: after a warm-up step, accumulate ready times; then plan and rebuild the messages."""
@@ -493,6 +673,7 @@ class KFACSolver(Solver):
             steps=self.steps,
             damping_used=self._damping_used,
             factors={f.name: f.state_dict() for f in self.factors},
+            decomposed=sorted(self.layers[i].spec.name for i in self.own_layers),
         )
         return state
 
@@ -508,14 +689,22 @@ class KFACSolver(Solver):
         for layer in self.layers:
             layer.refresh_scale(self._damping_used)
         self._capturing = self.steps % self.options.factor_update_steps == 0
+        # A rank's state holds the decompositions of the layers it preconditioned; loaded where
+        # other layers are this rank's (another world size or fraction), invert at the next step.
+        own = {self.layers[i].spec.name for i in self.own_layers}
+        missing = torch.tensor([0 if own <= set(state.get("decomposed", ())) else 1], dtype=torch.int32)
+        self._invert_next = bool(self.factor_comm.allreduce_(missing, op="max", what="K-FAC state check"))
         self.exchange.rearm()
 
     def close(self) -> None:
         if not self.closed:
             for hook in self._hooks:
                 hook.remove()
-            self._end_rounds(busy=self.grads.in_flight or self.exchange.in_flight, drain=self._drain)
+            busy = self.grads.in_flight or self.exchange.in_flight or self.inverter.in_flight
+            self._end_rounds(busy=busy, drain=self._drain)
             self.grads.close()
             self.exchange.close()
             self.inverter.close()
+            self.sharing.close()
+            self._statuses.free()
         super().close()

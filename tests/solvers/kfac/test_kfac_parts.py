@@ -62,3 +62,59 @@ def test_fusion_merges_what_would_wait_anyway_and_splits_what_can_overlap():
     # Waiting 1.5 > alpha for the next factor while the channel is free: send now.
     assert plan_fusion([100, 100], [0.0, 1.5], model) == [[0], [1]]
     assert plan_fusion([], [], model) == []
+
+
+def test_worker_groups_are_columns_of_the_rank_grid():
+    assert placement.worker_groups(4, 4) == [[0, 1, 2, 3]]
+    assert placement.worker_groups(4, 2) == [[0, 2], [1, 3]]
+    assert placement.worker_groups(4, 1) == [[0], [1], [2], [3]]
+    with pytest.raises(ValueError, match="equal groups"):
+        placement.worker_groups(3, 2)
+
+
+def resnet18_layer_costs(method="inverse"):
+    specs = find_layers(resnet18((3, 32, 32), 10))
+    inversion = [placement.flop_cost(n, method) for s in specs for n in (s.a_dim, s.g_dim)]
+    precondition = [placement.precondition_flop_cost(s.g_dim, s.a_dim, method) for s in specs]
+    return inversion, precondition
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_assign_puts_each_layer_in_one_group_and_its_factors_on_its_inverters(workers):
+    inversion, precondition = resnet18_layer_costs()
+    groups = placement.worker_groups(4, workers)
+    replicated = [False] * len(inversion)
+    inverters = [0, 1]  # two cores: only two ranks invert
+    layer_group, owners = placement.assign(
+        inversion, precondition, groups, inverters=inverters, replicated=replicated, balance=True
+    )
+    for f, owner in enumerate(owners):
+        assert owner in groups[layer_group[f // 2]] and owner in inverters
+    used = {layer_group[i] for i in range(len(precondition))}
+    assert all(set(groups[j]) & set(inverters) for j in used)  # no layer for a group that cannot invert
+    loads = placement.loads(inversion, owners, 4, precondition=precondition, layer_group=layer_group, groups=groups)
+    # Everything counted once per rank that does it.
+    total = sum(inversion) + sum(p * workers for p in precondition)
+    assert sum(loads) == pytest.approx(total)
+    # The busiest inverter is within greedy's bound of the work spread over the inverters.
+    biggest = max(inversion[2 * i] + inversion[2 * i + 1] + precondition[i] for i in range(len(precondition)))
+    assert max(loads) <= max(biggest, 4 / 3 * (sum(inversion) + sum(precondition) * workers) / len(inverters))
+    naive_groups, naive_owners = placement.assign(
+        inversion, precondition, groups, inverters=inverters, replicated=replicated, balance=False
+    )
+    naive = placement.loads(
+        inversion, naive_owners, 4, precondition=precondition, layer_group=naive_groups, groups=groups
+    )
+    assert max(loads) <= max(naive)
+
+
+def test_replicated_factors_load_every_member_of_their_group():
+    groups = placement.worker_groups(4, 2)  # [[0, 2], [1, 3]]
+    inversion = [8.0, 1.0, 4.0, 0.5]
+    precondition = [2.0, 1.0]
+    layer_group, owners = placement.assign(
+        inversion, precondition, groups, inverters=[0, 1, 2, 3], replicated=[False, True, False, True], balance=True
+    )
+    assert layer_group == [0, 1] and owners == [0, placement.EVERY_RANK, 1, placement.EVERY_RANK]
+    loads = placement.loads(inversion, owners, 4, precondition=precondition, layer_group=layer_group, groups=groups)
+    assert loads == [11.0, 5.5, 3.0, 1.5]

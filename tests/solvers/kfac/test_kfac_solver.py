@@ -243,7 +243,7 @@ def test_layers_never_run_keep_their_plain_gradient():
     before = model["unused"].weight.detach().clone()
     solver.zero_grad()
     model["used"](torch.randn(4, 3)).sum().backward()
-    solver.step(batch_size=4)  # the layer ran outside the model's forward, which counts samples
+    solver.step(batch_size=4)  # a ModuleDict is never called itself: the solver sees no forward to count
     assert torch.equal(model["unused"].weight.detach(), before)  # zero gradient, not preconditioned
     assert solver.layers[1].a.updates == 0 and not solver.layers[1].ready
     solver.close()
@@ -308,3 +308,16 @@ def test_all_variants_agree_in_one_process():
         solver.close()
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
     torch.testing.assert_close(results[0], results[2], rtol=1e-6, atol=1e-7)
+
+
+def test_grad_worker_fraction_outside_zero_one_is_refused():
+    model = nn.Linear(2, 2)
+    with pytest.raises(mpisolve.OptionError, match="grad_worker_fraction must be in"):
+        mpisolve.make_solver("kfac", model, torch.optim.SGD(model.parameters(), lr=0.1), grad_worker_fraction=1.5)
+
+
+def test_every_option_has_a_one_line_help():
+    import dataclasses
+
+    for f in dataclasses.fields(mpisolve.solvers.kfac.KFACOptions):
+        assert f.metadata.get("help") and "\n" not in f.metadata["help"], f.name
