@@ -58,7 +58,7 @@ class AllreduceSolver(Solver):
 
     @collective_round
     def synchronize(self, *, scaler: GradScaler | None = None) -> None:
-        self.grads.finish()
+        self.grads.finish(writable=True)
         self._unscale(scaler)
 
     @collective_round

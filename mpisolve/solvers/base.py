@@ -430,11 +430,11 @@ class Solver(ABC):
                 "make_solver (or make the solver before the compiled module's first call); else pass "
                 "step(batch_size=...)"
             )
-        reduction = grads.finish()
+        reduction = grads.finish(writable=scaler is not None and scaler.is_enabled())  # the scaler unscales in place
         self._unscale(scaler)
         samples = self._global_samples(reduction, batch_size)
         local = self.take_samples(batch_size)
-        applied = reduction.ranks > 0 and self._may_apply([b.buffer.flat for b in grads.buckets], what, scaler)
+        applied = reduction.ranks > 0 and self._may_apply(grads.reduced(), what, scaler)
         if applied:
             if before_update is not None:
                 before_update()

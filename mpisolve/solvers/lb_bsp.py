@@ -180,7 +180,7 @@ class LBBSP(Solver):
 
     @collective_round
     def synchronize(self, *, scaler: GradScaler | None = None) -> None:
-        self.grads.finish()
+        self.grads.finish(writable=True)
         self._unscale(scaler)
 
     @collective_round

@@ -205,8 +205,14 @@ class KFACSolver(Solver):
         #: Gradient-worker groups (see placement): this rank's group and row.
         self.groups = placement.worker_groups(ranks, gradient_workers(o.grad_worker_fraction, ranks))
         self.group = rank % len(self.groups)
+        # The preconditioner rewrites the gradients in place: node-shared sums are copied out.
         self.grads = GradientBuckets(
-            self.params, self.comm, bucket_bytes=int(o.bucket_mb * 1e6), samples=self.samples_seen, average=True
+            self.params,
+            self.comm,
+            bucket_bytes=int(o.bucket_mb * 1e6),
+            samples=self.samples_seen,
+            average=True,
+            shared_result=False,
         )
         # Factor traffic has its own communicator: its collectives, started from forward and
         # backward hooks, never have to be ordered against the gradient buckets'.
@@ -461,7 +467,7 @@ class KFACSolver(Solver):
     @collective_round
     def synchronize(self, *, scaler: GradScaler | None = None) -> None:
         """Complete the gradients' average now (before preconditioning, which ``step`` does)."""
-        self.grads.finish()
+        self.grads.finish(writable=True)
         self._unscale(scaler)
 
     @collective_round
