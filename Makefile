@@ -68,19 +68,21 @@ test-mpi: install
 
 # An emulated 2-node cluster on this machine: tests/cluster/fake-ssh stands in for ssh, so
 # MPI sees each -hosts group as a node (its own shared-memory split, the network between).
-# One job at 2x2 ranks runs every MPI test marked `cluster` in CLUSTER_TESTS (the
-# hierarchical sums against MPI's, node-shared buckets, the window solvers' inter-node path
-# by detection, and the conformance suite's join, zeroing, clipping, GradScaler and no_sync
-# for every solver); then tests/train/test_failures.py's checkpoint-resume job and one
-# fault job (hogwild-sgd's rank killed) at 2x2.
+# At 2x2 and at 2x3 ranks, one job runs every MPI test marked `cluster` in CLUSTER_TESTS
+# (the hierarchical sums against MPI's, node-shared buckets, the window solvers' inter-node
+# path by detection, and the conformance suite's join, zeroing, clipping, GradScaler and
+# no_sync for every solver); then tests/train/test_failures.py's checkpoint-resume job and
+# one fault job (hogwild-sgd's rank killed) at 2x2.
 CLUSTER := -launcher ssh -launcher-exec $(CURDIR)/tests/cluster/fake-ssh
-CLUSTER_HOSTS := nodeA:2,nodeB:2
+CLUSTER_LAYOUTS := 2 3
 CLUSTER_TESTS := tests/cluster tests/comm/test_shm.py tests/conformance
 test-cluster: install
-	@echo "== MPI tests on the emulated cluster $(CLUSTER_HOSTS)"
-	MPISOLVE_EMULATED_CLUSTER=1 $(MPIRUN) $(CLUSTER) -hosts $(CLUSTER_HOSTS) -n 4 \
-		$(PY) -m mpi4py $(PYTEST) -q --with-mpi -m mpi $(CLUSTER_TESTS)
-	MPISOLVE_TEST_HOSTS=$(CLUSTER_HOSTS) $(PY) $(PYTEST) -q tests/train/test_failures.py -k "resumed or hogwild"
+	@set -e; for k in $(CLUSTER_LAYOUTS); do \
+		echo "== MPI tests on the emulated cluster nodeA:$$k,nodeB:$$k"; \
+		MPISOLVE_EMULATED_CLUSTER=1 $(MPIRUN) $(CLUSTER) -hosts nodeA:$$k,nodeB:$$k -n $$((2 * k)) \
+			$(PY) -m mpi4py $(PYTEST) -q --with-mpi -m mpi $(CLUSTER_TESTS); \
+	done
+	MPISOLVE_TEST_HOSTS=nodeA:2,nodeB:2 $(PY) $(PYTEST) -q tests/train/test_failures.py -k "resumed or hogwild"
 
 # The options tables of docs/solvers/*.md, regenerated in place from the options dataclasses
 # (tests/test_docs.py fails when a table and the code differ).
