@@ -492,8 +492,13 @@ class NodeSumReducer:
         self.ops[bucket.index].wait(f"node-shared gradient sum of bucket {bucket.index}")
 
     def release(self) -> None:
-        """The step that read the shared sums is over on this rank; wait for the node's other ranks."""
-        self._release.release("node-shared gradient release")
+        """The step that read the shared sums is over on this rank; wait for the node's other ranks.
+
+        Only bandwidth-path sums are shared: where every bucket takes the latency path, each
+        rank's result is its own and the step ends without waiting.
+        """
+        if any(not op.latency for op in self.ops):
+            self._release.release("node-shared gradient release")
 
     def close(self) -> None:
         for op in [*self.ops, self.tally]:

@@ -14,7 +14,6 @@ import heapq
 import math
 import statistics
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +23,7 @@ from torch.amp import GradScaler
 from ..comm.buckets import Bucket, GradientBuckets, SumReducer
 from ..comm.communicator import Communicator
 from ..options import OptionError, option, require
-from .base import Solver, StepInfo, SynchronousOptions, collective_round, register
+from .base import BucketSolver, StepInfo, SynchronousOptions, collective_round, register
 
 
 def parse_speeds(text: str) -> tuple[float, ...]:
@@ -137,7 +136,7 @@ class SampleWeightedSum:
 
 
 @register
-class LBBSP(Solver):
+class LBBSP(BucketSolver):
     """Synchronous SGD with static speed-proportional micro-batches and sample-weighted averaging."""
 
     name = "lb-bsp"
@@ -172,17 +171,6 @@ class LBBSP(Solver):
             self.batch_sizes = proportional_batches(self.speeds, configured * self.comm.size)
         return self.batch_sizes[self.comm.rank]
 
-    def zero_grad(self) -> None:
-        self.grads.zero_()
-
-    def no_sync(self) -> AbstractContextManager[None]:
-        return self.grads.no_sync()
-
-    @collective_round
-    def synchronize(self, *, scaler: GradScaler | None = None) -> None:
-        self.grads.finish(writable=True)
-        self._unscale(scaler)
-
     @collective_round
     def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         """Complete the weighted reduction and step. The sample counts are the forward passes'."""
@@ -193,9 +181,6 @@ class LBBSP(Solver):
             )
         return self._bucket_step(self.grads, None, scaler, "weighted gradients")
 
-    def _shadow_round(self) -> bool:
-        return self._shadow_bucket_round(self.grads)
-
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "speeds": self.speeds, "batch_sizes": self.batch_sizes}
 
@@ -204,9 +189,3 @@ class LBBSP(Solver):
         super().load_state_dict(state)
         self.speeds = None if state["speeds"] is None else tuple(state["speeds"])
         self.batch_sizes = None if state["batch_sizes"] is None else list(state["batch_sizes"])
-
-    def close(self) -> None:
-        if not self.closed:
-            self._end_rounds(busy=self.grads.in_flight, drain=self.grads.finish)
-            self.grads.close()
-        super().close()

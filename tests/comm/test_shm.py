@@ -10,6 +10,7 @@ from mpi4py import MPI
 from torch import nn
 
 import mpisolve
+from mpisolve.comm import shm
 from mpisolve.comm.buckets import GradientBuckets
 from mpisolve.comm.communicator import CommTimeout, Communicator
 from mpisolve.comm.shm import LATENCY_MAX_BYTES, NodeAllreduce, node_group
@@ -120,6 +121,28 @@ def test_gradient_buckets_read_the_sum_in_place_and_accumulate_on_it(node_shm):
     grads.finish()
     for p, w, own in zip(model.parameters(), want, local):
         torch.testing.assert_close(p.grad, w + sum_of_means(comm, own), rtol=1e-5, atol=1e-5)
+    grads.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("bandwidth", [False, True], ids=["latency", "bandwidth"])
+def test_a_step_waits_for_the_nodes_ranks_only_where_its_sums_are_shared(bandwidth, monkeypatch):
+    """Bandwidth-path sums are read in place by every local rank, so ``rearm`` (the step's end)
+    waits until all have stepped: none zeroes a sum another still reads. Latency-path
+    results are each rank's own memory: the step ends without that wait."""
+    if bandwidth:
+        monkeypatch.setattr(shm, "LATENCY_MAX_BYTES", 0)
+    comm = Communicator()
+    model = Net()
+    grads = GradientBuckets(model.parameters(), comm, bucket_bytes=200, average=True)
+    assert grads.node is not None and all(op.latency != bandwidth for op in grads.node.ops)
+    for _ in range(2):
+        grads.zero_()
+        model(torch.ones(2, 3)).sum().backward()
+        grads.finish()
+        grads.rearm()
+    assert grads.node._release._seq == (2 if bandwidth else 0)  # the node-wide waits at the steps' ends
     grads.close()
 
 
