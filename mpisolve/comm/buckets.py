@@ -218,6 +218,46 @@ class SumReducer:
         self._inflight.clear()
 
 
+class SampleWeightedSum:
+    """MPI's path for ``GradientBuckets(weighted=True)``: the sample-weighted mean sum_r n_r g_r / sum_r n_r.
+
+    Each rank's gradients are the mean over its own micro-batch; the bucket is scaled by
+    this rank's sample count before its allreduce starts, and by the global count (which
+    rides with the first bucket) when it completes. A rank that contributes no samples
+    (under ``join()``) weighs nothing: the mean is over the samples present.
+    """
+
+    def __init__(self, comm: Communicator) -> None:
+        self._sum = SumReducer(comm)
+        self._local = torch.ones(())  # this rank's count, on the buckets' device (set in prepare)
+        self._global = 1.0
+
+    def prepare(self, bucket: Bucket) -> None:
+        self._sum.prepare(bucket)
+        if bucket.index == 0:
+            self._local = torch.ones((), dtype=bucket.wire.dtype, device=bucket.wire.device)
+
+    def start(self, bucket: Bucket) -> None:
+        # Called from autograd hooks: device operations only, no read back to the host
+        # (that would synchronize the stream inside backward).
+        if bucket.index == 0:  # started first; its first extra element holds this rank's count
+            self._local.copy_(bucket.wire[bucket.buffer.numel])  # a copy: the element itself is summed in flight
+        bucket.wire[: bucket.buffer.numel].mul_(self._local)
+        self._sum.start(bucket)
+
+    def progress(self) -> None:
+        self._sum.progress()
+
+    def finish(self, bucket: Bucket) -> None:
+        self._sum.finish(bucket)
+        if bucket.index == 0:  # finished first
+            self._global = bucket.wire[bucket.buffer.numel].item()
+        bucket.wire[: bucket.buffer.numel].mul_(1.0 / self._global if self._global > 0 else 0.0)
+
+    def close(self) -> None:
+        self._sum.close()
+
+
 @dataclass(frozen=True)
 class Reduction:
     """What one step's reduction covered: ``samples`` summed over the ranks, and the
@@ -254,6 +294,10 @@ class GradientBuckets:
     rank's sample count (``samples()``, read when the first bucket starts) and 1 (0 when
     this rank withholds: :meth:`withhold`), so every rank learns the global count and how
     many ranks contributed. On MPI's path they ride at the end of the first bucket.
+    ``weighted``: the result is the sample-weighted mean sum_r n_r g_r / sum_r n_r (each
+    rank's gradients the mean over its own ``samples()``; ``lb-bsp``'s uneven micro-batches):
+    each rank weighs its bucket by its count before the sum, and the sum is divided by the
+    global count once it is known.
 
     **Node-shared buckets**: with the default sum, CPU parameters MPI takes directly and
     more than one rank per node (:func:`.shm.node_group`; off with
@@ -269,8 +313,9 @@ class GradientBuckets:
     reading the sum. Other writes to the sum must not happen: ``finish(writable=True)``
     (``synchronize``, a GradScaler's unscale) gives each rank its own copy first, as do
     ``shared_result=False`` (for solvers that change gradients in place, as K-FAC's
-    preconditioner does) and a step some ranks withheld from (the average's divisor is
-    then the contributing ranks, not the one fused into the sum).
+    preconditioner does), a step some ranks withheld from (the average's divisor is
+    then the contributing ranks, not the one fused into the sum) and ``weighted`` (the
+    divisor, the global sample count, is known only with the sum).
 
     Arming and launching live here; where a bucket's storage lives and how it is
     reduced are :class:`Bucket`'s and the :class:`BucketReducer`'s.
@@ -288,22 +333,28 @@ class GradientBuckets:
         reducer: BucketReducer | None = None,
         samples: Callable[[], int] | None = None,
         average: bool = False,
+        weighted: bool = False,
         shared_result: bool = True,
     ) -> None:
         self.comm = comm
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no parameters that require gradients")
+        if weighted and (average or reducer is not None or samples is None):
+            raise ValueError("weighted buckets take samples=..., and neither average nor a reducer of their own")
         ordered = self.params[::-1]
         self.average = average
+        self.weighted = weighted
         self.shared_result = shared_result
         group = node_group(comm) if reducer is None else None
         self.node: NodeSumReducer | None = None
         if group is not None and all(takes(comm, p) for p in self.params):
             self.node = NodeSumReducer(group, 1.0 / comm.size if average else 1.0, self.TALLY)
             self.reducer: BucketReducer = self.node
+        elif reducer is not None:
+            self.reducer = reducer
         else:
-            self.reducer = reducer if reducer is not None else SumReducer(comm)
+            self.reducer = SampleWeightedSum(comm) if weighted else SumReducer(comm)
         self.buckets: list[Bucket] = []
         self._slot: dict[int, int] = {}  # id(param) -> its index in the two lists below
         self._bucket_of: list[Bucket] = []
@@ -401,6 +452,8 @@ class GradientBuckets:
             withheld = self._withheld
             self._tally_in[0] = 0 if withheld or self.samples is None else self.samples()
             self._tally_in[1] = 0 if withheld else 1
+        if self.weighted and self.node is not None:  # this rank's slot weighed by its samples (MPI's path: the reducer)
+            bucket.buffer.flat.mul_(float(self._tally_in[0]))
         self.reducer.start(bucket)
         bucket.launched = True
 
@@ -483,7 +536,9 @@ class GradientBuckets:
                 bucket.from_wire(scale)
             return Reduction(samples, ranks)
         self._writable = [False] * len(self.buckets)  # local ranks may still be reading this round's slots
-        if self.average and 0 < ranks < self.comm.size:
+        if self.weighted:
+            self._own(1.0 / samples if samples > 0 else 0.0)  # sum_r n_r g_r, divided by the samples
+        elif self.average and 0 < ranks < self.comm.size:
             self._own(self.comm.size / ranks)  # the sum was scaled by 1 / size: make it 1 / ranks
         elif self.shared_result:
             for bucket in self.buckets:

@@ -17,10 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch.amp import GradScaler
 
-from ..comm.buckets import Bucket, GradientBuckets, SumReducer
+from ..comm.buckets import GradientBuckets
 from ..comm.communicator import Communicator
 from ..options import OptionError, option, require
 from .base import BucketSolver, StepInfo, SynchronousOptions, collective_round, register
@@ -95,46 +94,6 @@ class LBBSPOptions(SynchronousOptions):
         require(self.bucket_mb > 0, f"bucket_mb must be > 0, got {self.bucket_mb}")
 
 
-class SampleWeightedSum:
-    """A bucket reducer giving the sample-weighted mean: sum_r n_r g_r / sum_r n_r.
-
-    Each rank's gradients are the mean over its own micro-batch; the bucket is scaled by
-    this rank's sample count before its allreduce starts, and by the global count (which
-    rides with the first bucket) when it completes. A rank that contributes no samples
-    (under ``join()``) weighs nothing: the mean is over the samples present.
-    """
-
-    def __init__(self, comm: Communicator) -> None:
-        self._sum = SumReducer(comm)
-        self._local = torch.ones(())  # this rank's count, on the buckets' device (set in prepare)
-        self._global = 1.0
-
-    def prepare(self, bucket: Bucket) -> None:
-        self._sum.prepare(bucket)
-        if bucket.index == 0:
-            self._local = torch.ones((), dtype=bucket.wire.dtype, device=bucket.wire.device)
-
-    def start(self, bucket: Bucket) -> None:
-        # Called from autograd hooks: device operations only, no read back to the host
-        # (that would synchronize the stream inside backward).
-        if bucket.index == 0:  # started first; its first extra element holds this rank's count
-            self._local.copy_(bucket.wire[bucket.buffer.numel])  # a copy: the element itself is summed in flight
-        bucket.wire[: bucket.buffer.numel].mul_(self._local)
-        self._sum.start(bucket)
-
-    def progress(self) -> None:
-        self._sum.progress()
-
-    def finish(self, bucket: Bucket) -> None:
-        self._sum.finish(bucket)
-        if bucket.index == 0:  # finished first
-            self._global = bucket.wire[bucket.buffer.numel].item()
-        bucket.wire[: bucket.buffer.numel].mul_(1.0 / self._global if self._global > 0 else 0.0)
-
-    def close(self) -> None:
-        self._sum.close()
-
-
 @register
 class LBBSP(BucketSolver):
     """Synchronous SGD with static speed-proportional micro-batches and sample-weighted averaging."""
@@ -153,8 +112,8 @@ class LBBSP(BucketSolver):
             self.params,
             self.comm,
             bucket_bytes=int(self.options.bucket_mb * 1e6),
-            reducer=SampleWeightedSum(self.comm),
             samples=self.samples_seen,
+            weighted=True,
         )
         #: Every rank's speed (samples/s, or as given) and micro-batch size, once decided.
         self.speeds: tuple[float, ...] | None = None

@@ -6,8 +6,8 @@ import torch
 from tests.conformance.conftest import BANDWIDTH_PATH
 from tests.conformance.harness import BUCKETS, LR, cases, make_model
 
-#: Bucket solvers whose gradients are summed in node-shared memory (the others bring their own reducer).
-NODE_SHARED = ("allreduce", "kfac")
+#: Bucket solvers whose gradients are summed in node-shared memory (Adasum brings its own reducer).
+NODE_SHARED = ("allreduce", "kfac", "lb-bsp")
 
 
 @pytest.mark.mpi(min_size=2)
