@@ -198,16 +198,8 @@ def table(args: argparse.Namespace) -> None:
             f"{'-' if every is None else f'{every:.2f}'} | {'-' if typical is None else f'{typical:.2f}'} |"
         )
     breakdown = ["", "mpisolve solver breakdown, every step (seconds per iteration, largest over ranks):", ""]
-    phases = [
-        "factor_compute",
-        "factor_comm",
-        "inversion",
-        "inverse_wait",
-        "inverse_transfer",
-        "precondition",
-        "gradient_wait",
-        "gradient_transfer",
-    ]
+    from mpisolve.solvers.kfac.solver import PHASES as phases  # the solver's own breakdown, in its order
+
     breakdown += ["| setup | method | " + " | ".join(phases) + " |", "|" + " --- |" * (len(phases) + 2)]
     for setup in setups:
         entry = by_key.get((*setup, "inverse"))
