@@ -299,8 +299,9 @@ class GradientBuckets:
     each rank weighs its bucket by its count before the sum, and the sum is divided by the
     global count once it is known.
 
-    **Node-shared buckets**: with the default sum, CPU parameters MPI takes directly and
-    more than one rank per node (:func:`.shm.node_group`; off with
+    **Node-shared buckets**: with the default sum or ``weighted`` (not half precision:
+    there sum_r n_r g_r would overflow before the division), CPU parameters MPI takes
+    directly and more than one rank per node (:func:`.shm.node_group`; off with
     ``Communicator(node_shm=False)`` or ``MPISOLVE_NODE_SHM=0``), each bucket lives in a
     node-shared window (:class:`.shm.NodeSumReducer`): backward writes this rank's slot,
     the node's ranks sum their shares as soon as all have written it (the average's
@@ -308,10 +309,11 @@ class GradientBuckets:
     of its own (exact in float64 whatever the gradients' dtype). After ``finish`` each
     ``p.grad`` is a view of the sum in the window, read in place by the node's ranks; a
     hook points it back at this rank's slot before the next backward accumulates into it
-    (copying the sum there when the gradient was not zeroed), and :meth:`rearm` waits until
-    every local rank has stepped, so that zeroing in place cannot reach a neighbour still
-    reading the sum. Other writes to the sum must not happen: ``finish(writable=True)``
-    (``synchronize``, a GradScaler's unscale) gives each rank its own copy first, as do
+    (copying the sum there when the gradient was not zeroed), and, where a bucket's sum is
+    shared (the bandwidth path), :meth:`rearm` waits until every local rank has stepped,
+    so that zeroing in place cannot reach a neighbour still reading the sum. Other writes
+    to the sum must not happen: ``finish(writable=True)`` (``synchronize``, a GradScaler's
+    unscale) gives each rank its own copy first, as do
     ``shared_result=False`` (for solvers that change gradients in place, as K-FAC's
     preconditioner does), a step some ranks withheld from (the average's divisor is
     then the contributing ranks, not the one fused into the sum) and ``weighted`` (the
@@ -348,7 +350,8 @@ class GradientBuckets:
         self.shared_result = shared_result
         group = node_group(comm) if reducer is None else None
         self.node: NodeSumReducer | None = None
-        if group is not None and all(takes(comm, p) for p in self.params):
+        half = any(p.dtype in (torch.float16, torch.bfloat16) for p in self.params)
+        if group is not None and all(takes(comm, p) for p in self.params) and not (weighted and half):
             self.node = NodeSumReducer(group, 1.0 / comm.size if average else 1.0, self.TALLY)
             self.reducer: BucketReducer = self.node
         elif reducer is not None:
@@ -584,11 +587,11 @@ class GradientBuckets:
         """Expect the next step's backward: every bucket waits for all its gradients again.
 
         Node-shared buckets whose sums may be read in place: first wait until every local
-        rank has stepped (collective over the node).
+        rank has stepped (collective over the node; :meth:`.shm.NodeSumReducer.release`).
         """
         if self.in_flight:
             raise RuntimeError("mpisolve: buckets rearmed while their reduction is in flight")
-        if self.node is not None and self.shared_result:
+        if self.node is not None and self.shared_result and not self.weighted:  # weighted: each rank's own copy
             self.node.release()
         for bucket in self.buckets:
             bucket.pending = len(bucket.params)

@@ -498,6 +498,7 @@ class BucketSolver(Solver):
 
     @collective_round
     def synchronize(self, *, scaler: GradScaler | None = None) -> None:
+        """Complete the buckets' reduction now, into this rank's own copy (to clip or unscale in place)."""
         self.grads.finish(writable=True)
         self._unscale(scaler)
 

@@ -146,6 +146,48 @@ def test_a_step_waits_for_the_nodes_ranks_only_where_its_sums_are_shared(bandwid
     grads.close()
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+def test_weighted_buckets_give_the_sample_weighted_mean_in_each_ranks_own_copy(monkeypatch):
+    """lb-bsp's sum_r n_r g_r / sum_r n_r on the bandwidth path, against the same mean made
+    here from every rank's gradients; the result is each rank's own copy, so the step ends
+    without the node-wide wait."""
+    monkeypatch.setattr(shm, "LATENCY_MAX_BYTES", 0)
+    comm = Communicator()
+    samples = [3 + 2 * r for r in range(comm.size)]
+    param = nn.Parameter(torch.zeros(50))
+    grads = GradientBuckets([param], comm, bucket_bytes=1000, samples=lambda: samples[comm.rank], weighted=True)
+    assert grads.node is not None and not grads.node.ops[0].latency
+    mine = [torch.linspace(-1, 1, 50) * (r + 1) for r in range(comm.size)]
+    want = sum(n * g for n, g in zip(samples, mine)) / sum(samples)
+    for _ in range(2):
+        grads.zero_()
+        param.grad.copy_(mine[comm.rank])
+        reduction = grads.finish()
+        assert reduction.samples == sum(samples)
+        torch.testing.assert_close(param.grad, want)
+        assert param.grad.data_ptr() == grads.buckets[0].buffer.flat.data_ptr()  # this rank's own slot
+        grads.rearm()
+    assert grads.node._release._seq == 0
+    grads.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+def test_weighted_half_precision_buckets_keep_mpis_path_where_the_weighted_sum_would_overflow():
+    """sum_r n_r g_r of 2 ranks x 512 samples x 100 is 102,400: past float16's 65,504. MPI's
+    path weighs and sums in float32 and rounds once, after the division."""
+    comm = Communicator()
+    param = nn.Parameter(torch.zeros(8, dtype=torch.float16))
+    grads = GradientBuckets([param], comm, bucket_bytes=1000, samples=lambda: 512, weighted=True)
+    assert grads.node is None
+    grads.zero_()
+    param.grad.fill_(100.0)
+    grads.finish()
+    assert torch.equal(param.grad, torch.full((8,), 100.0, dtype=torch.float16))
+    grads.close()
+
+
 def sum_of_means(comm: Communicator, own: torch.Tensor) -> torch.Tensor:
     """The mean over ranks of each rank's ``own`` (rank r's input is x + r)."""
     return comm.allreduce_(own.clone()) / comm.size

@@ -52,7 +52,7 @@ class FactorExchange:
         self.groups = [list(g) for g in groups]
         self.packed = packed
         self.eager = eager
-        # Packed factors are computed in full into a scratch matrix per size, then packed.
+        # Packed factors are computed (their upper triangles) into a scratch matrix per size, then packed.
         self._scratch = {n: torch.empty(n, n, dtype=dtype, device=device) for n in set(self.dims)} if packed else {}
         self.buffers: list[FusedBuffer] = []
         self._slot: list[torch.Tensor] = [torch.empty(0)] * len(dims)
