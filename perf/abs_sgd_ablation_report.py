@@ -5,7 +5,8 @@ factor's setting (``prediction1.5-momentum_true-lr_none-bounded_1``; the predict
 gives c). Per variant and cell:
 the seeds that reached the target, the median epochs to it (a miss counting as infinitely
 long: "miss" when half the seeds or more missed), the median best and final test accuracy
-(a best well above the final one is a run that diverged after it), the median
+(a best well above the final one is a run that diverged after it), each seed's epochs to
+the target (or its final accuracy), the median
 number of updates in the run and the mean global batch of an update (samples over
 updates, median over the seeds). Usage: ``python perf/abs_sgd_ablation_report.py OUT``.
 """
@@ -43,6 +44,12 @@ def best_accuracy(summary: Path) -> float:
     return max(r["test_accuracy"] for r in records if r.get("test_accuracy") is not None)
 
 
+def per_seed(run: dict) -> str:
+    """A run's epochs to the target, or "miss" and its final accuracy."""
+    epochs = run["epochs_to_target"]
+    return f"miss ({run['final_accuracy']:.3f})" if epochs is None else f"{epochs:.2f}"
+
+
 def main(out: str) -> int:
     root = Path(out)
     rows = []
@@ -72,6 +79,7 @@ def main(out: str) -> int:
                     "seeds": len(runs),
                     "reached": sum(r["time_to_target_s"] is not None for r in runs),
                     "epochs to target": None if math.isinf(epochs) else epochs,
+                    "per seed": ", ".join(per_seed(r) for r in runs),
                     "best accuracy": statistics.median(best_accuracy(p) for p in paths),
                     "final accuracy": statistics.median(r["final_accuracy"] for r in runs),
                     "updates": statistics.median(r["steps"] for r in runs),
@@ -88,14 +96,15 @@ def main(out: str) -> int:
         writer.writerows(rows)
     lines = [
         "| prediction | momentum correction | batch-proportional lr | bounded rounds | compute | reached | "
-        "epochs to target | best accuracy | final accuracy | updates | global batch |",
-        "| --- " * 11 + "|",
+        "epochs to target | per seed | best accuracy | final accuracy | updates | global batch |",
+        "| --- " * 12 + "|",
     ]
     for r in rows:
         epochs = r["epochs to target"]
         cells = [r[k] for k in list(r)[:5]] + [
             f"{r['reached']}/{r['seeds']}",
             "miss" if epochs is None else f"{epochs:.2f}",
+            r["per seed"],
             f"{r['best accuracy']:.3f}",
             f"{r['final accuracy']:.3f}",
             f"{r['updates']:.0f}",
