@@ -110,12 +110,15 @@ def main() -> None:
                 correct = sum(int((m(x.to(comm.device)).argmax(1).cpu() == y).sum()) for x, y in DataLoader(data, 64))
                 m.train()
             statistics = torch.cat([b.double().reshape(-1) for b in model.buffers()]).sum().item()
-            # Every rank prints: the same accuracy and statistics on each shows one model everywhere.
-            print(
+            line = (
                 f"rank {comm.rank} epoch {epoch} accuracy {correct / len(data):.3f} bn {statistics:.6f} "
-                f"train loss {sum(losses) / len(losses):.4f}",
-                flush=True,
+                f"train loss {sum(losses) / len(losses):.4f}"
             )
+            # Every rank's line, printed by rank 0 (ranks printing at once interleave their output):
+            # the same accuracy and statistics on each shows one model everywhere.
+            lines = comm.allgather_object(line)
+            if comm.rank == 0:
+                print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,11 @@ class CloseNotices:
             rank, rounds, entered, busy, interrupted = (int(v) for v in self._inbox)
             self._received[rank] = Closing(rounds, bool(entered), bool(busy), bool(interrupted))
 
+    def peer_closed(self) -> bool:
+        """Whether another rank has reached ``close()`` (its notice arrived)."""
+        self._receive()
+        return bool(self._received)
+
     def check(self) -> None:
         """Between polls of a wait: raise :class:`PeerClosed` if a rank that closed never entered this round.
 

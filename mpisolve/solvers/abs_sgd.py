@@ -55,6 +55,7 @@ import torch
 from torch.amp import GradScaler
 
 from ..comm.buckets import FusedBuffer, wire_dtype
+from ..comm.closing import CloseNotices
 from ..comm.communicator import CommTimeout
 from ..comm.progress import ProgressThread, require_async_progress
 from ..options import option, require
@@ -214,6 +215,9 @@ class ABSSGD(Solver):
             self._weights.pack([p.detach() for p in self.params])
             self._last_update = FusedBuffer(shapes, dtype, device)
         self._control = self.comm.split(0, name="abs-sgd close")  # close()'s agreement, apart from the rounds
+        # A rank that stops early announces it, so that a bounded round stops waiting for its
+        # contribution (close() then evens the ranks' rounds).
+        self._closings = CloseNotices(self.comm, lambda: None, self.name, "rounds") if self.comm.size > 1 else None
         self._acc = 0  # index of the accumulating buffer; the other one is in flight
         self._in_flight = False  # a posted round not yet applied (or carried)
         self._known_done = False  # ... whose allreduce is known to have completed
@@ -297,8 +301,9 @@ class ABSSGD(Solver):
             limit = self.options.max_round_batches
             if limit is None or self._round_batches < limit:
                 return StepInfo(applied=False, global_samples=0, local_samples=n)
-            self._complete_in_flight("abs-sgd round")  # this rank's share of the round is done: wait for it
-            if not self._round_over():  # trigger="window": the round is not over yet
+            # This rank's share of the round is done: wait for it, unless a rank stopped (it posts no more).
+            self._complete_in_flight("abs-sgd round", unless_peer_closed=True)
+            if not self._round_over():  # trigger="window", or a rank stopped: the round is not over yet
                 return StepInfo(applied=False, global_samples=0, local_samples=n)
         applied, samples = self._finish_round() if self._in_flight else (False, 0)
         self._post()
@@ -460,9 +465,17 @@ class ABSSGD(Solver):
         self._timed_s = 0.0
         self.rounds += 1
 
-    def _complete_in_flight(self, what: str) -> None:
-        """Wait (watchdogged) until the round in flight has completed; it stays to be applied."""
+    def _complete_in_flight(self, what: str, *, unless_peer_closed: bool = False) -> None:
+        """Wait (watchdogged) until the round in flight has completed; it stays to be applied.
+
+        ``unless_peer_closed``: stop waiting, the round still in flight, once another rank
+        has reached ``close()``: it will post no further round.
+        """
         if not self._in_flight or self._known_done:
+            return
+        closings = self._closings
+        if unless_peer_closed and closings is not None:
+            self.comm.wait_for(lambda: self._completed() or closings.peer_closed(), what)
             return
         if self._thread is not None:
             with self._watch_lock:  # the thread no longer touches the request
@@ -484,6 +497,8 @@ class ABSSGD(Solver):
             return
         if self._thread is not None:
             self._thread.stop()
+        if self._closings is not None:  # announced first: a rank waiting in a bounded round stops waiting
+            self._closings.close(self.rounds, entered=False, busy=self._in_flight)
         rounds = torch.tensor([float(self.rounds)], dtype=torch.float64)
         newest = int(self._control.allreduce_(rounds, "max", what="abs-sgd close").item())
         self._complete_in_flight("abs-sgd round at close")

@@ -417,10 +417,12 @@ class Solver(ABC):
         scaler: GradScaler | None,
         what: str,
         before_update: Callable[[], None] | None = None,
+        after_update: Callable[[bool], None] | None = None,
     ) -> StepInfo:
         """The step of a solver whose gradients ``grads`` reduces: complete the reduction
         (unless ``synchronize`` did), decide, maybe ``before_update`` and the optimizer's
-        step, rearm. The reduced gradients are the same on every rank: all decide alike."""
+        step, rearm. The reduced gradients are the same on every rank: all decide alike.
+        ``after_update(applied)`` completes the solver's own work of the round, still inside it."""
         if grads.backward_ran and batch_size is None and self._forward_at is None:
             raise RuntimeError(
                 f"mpisolve {self.name}: gradients arrived but no training forward of the solver's model was seen, "
@@ -437,6 +439,8 @@ class Solver(ABC):
             if before_update is not None:
                 before_update()
             self._step_optimizer(scaler)
+        if after_update is not None:
+            after_update(applied)
         grads.rearm()
         self._end_round(reduction.ranks)
         return StepInfo(applied=applied, global_samples=samples if applied else 0, local_samples=local)

@@ -59,7 +59,8 @@ def mpisolve(*args, ranks=2, cwd=None):
         (["--batch-size", "0"], "mpisolve train: error: --batch-size must be >= 1, got 0"),
         (
             ["--set", "tau=2"],
-            "mpisolve train: error: solver 'allreduce' does not take option 'tau' (it takes: bucket_mb, nonfinite)",
+            "mpisolve train: error: solver 'allreduce' does not take option 'tau' "
+            "(it takes: broadcast_buffers, bucket_mb, nonfinite)",
         ),
     ],
 )

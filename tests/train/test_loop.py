@@ -236,7 +236,7 @@ def test_the_loop_draws_the_micro_batch_size_a_step_asks_for(comm, test_solvers)
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.ranks(2, 4)
+@pytest.mark.ranks(2)  # at 4 ranks on 2 cores, half an epoch is ~10 updates a rank: start-up skew outweighed 3x
 def test_asynchronous_progress_is_summed_over_ranks(comm, test_solvers):
     slow, hetero = last_rank_slow(comm)
     summary = train(config(solver="test-local", epochs=0.5, hetero=hetero), comm, show=False)

@@ -218,6 +218,11 @@ class Inverter:
         message.request.start()
         self._sending.append(message)
 
+    @property
+    def in_flight(self) -> bool:
+        """Whether a round's broadcasts were started and not all completed."""
+        return bool(self._pending or self._sending)
+
     def ready(self, f: int) -> bool:
         """Whether factor ``f``'s decomposition of this round is here and committed."""
         message = self._message_of.get(f)
@@ -227,6 +232,8 @@ class Inverter:
         """Let MPI move the broadcasts along; commit those that arrived."""
         for message in list(self._pending):
             if message.request.test():
+                # Complete it (at once): a staged broadcast's result reaches the buffer only here.
+                message.request.wait(f"K-FAC inverse broadcast from rank {message.root}")
                 self._arrived(message)
         self._sending = [m for m in self._sending if not m.request.test()]
 

@@ -318,7 +318,14 @@ class KFACSolver(Solver):
             wire = [sum(s.numel() for s in result_shapes(n, o.method, p)) for n, p in zip(dims, self.inverse_packed)]
             replicated = [False] * len(dims)
             if o.resolved("replicate") == "auto":
-                broadcast = {n: self.comm_models["bcast"].seconds(w) for n, w in zip(dims, wire)}
+                # Each group timed its own broadcasts; the slowest group's figures decide everywhere,
+                # so every rank times the same inversions below (each timing is collective over all ranks).
+                local = {n: self.comm_models["bcast"].seconds(w) for n, w in zip(dims, wire)}
+                order = sorted(local)
+                agreed = self.factor_comm.allreduce_(
+                    torch.tensor([local[n] for n in order], dtype=torch.float64), op="max", what="K-FAC broadcast model"
+                )
+                broadcast = dict(zip(order, agreed.tolist()))
                 # Smallest first until an inversion costs more than its broadcast: beyond, inversions
                 # grow as n^3 and broadcasts as n^2.
                 for n in sorted(broadcast):
@@ -489,9 +496,17 @@ class KFACSolver(Solver):
             self._precondition(inverting)
 
         # The averaged gradients are the same everywhere: every rank decides alike, unasked.
-        info = self._bucket_step(self.grads, batch_size, scaler, "averaged gradients", before_update=precondition)
-        if inverting:
-            self._finish_inverses(refresh=not info.applied)
+        def finish_inverses(applied: bool) -> None:
+            self._finish_inverses(refresh=not applied)
+
+        info = self._bucket_step(
+            self.grads,
+            batch_size,
+            scaler,
+            "averaged gradients",
+            before_update=precondition,
+            after_update=finish_inverses if inverting else None,
+        )
         self.steps += 1
         if self._capturing:
             self.exchange.rearm()
@@ -502,10 +517,13 @@ class KFACSolver(Solver):
         return self._shadow_bucket_round(self.grads)
 
     def _drain(self) -> None:
-        """Complete a round some rank left in flight (close): the factors' messages, the gradients'."""
+        """Complete a round some rank left in flight (close): the factors' messages, the gradients',
+        the inverses' (a step that raised, e.g. on non-finite gradients, left them travelling)."""
         if self._capturing:
             self.exchange.finish()
         self.grads.finish()
+        if self.inverter.in_flight:
+            self.inverter.finish()
 
     def _update_factors(self, scaler: GradScaler | None) -> None:
         """Fold this step's summed batch factors into the running averages.
@@ -676,7 +694,8 @@ class KFACSolver(Solver):
         if not self.closed:
             for hook in self._hooks:
                 hook.remove()
-            self._end_rounds(busy=self.grads.in_flight or self.exchange.in_flight, drain=self._drain)
+            busy = self.grads.in_flight or self.exchange.in_flight or self.inverter.in_flight
+            self._end_rounds(busy=busy, drain=self._drain)
             self.grads.close()
             self.exchange.close()
             self.inverter.close()
