@@ -15,7 +15,7 @@ TEST_TIMEOUT   ?= 240
 MPIRUN  := $(BIN)/mpiexec
 PYTEST  := -m pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) --timeout-method=thread
 
-.PHONY: install demo test lint typecheck wheel-check test-serial test-mpi docs perf clean
+.PHONY: install demo test lint typecheck wheel-check test-serial test-mpi test-cluster docs perf clean
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,7 @@ demo: install
 	$(MPIRUN) -n $(NP) $(PY) -m mpi4py -m mpisolve compare --solvers all --model mlp --dataset digits \
 		--epochs 5 --target-accuracy 0.95 --hetero straggler --out runs/demo
 
-test: install lint typecheck wheel-check test-serial test-mpi
+test: install lint typecheck wheel-check test-serial test-mpi test-cluster
 
 # Lint and format check (ruff), configured in pyproject.toml.
 LINTED := mpisolve kernels tests perf setup.py $(wildcard examples)
@@ -65,6 +65,24 @@ test-mpi: install
 		echo "== MPI tests at $$n ranks"; \
 		$(MPIRUN) -n $$n $(PY) -m mpi4py $(PYTEST) -q --with-mpi -m mpi tests; \
 	done
+
+# An emulated 2-node cluster on this machine: tests/cluster/fake-ssh stands in for ssh, so
+# MPI sees each -hosts group as a node (its own shared-memory split, the network between).
+# At 2x2 and at 2x3 ranks, one job runs every MPI test marked `cluster` in CLUSTER_TESTS
+# (the hierarchical sums against MPI's, node-shared buckets, the window solvers' inter-node
+# path by detection, and the conformance suite's join, zeroing, clipping, GradScaler and
+# no_sync for every solver); then tests/train/test_failures.py's checkpoint-resume job and
+# one fault job (hogwild-sgd's rank killed) at 2x2.
+CLUSTER := -launcher ssh -launcher-exec $(CURDIR)/tests/cluster/fake-ssh
+CLUSTER_LAYOUTS := 2 3
+CLUSTER_TESTS := tests/cluster tests/comm/test_shm.py tests/conformance
+test-cluster: install
+	@set -e; for k in $(CLUSTER_LAYOUTS); do \
+		echo "== MPI tests on the emulated cluster nodeA:$$k,nodeB:$$k"; \
+		MPISOLVE_EMULATED_CLUSTER=1 $(MPIRUN) $(CLUSTER) -hosts nodeA:$$k,nodeB:$$k -n $$((2 * k)) \
+			$(PY) -m mpi4py $(PYTEST) -q --with-mpi -m mpi $(CLUSTER_TESTS); \
+	done
+	MPISOLVE_TEST_HOSTS=nodeA:2,nodeB:2 $(PY) $(PYTEST) -q tests/train/test_failures.py -k "resumed or hogwild"
 
 # The options tables of docs/solvers/*.md, regenerated in place from the options dataclasses
 # (tests/test_docs.py fails when a table and the code differ).

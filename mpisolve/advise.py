@@ -137,7 +137,7 @@ def advise(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     else:  # the study's emulated device: a micro-batch of n samples takes n x MS ms
         compute_s = args.batch_size * args.device_ms / 1e3
     params = list(model.parameters())
-    allreduce_s, _ = solver_allreduce_seconds(params, comm, int(args.bucket_mb * 1e6), args.repeats, args.warmup)
+    allreduce_s, _, _ = solver_allreduce_seconds(params, comm, int(args.bucket_mb * 1e6), args.repeats, args.warmup)
     ratio = compute_s / allreduce_s
     solver = "ea-wild" if ratio < args.threshold else "allreduce"
     return {

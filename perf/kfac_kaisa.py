@@ -15,6 +15,11 @@ implementation and method, every-step iterations (``inverse``) and the typical s
 (factors every 10 steps, inverses every 100), weighted from the kinds:
 ``0.01 inverse + 0.09 factor + 0.90 plain``.
 
+``cpu``: until stopped, every 10 s, one line: the cores the benchmark's workers used and
+the cores everything else used (from /proc), and the two busiest other processes. The
+exclusive lock keeps other engineers' tests out, not builds or jobs that do not take it:
+these lines show whether anything ran beside a configuration.
+
 See perf/kfac_kaisa.sh and docs/studies/kfac-kaisa.md.
 """
 
@@ -193,16 +198,8 @@ def table(args: argparse.Namespace) -> None:
             f"{'-' if every is None else f'{every:.2f}'} | {'-' if typical is None else f'{typical:.2f}'} |"
         )
     breakdown = ["", "mpisolve solver breakdown, every step (seconds per iteration, largest over ranks):", ""]
-    phases = [
-        "factor_compute",
-        "factor_comm",
-        "inversion",
-        "inverse_wait",
-        "inverse_transfer",
-        "precondition",
-        "gradient_wait",
-        "gradient_transfer",
-    ]
+    from mpisolve.solvers.kfac.solver import PHASES as phases  # the solver's own breakdown, in its order
+
     breakdown += ["| setup | method | " + " | ".join(phases) + " |", "|" + " --- |" * (len(phases) + 2)]
     for setup in setups:
         entry = by_key.get((*setup, "inverse"))
@@ -213,6 +210,42 @@ def table(args: argparse.Namespace) -> None:
     text = "\n".join(lines + ratios + breakdown) + "\n"
     Path(args.results, "table.md").write_text(text)
     print(text)
+
+
+def cpu_ticks() -> dict[str, tuple[int, str]]:
+    """Each process's user + system clock ticks and command line (Linux /proc)."""
+    ticks = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        ticks[pid] = (int(fields[11]) + int(fields[12]), command)
+    return ticks
+
+
+def cpu(args: argparse.Namespace) -> None:
+    hz = os.sysconf("SC_CLK_TCK")
+    before, then = cpu_ticks(), time.time()
+    while True:
+        time.sleep(args.every)
+        now_ticks, now = cpu_ticks(), time.time()
+        bench, other, busiest = 0.0, 0.0, []
+        for pid, (count, command) in now_ticks.items():
+            cores = (count - before.get(pid, (0, ""))[0]) / hz / (now - then)
+            if cores <= 0:
+                continue
+            if "kfac_kaisa.py worker" in command:
+                bench += cores
+            else:
+                other += cores
+                busiest.append((cores, command[:90]))
+        top = "; ".join(f"{c:.2f} {command}" for c, command in sorted(busiest, reverse=True)[:2])
+        stamp = time.strftime("%H:%M:%S", time.gmtime(now))
+        print(f"{stamp} bench {bench:.2f} cores, other {other:.2f} cores; {top}", flush=True)
+        before, then = now_ticks, now
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -230,8 +263,10 @@ def main(argv: list[str] | None = None) -> None:
     w.add_argument("--port", type=int, default=29517)
     t = sub.add_parser("table", help="table.md from a results folder")
     t.add_argument("results")
+    c = sub.add_parser("cpu", help="until stopped: cores used by the workers and by everything else")
+    c.add_argument("--every", type=float, default=10.0, help="seconds between lines")
     args = parser.parse_args(argv)
-    worker(args) if args.command == "worker" else table(args)
+    {"worker": worker, "table": table, "cpu": cpu}[args.command](args)
 
 
 if __name__ == "__main__":

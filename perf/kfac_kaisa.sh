@@ -19,8 +19,9 @@
 # figure), factor (factors every step, inverses at step 0 only) and plain (neither after
 # step 0); the typical schedule (factors every 10 steps, inverses every 100) is weighted
 # from them (perf/kfac_kaisa.py). ONLY="regex" runs the configurations whose name
-# matches. Results: OUT/<name>.json (one JSON line each), OUT/<name>.load (the load
-# average before the run), OUT/table.md.
+# matches. Results: OUT/<name>.json (one JSON line each), OUT/<name>.load (the date,
+# the commit and the load average before the run), OUT/cpu-samples.log (every 10 s of a
+# hold: cores used by the runs and by anything else), OUT/table.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,7 +54,7 @@ run() {  # run NAME WARMUP ARGS...: one configuration (inside a hold of the lock
     shift 2
     [[ $name =~ $ONLY ]] || return 0
     echo "== $name" >&2
-    uptime > "$OUT/$name.load"
+    { date -u +%FT%TZ; git rev-parse --short HEAD; uptime; } > "$OUT/$name.load"  # when, which commit, the load before
     timeout 900 "$MPIEXEC" -n "$RANKS" "$PY" perf/kfac_kaisa.py worker --batch "$BATCH" --iters "$ITERS" \
         --warmup "$warmup" "$@" 2> "$OUT/$name.err" | grep '^{' > "$OUT/$name.json" \
         || { echo "$name failed: $OUT/$name.err" >&2; exit 1; }
@@ -61,6 +62,9 @@ run() {  # run NAME WARMUP ARGS...: one configuration (inside a hold of the lock
 
 if [[ -n ${KFAC_KAISA_HOLD:-} ]]; then  # inside one hold: every kind and implementation for one method
     method=$KFAC_KAISA_HOLD
+    "$PY" perf/kfac_kaisa.py cpu >> "$OUT/cpu-samples.log" &  # what else ran beside the hold
+    sampler=$!
+    trap 'kill $sampler' EXIT
     for kind in $KINDS; do
         if (( kaisa )); then
             run "kaisa-$method-$kind" 2 --impl kaisa --method "$method" --kind "$kind"

@@ -4,7 +4,8 @@ MPI tests carry ``@pytest.mark.mpi(min_size=N)`` (pytest-mpi) and run under
 ``mpiexec -n K python -m pytest --with-mpi``. ``@pytest.mark.ranks(2, 4)`` further
 restricts a test to those exact world sizes, so the suite's MPI runs at 2, 3, 4, 5
 and 8 ranks each execute only the tests meant for them. MPI tests without a ``ranks``
-marker run at 2 and 4 ranks.
+marker run at 2 and 4 ranks. On the emulated 2-node cluster (``make test-cluster``,
+``MPISOLVE_EMULATED_CLUSTER=1``) the tests marked ``cluster`` run, whatever the size.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ranks(*sizes): run this MPI test only at these world sizes")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     config.addinivalue_line("markers", "gpu: needs a CUDA device; runs whenever CUDA is present, skipped without it")
+    config.addinivalue_line("markers", "cluster: also runs on the emulated 2-node cluster (make test-cluster)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -40,8 +42,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from mpi4py import MPI
 
     size = MPI.COMM_WORLD.Get_size()
+    emulated = os.environ.get("MPISOLVE_EMULATED_CLUSTER") == "1"
     for item in items:
         if item.get_closest_marker("mpi") is None:
+            continue
+        if emulated:  # tests/cluster/: the tests marked for it, at whatever size the cluster has
+            if item.get_closest_marker("cluster") is None:
+                item.add_marker(pytest.mark.skip(reason="not marked to run on the emulated cluster"))
             continue
         marker = item.get_closest_marker("ranks")
         sizes = tuple(marker.args) if marker else DEFAULT_SIZES

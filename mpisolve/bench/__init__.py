@@ -31,7 +31,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "kfac": ("mpisolve.bench.kfac", "one iteration of each K-FAC variant and of SGD, by phase"),
     "soak": ("mpisolve.bench.soak", "long asynchronous runs: memory must not grow, windows freed"),
     "sweep": ("mpisolve.bench.sweep", "allreduce latency and bus bandwidth over message sizes"),
-    "step": ("mpisolve.bench.step", "a solver's whole training step against plain PyTorch's"),
+    "step": ("mpisolve.bench.step", "a solver's whole training step against plain PyTorch's (--ddp: and DDP's)"),
 }
 
 

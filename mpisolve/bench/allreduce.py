@@ -35,6 +35,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensors", type=int, default=1, help="number of tensors for --numel")
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size, as the solver's bucket_mb")
     parser.add_argument("--no-gloo", action="store_true", help="skip the torch.distributed gloo comparison")
+    parser.add_argument(
+        "--node-shm",
+        choices=("on", "off"),
+        default="on",
+        help="mpisolve's buckets in node-shared memory where they apply (off: MPI's path); both: --compare-paths",
+    )
+    parser.add_argument(
+        "--compare-paths", action="store_true", help="also time the buckets on MPI's path (mpisolve_mpi_path_s)"
+    )
     add_device_argument(parser)
 
 
@@ -81,14 +90,23 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         "tensors": len(params),
         "mpi_library": comm.library_version(),
     }
-    result["mpisolve_s"], result["buckets"] = solver_allreduce_seconds(
-        params, comm, bucket_bytes, args.repeats, args.warmup
+    solver_comm = Communicator(comm.comm, node_shm=args.node_shm == "on")
+    result["mpisolve_s"], result["buckets"], result["node_shm"] = solver_allreduce_seconds(
+        params, solver_comm, bucket_bytes, args.repeats, args.warmup
     )
+    result["nodes"], result["ranks_per_node"] = comm.nodes, comm.local_size
+    if args.compare_paths:
+        mpi_path = Communicator(comm.comm, node_shm=False)
+        result["mpisolve_mpi_path_s"], _, _ = solver_allreduce_seconds(
+            params, mpi_path, bucket_bytes, args.repeats, args.warmup
+        )
     result["mpi_contiguous_s"] = median_seconds(mpi_contiguous, comm, args.repeats, args.warmup)
     if not args.no_gloo:
         result["gloo_s"] = gloo_seconds(params, bucket_bytes, comm, args, device)
         result["mpisolve_over_gloo"] = result["mpisolve_s"] / result["gloo_s"]
     result["mpisolve_over_mpi_contiguous"] = result["mpisolve_s"] / result["mpi_contiguous_s"]
+    if args.compare_paths:
+        result["mpi_path_over_mpi_contiguous"] = result["mpisolve_mpi_path_s"] / result["mpi_contiguous_s"]
     nbytes = numel * 4
     result["busbw_GBps"] = nbytes / result["mpisolve_s"] * 2 * (comm.size - 1) / comm.size / 1e9
     return result
@@ -96,9 +114,11 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
 
 def solver_allreduce_seconds(
     params: list[torch.nn.Parameter], comm: Communicator, bucket_bytes: int, repeats: int, warmup: int
-) -> tuple[float, int]:
+) -> tuple[float, int, bool]:
     """Median seconds of the allreduce solver's averaging of ``params``' gradients (its
-    fused buckets of ``bucket_bytes``, as in a training step), and the number of buckets.
+    fused buckets of ``bucket_bytes``, as in a training step), the number of buckets, and
+    whether they were node-shared (then each repeat sums gradients already in the window
+    and the result is read where it lies, as in the solver).
 
     The gradients become views into the buckets (random values) until this returns.
     """
@@ -112,7 +132,7 @@ def solver_allreduce_seconds(
             grads.rearm()
             grads.finish()
 
-        return median_seconds(mpisolve_allreduce, comm, repeats, warmup), len(grads.buckets)
+        return median_seconds(mpisolve_allreduce, comm, repeats, warmup), len(grads.buckets), grads.node is not None
     finally:
         grads.close()
 

@@ -1,18 +1,25 @@
-"""``bench step``: a solver's training step against plain PyTorch's, same model, batch and device.
+"""``bench step``: a solver's training step against plain PyTorch's (and DDP's), same model, batch and device.
 
-Timed in turn within each repeat (medians, the slowest rank's): ``solver_s`` is
-``solver.zero_grad()``, forward, backward and ``solver.step()``; ``plain_s`` the same
-iteration with the optimizer alone (``optimizer.zero_grad()``, ``optimizer.step()``) on
-an identical model, no solver, no communication. ``solver_over_plain`` is their ratio: at
-one rank, the solver's own overhead (buckets, hooks, staging, checks); at more ranks, with
-its communication. ``--device cuda`` runs both on this rank's GPU (several ranks may share
-one), each time including the wait for the GPU work it queued.
+Timed in turn within each repeat (medians, the slowest rank's), so that outside load
+falls on all alike: ``solver_s`` is ``solver.zero_grad()``, forward, backward and
+``solver.step()``; ``plain_s`` the same iteration with the optimizer alone
+(``optimizer.zero_grad()``, ``optimizer.step()``) on an identical model, no solver, no
+communication: the floor any communication scheme could reach. ``solver_over_plain`` is
+their ratio: at one rank, the solver's own overhead (buckets, hooks, staging, checks); at
+more ranks, with its communication. ``--ddp`` also times the step with
+``torch.nn.parallel.DistributedDataParallel`` on gloo and the same optimizer (its default
+25 MB buckets, as the solvers' ``bucket_mb``): ``ddp_gloo_s``, ``solver_over_ddp`` and
+``plain_over_ddp``. ``--device cuda`` runs them on this rank's GPU (several ranks may share
+one), each time including the wait for the GPU work it queued. ``--node-shm off`` keeps
+the solver's sums on MPI's path where node-shared memory would apply (``node_shm`` says
+whether the solver's gradient buckets were node-shared).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -25,21 +32,29 @@ from ..solvers import make_solver, solvers
 from ..solvers.base import solver_class
 from ..train.models import MODELS, build_model
 from . import add_device_argument, bench_device, interleaved_medians
-from .allreduce import MODEL_INPUTS
+from .allreduce import MODEL_INPUTS, _free_port
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(MODELS), default="resnet18")
     parser.add_argument("--batch", type=int, default=32, help="examples per rank per step")
     parser.add_argument("--solver", default="allreduce", help="the solver to time (default allreduce)")
+    parser.add_argument("--ddp", action="store_true", help="also time DistributedDataParallel on gloo (CPU)")
+    parser.add_argument(
+        "--node-shm", choices=("on", "off"), default="on", help="node-shared sums where they apply (off: MPI's path)"
+    )
     add_device_argument(parser)
 
 
 def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
+    import torch.distributed as dist
+
     if args.batch < 1:
         raise InputError("--batch must be >= 1")
     if args.solver not in solvers():
         raise InputError(f"--solver must be one of {', '.join(solvers())}, got {args.solver!r}")
+    if args.ddp and args.device != "cpu":
+        raise InputError("--ddp compares with DDP on gloo, on the CPU: leave out --device cuda")
     device = bench_device(args, comm)
     in_shape, classes = MODEL_INPUTS[args.model]
     generator = torch.Generator().manual_seed(comm.rank)
@@ -57,7 +72,9 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
 
     plain_model, plain_optimizer = model_and_optimizer()
     model, optimizer = model_and_optimizer()
-    solver = make_solver(args.solver, model, optimizer, comm)
+    solver = make_solver(args.solver, model, optimizer, Communicator(comm.comm, node_shm=args.node_shm == "on"))
+    grads = getattr(solver, "grads", None)
+    node_shm = grads is not None and grads.node is not None
 
     def plain() -> None:
         plain_optimizer.zero_grad()
@@ -70,18 +87,39 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         solver.step()
 
     steps: dict[str, Callable[[], None]] = {"solver_s": with_solver, "plain_s": plain}
+    if args.ddp:
+        address = comm.bcast_object(socket.gethostname() if comm.rank == 0 else None)
+        port = comm.bcast_object(_free_port() if comm.rank == 0 else None)
+        dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=comm.rank, world_size=comm.size)
+        ddp_base, ddp_optimizer = model_and_optimizer()
+        ddp = nn.parallel.DistributedDataParallel(ddp_base)
+
+        def with_ddp() -> None:
+            ddp_optimizer.zero_grad()
+            loss_fn(ddp(x), y).backward()
+            ddp_optimizer.step()
+
+        steps["ddp_gloo_s"] = with_ddp
     try:
         timings = interleaved_medians(steps, comm, args.repeats, args.warmup)
     finally:
         solver.close()
-    return {
+        if args.ddp:
+            dist.destroy_process_group()
+    result = {
         "model": args.model,
         "solver": args.solver,
         "batch_per_rank": args.batch,
         "device": str(device),
         "ranks": comm.size,
+        "nodes": comm.nodes,
+        "node_shm": node_shm,
         "staged": comm.needs_staging(next(model.parameters())),
         "mpi_library": comm.library_version(),
         **timings,
         "solver_over_plain": timings["solver_s"] / timings["plain_s"],
     }
+    if args.ddp:
+        result["solver_over_ddp"] = timings["solver_s"] / timings["ddp_gloo_s"]
+        result["plain_over_ddp"] = timings["plain_s"] / timings["ddp_gloo_s"]
+    return result

@@ -139,16 +139,19 @@ def make_case(op: str, numel: int, comm: Communicator) -> Case:
         return Case(functional, lambda: out[0], want)
     param = torch.nn.Parameter(torch.zeros_like(data))  # op == "bucketed"
     grads = GradientBuckets([param], comm, bucket_bytes=data.numel() * data.element_size(), average=True)
-    grad = param.grad
-    assert grad is not None  # GradientBuckets made it a view into its bucket
-    grad.copy_(data)
+    assert param.grad is not None  # GradientBuckets made it a view into its bucket
+    param.grad.copy_(data)
 
     def bucketed() -> None:
         grads.rearm()
         grads.finish()
 
+    def reduced() -> torch.Tensor:  # node-shared buckets: the sum in the window, not the slot
+        assert param.grad is not None
+        return param.grad
+
     # After the first call every rank holds the average, which further averages keep.
-    return Case(bucketed, lambda: grad, pattern * total / comm.size, grads.close)
+    return Case(bucketed, reduced, pattern * total / comm.size, grads.close)
 
 
 def check(case: Case, op: str, comm: Communicator) -> None:

@@ -10,6 +10,7 @@ the rest of the backward pass.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Protocol
 import torch
 
 from .communicator import MPI_TYPES, Communicator, PersistentAllreduce
+from .shm import NodeSumReducer, node_group, takes
 
 #: float16 and bfloat16 have no MPI reduction type; they are reduced in float32.
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -36,7 +38,8 @@ class FusedBuffer:
     """Tensors of one dtype and device laid end to end; ``views[i]`` aliases tensor ``i``.
 
     ``extra`` adds that many trailing elements after the views (e.g. a sample count that
-    rides along with the gradients).
+    rides along with the gradients). ``flat``: lay the views over this (zeroed) memory of
+    at least that many elements instead of a new tensor (node-shared storage).
     """
 
     def __init__(
@@ -45,6 +48,7 @@ class FusedBuffer:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         extra: int = 0,
+        flat: torch.Tensor | None = None,
     ) -> None:
         self.shapes = [torch.Size(s) for s in shapes]
         self.numels = [s.numel() for s in self.shapes]
@@ -54,7 +58,11 @@ class FusedBuffer:
             self.offsets.append(total)
             total += n
         self.numel = total
-        self.flat = torch.zeros(total + extra, dtype=dtype, device=device)
+        if flat is None:
+            flat = torch.zeros(total + extra, dtype=dtype, device=device)
+        elif flat.dtype != dtype or flat.numel() < total + extra:
+            raise ValueError(f"storage of {flat.numel()} {flat.dtype} cannot hold {total + extra} {dtype}")
+        self.flat = flat[: total + extra]
         self.views = [self.flat[o : o + n].view(s) for o, n, s in zip(self.offsets, self.numels, self.shapes)]
         self.extra = self.flat[total:]
 
@@ -120,16 +128,31 @@ def plan_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[lis
 
 
 class Bucket:
-    """One bucket of gradients: their storage, the wire buffer MPI reduces, and its request."""
+    """One bucket of gradients: their storage, the wire buffer MPI reduces, and its request.
 
-    def __init__(self, index: int, params: list[torch.nn.Parameter], extra: int) -> None:
+    ``buffer`` is where backward writes; ``result`` where the reduced gradients lie after
+    ``finish``: the same buffer, except for node-shared buckets (``node``: the
+    :class:`NodeSumReducer` giving the storage), whose sum is read in place from the window.
+    """
+
+    def __init__(
+        self, index: int, params: list[torch.nn.Parameter], extra: int, node: NodeSumReducer | None = None
+    ) -> None:
         self.index = index
         self.params = params
         dtype = params[0].dtype
-        self.buffer = FusedBuffer([p.shape for p in params], dtype, params[0].device, extra=extra)
-        wire = wire_dtype(dtype)
-        # Half-precision gradients are reduced through a float32 twin of the buffer.
-        self.wire = self.buffer.flat if wire == dtype else torch.zeros_like(self.buffer.flat, dtype=wire)
+        shapes = [p.shape for p in params]
+        if node is None:
+            self.buffer = FusedBuffer(shapes, dtype, params[0].device, extra=extra)
+            wire = wire_dtype(dtype)
+            # Half-precision gradients are reduced through a float32 twin of the buffer.
+            self.wire = self.buffer.flat if wire == dtype else torch.zeros_like(self.buffer.flat, dtype=wire)
+            self.result = self.buffer
+        else:
+            numel = sum(s.numel() for s in shapes) + extra
+            self.buffer = FusedBuffer(shapes, dtype, extra=extra, flat=node.allocate(numel, dtype))
+            self.wire = self.buffer.flat  # the node-shared kernel reads half precision as it is
+            self.result = FusedBuffer(shapes, dtype, extra=extra, flat=node.result(index))
         self.pending = len(params)
         self.launched = False
 
@@ -195,6 +218,46 @@ class SumReducer:
         self._inflight.clear()
 
 
+class SampleWeightedSum:
+    """MPI's path for ``GradientBuckets(weighted=True)``: the sample-weighted mean sum_r n_r g_r / sum_r n_r.
+
+    Each rank's gradients are the mean over its own micro-batch; the bucket is scaled by
+    this rank's sample count before its allreduce starts, and by the global count (which
+    rides with the first bucket) when it completes. A rank that contributes no samples
+    (under ``join()``) weighs nothing: the mean is over the samples present.
+    """
+
+    def __init__(self, comm: Communicator) -> None:
+        self._sum = SumReducer(comm)
+        self._local = torch.ones(())  # this rank's count, on the buckets' device (set in prepare)
+        self._global = 1.0
+
+    def prepare(self, bucket: Bucket) -> None:
+        self._sum.prepare(bucket)
+        if bucket.index == 0:
+            self._local = torch.ones((), dtype=bucket.wire.dtype, device=bucket.wire.device)
+
+    def start(self, bucket: Bucket) -> None:
+        # Called from autograd hooks: device operations only, no read back to the host
+        # (that would synchronize the stream inside backward).
+        if bucket.index == 0:  # started first; its first extra element holds this rank's count
+            self._local.copy_(bucket.wire[bucket.buffer.numel])  # a copy: the element itself is summed in flight
+        bucket.wire[: bucket.buffer.numel].mul_(self._local)
+        self._sum.start(bucket)
+
+    def progress(self) -> None:
+        self._sum.progress()
+
+    def finish(self, bucket: Bucket) -> None:
+        self._sum.finish(bucket)
+        if bucket.index == 0:  # finished first
+            self._global = bucket.wire[bucket.buffer.numel].item()
+        bucket.wire[: bucket.buffer.numel].mul_(1.0 / self._global if self._global > 0 else 0.0)
+
+    def close(self) -> None:
+        self._sum.close()
+
+
 @dataclass(frozen=True)
 class Reduction:
     """What one step's reduction covered: ``samples`` summed over the ranks, and the
@@ -227,16 +290,38 @@ class GradientBuckets:
     outside it launches them. A second backward outside ``no_sync`` before the step is
     refused (its gradients would land in buffers already being reduced).
 
-    The first bucket carries two extra elements that the sum reduces at no extra message:
-    this rank's sample count (``samples()``, read when the bucket starts) and 1 (0 when
+    Every step's reduction also sums a tally of two elements at no extra message: this
+    rank's sample count (``samples()``, read when the first bucket starts) and 1 (0 when
     this rank withholds: :meth:`withhold`), so every rank learns the global count and how
-    many ranks contributed.
+    many ranks contributed. On MPI's path they ride at the end of the first bucket.
+    ``weighted``: the result is the sample-weighted mean sum_r n_r g_r / sum_r n_r (each
+    rank's gradients the mean over its own ``samples()``; ``lb-bsp``'s uneven micro-batches):
+    each rank weighs its bucket by its count before the sum, and the sum is divided by the
+    global count once it is known.
+
+    **Node-shared buckets**: with the default sum, CPU parameters MPI takes directly and
+    more than one rank per node (:func:`.shm.node_group`; off with
+    ``Communicator(node_shm=False)`` or ``MPISOLVE_NODE_SHM=0``), each bucket lives in a
+    node-shared window (:class:`.shm.NodeSumReducer`): backward writes this rank's slot,
+    the node's ranks sum their shares as soon as all have written it (the average's
+    ``1 / ranks`` fused into the sum), nodes exchange by MPI, and the tally goes in a round
+    of its own (exact in float64 whatever the gradients' dtype). After ``finish`` each
+    ``p.grad`` is a view of the sum in the window, read in place by the node's ranks; a
+    hook points it back at this rank's slot before the next backward accumulates into it
+    (copying the sum there when the gradient was not zeroed), and :meth:`rearm` waits until
+    every local rank has stepped, so that zeroing in place cannot reach a neighbour still
+    reading the sum. Other writes to the sum must not happen: ``finish(writable=True)``
+    (``synchronize``, a GradScaler's unscale) gives each rank its own copy first, as do
+    ``shared_result=False`` (for solvers that change gradients in place, as K-FAC's
+    preconditioner does), a step some ranks withheld from (the average's divisor is
+    then the contributing ranks, not the one fused into the sum) and ``weighted`` (the
+    divisor, the global sample count, is known only with the sum).
 
     Arming and launching live here; where a bucket's storage lives and how it is
     reduced are :class:`Bucket`'s and the :class:`BucketReducer`'s.
     """
 
-    #: Extra elements of the first bucket: the sample count, the contributing ranks.
+    #: Elements of the tally: the sample count, the contributing ranks.
     TALLY = 2
 
     def __init__(
@@ -248,20 +333,35 @@ class GradientBuckets:
         reducer: BucketReducer | None = None,
         samples: Callable[[], int] | None = None,
         average: bool = False,
+        weighted: bool = False,
+        shared_result: bool = True,
     ) -> None:
         self.comm = comm
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no parameters that require gradients")
+        if weighted and (average or reducer is not None or samples is None):
+            raise ValueError("weighted buckets take samples=..., and neither average nor a reducer of their own")
         ordered = self.params[::-1]
-        self.reducer: BucketReducer = reducer if reducer is not None else SumReducer(comm)
         self.average = average
+        self.weighted = weighted
+        self.shared_result = shared_result
+        group = node_group(comm) if reducer is None else None
+        self.node: NodeSumReducer | None = None
+        if group is not None and all(takes(comm, p) for p in self.params):
+            self.node = NodeSumReducer(group, 1.0 / comm.size if average else 1.0, self.TALLY)
+            self.reducer: BucketReducer = self.node
+        elif reducer is not None:
+            self.reducer = reducer
+        else:
+            self.reducer = SampleWeightedSum(comm) if weighted else SumReducer(comm)
         self.buckets: list[Bucket] = []
         self._slot: dict[int, int] = {}  # id(param) -> its index in the two lists below
         self._bucket_of: list[Bucket] = []
         self._view_of: list[torch.Tensor] = []
         for i, members in enumerate(plan_buckets(ordered, bucket_bytes)):
-            bucket = Bucket(i, [ordered[j] for j in members], extra=self.TALLY if i == 0 else 0)
+            extra = self.TALLY if i == 0 and self.node is None else 0
+            bucket = Bucket(i, [ordered[j] for j in members], extra=extra, node=self.node)
             self.buckets.append(bucket)
             for p, view in zip(bucket.params, bucket.buffer.views):
                 self._slot[id(p)] = len(self._view_of)
@@ -269,8 +369,13 @@ class GradientBuckets:
                 self._view_of.append(view)
                 p.grad = view
             self.reducer.prepare(bucket)
-        first = self.buckets[0]
-        self._tally = first.wire[first.buffer.numel :]
+        if self.node is None:
+            first = self.buckets[0]
+            # Written into the wire buffer and summed in place: half-precision buckets travel in
+            # float32, which holds any realistic count exactly, where bfloat16 would round it past 256.
+            self._tally_in = self._tally_out = first.wire[first.buffer.numel :]
+        else:
+            self._tally_in, self._tally_out = self.node.tally.slot, self.node.tally.result
         self.samples = samples
         self._generation = 0  # this step's number: a parameter reported in it carries it
         self._reported = [-1] * len(self._view_of)
@@ -281,6 +386,12 @@ class GradientBuckets:
         #: Whether backward brought a gradient since the last step (under no_sync too).
         self.backward_ran = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
+        #: Node-shared buckets whose slot no local rank still reads (free to write).
+        self._writable = [True] * len(self.buckets)
+        #: Whether the gradients are views of the node-shared sums (else of this rank's slots).
+        self._in_window = False
+        if self.node is not None:
+            self._hooks += [p.register_hook(functools.partial(self._before_accumulate, p)) for p in self.params]
 
     @property
     def in_flight(self) -> bool:
@@ -288,12 +399,29 @@ class GradientBuckets:
         return self._next > 0 and self._reduced is None
 
     # ------------------------------------------------------------------ hooks
+    def _before_accumulate(self, param: torch.nn.Parameter, grad: torch.Tensor) -> None:
+        """Node-shared buckets: make the slot writable and ``param.grad`` its view before autograd adds into it."""
+        i = self._slot[id(param)]
+        self._claim(self._bucket_of[i])
+        view = self._view_of[i]
+        if param.grad is not None and param.grad.data_ptr() != view.data_ptr():
+            view.copy_(param.grad)  # not zeroed since the step: the sum accumulates on
+            param.grad = view
+
+    def _claim(self, bucket: Bucket) -> None:
+        """Node-shared buckets: wait until no local rank still reads ``bucket``'s slot (before writing it)."""
+        if not self._writable[bucket.index]:
+            assert self.node is not None
+            self.node.wait_writable(bucket.index)
+            self._writable[bucket.index] = True
+
     def _on_grad(self, param: torch.nn.Parameter) -> None:
         i = self._slot[id(param)]
         view = self._view_of[i]
         assert param.grad is not None  # a post-accumulate-grad hook runs once the gradient is written
         if param.grad.data_ptr() != view.data_ptr():
             # Set to None (or replaced) since: the fresh gradient comes into the bucket.
+            self._claim(self._bucket_of[i])
             view.copy_(param.grad)
             param.grad = view
         self.backward_ran = True
@@ -318,13 +446,14 @@ class GradientBuckets:
         self.reducer.progress()
 
     def _start(self, bucket: Bucket) -> None:
+        self._claim(bucket)  # a bucket backward did not touch (unused parameters); the first: the tally too
         bucket.to_wire()
         if bucket.index == 0:
-            # Written into the wire buffer: half-precision buckets travel in float32, which
-            # holds any realistic count exactly, where bfloat16 would round it past 256.
             withheld = self._withheld
-            self._tally[0] = 0 if withheld or self.samples is None else self.samples()
-            self._tally[1] = 0 if withheld else 1
+            self._tally_in[0] = 0 if withheld or self.samples is None else self.samples()
+            self._tally_in[1] = 0 if withheld else 1
+        if self.weighted and self.node is not None:  # this rank's slot weighed by its samples (MPI's path: the reducer)
+            bucket.buffer.flat.mul_(float(self._tally_in[0]))
         self.reducer.start(bucket)
         bucket.launched = True
 
@@ -359,10 +488,12 @@ class GradientBuckets:
                 "zero them before the forward pass (or after step())"
             )
         for bucket in self.buckets:
+            self._claim(bucket)
             bucket.buffer.flat.zero_()
             for p, view in zip(bucket.params, bucket.buffer.views):
                 if p.grad is None or p.grad.data_ptr() != view.data_ptr():
                     p.grad = view
+        self._in_window = False
 
     def withhold(self) -> None:
         """This rank contributes nothing to this step: zeros, no samples, not counted as a rank."""
@@ -370,17 +501,27 @@ class GradientBuckets:
             raise RuntimeError("mpisolve: a rank can withhold only from a step it has not started")
         self._withheld = True
         for bucket in self.buckets:
+            self._claim(bucket)
             bucket.buffer.flat.zero_()
             for p, view in zip(bucket.params, bucket.buffer.views):
                 p.grad = view
+        self._in_window = False
 
-    def finish(self) -> Reduction:
+    def finish(self, *, writable: bool = False) -> Reduction:
         """Start what backward did not, complete every bucket, average if asked; the step's :class:`Reduction`.
 
-        Called again before :meth:`rearm`, it returns the same reduction without reducing again.
+        Called again before :meth:`rearm`, it returns the same reduction without reducing
+        again. ``writable``: the gradients are about to be changed in place before the step
+        (clipping, a GradScaler's unscale): node-shared sums are copied into this rank's
+        own slots first (on MPI's path they are this rank's already).
         """
-        if self._reduced is not None:
-            return self._reduced
+        if self._reduced is None:
+            self._reduced = self._reduce()
+        if writable and self._in_window:
+            self._own()
+        return self._reduced
+
+    def _reduce(self) -> Reduction:
         for bucket in self.buckets[self._next :]:
             self._take_unreported(bucket)
         while self._next < len(self.buckets):
@@ -388,12 +529,40 @@ class GradientBuckets:
             self._next += 1
         for bucket in self.buckets:
             self.reducer.finish(bucket)
-        samples, ranks = (int(round(v)) for v in self._tally.tolist())
-        scale = 1.0 / ranks if self.average and ranks > 0 else None
+        samples, ranks = (int(round(v)) for v in self._tally_out.tolist())
+        if self.node is None:
+            scale = 1.0 / ranks if self.average and ranks > 0 else None
+            for bucket in self.buckets:
+                bucket.from_wire(scale)
+            return Reduction(samples, ranks)
+        self._writable = [False] * len(self.buckets)  # local ranks may still be reading this round's slots
+        if self.weighted:
+            self._own(1.0 / samples if samples > 0 else 0.0)  # sum_r n_r g_r, divided by the samples
+        elif self.average and 0 < ranks < self.comm.size:
+            self._own(self.comm.size / ranks)  # the sum was scaled by 1 / size: make it 1 / ranks
+        elif self.shared_result:
+            for bucket in self.buckets:
+                for p, view in zip(bucket.params, bucket.result.views):
+                    p.grad = view
+            self._in_window = True
+        else:
+            self._own()
+        return Reduction(samples, ranks)
+
+    def _own(self, rescale: float | None = None) -> None:
+        """Node-shared buckets: the sums copied into this rank's slots (times ``rescale``), the gradients there."""
         for bucket in self.buckets:
-            bucket.from_wire(scale)
-        self._reduced = Reduction(samples, ranks)
-        return self._reduced
+            self._claim(bucket)
+            bucket.buffer.flat.copy_(bucket.result.flat)
+            if rescale is not None:
+                bucket.buffer.flat.mul_(rescale)
+            for p, view in zip(bucket.params, bucket.buffer.views):
+                p.grad = view
+        self._in_window = False
+
+    def reduced(self) -> list[torch.Tensor]:
+        """After :meth:`finish`: each bucket's flat reduced gradients, where ``p.grad`` reads them."""
+        return [bucket.result.flat if self._in_window else bucket.buffer.flat for bucket in self.buckets]
 
     def _take_unreported(self, bucket: Bucket) -> None:
         """Gradients backward did not bring this step into the bucket: None counts as zero."""
@@ -403,16 +572,24 @@ class GradientBuckets:
             if self._reported[self._slot[id(p)]] == self._generation:
                 continue
             if p.grad is None:
+                self._claim(bucket)
                 view.zero_()
                 p.grad = view
             elif p.grad.data_ptr() != view.data_ptr():
+                self._claim(bucket)
                 view.copy_(p.grad)
                 p.grad = view
 
     def rearm(self) -> None:
-        """Expect the next step's backward: every bucket waits for all its gradients again."""
+        """Expect the next step's backward: every bucket waits for all its gradients again.
+
+        Node-shared buckets whose sums may be read in place: first wait until every local
+        rank has stepped (collective over the node).
+        """
         if self.in_flight:
             raise RuntimeError("mpisolve: buckets rearmed while their reduction is in flight")
+        if self.node is not None and self.shared_result:
+            self.node.release()
         for bucket in self.buckets:
             bucket.pending = len(bucket.params)
             bucket.launched = False
@@ -423,8 +600,15 @@ class GradientBuckets:
         self.backward_ran = False
 
     def close(self) -> None:
-        """Remove the hooks and free the reducer's MPI resources (complete a step in flight first)."""
+        """Remove the hooks and free the reducer's MPI resources (complete a step in flight first).
+
+        Gradients held in node-shared windows are copied out before the windows go.
+        """
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        if self.node is not None:
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad = p.grad.clone()
         self.reducer.close()

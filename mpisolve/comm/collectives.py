@@ -11,6 +11,7 @@ from .adasum import Adasum
 from .buckets import FusedBuffer, wire_dtype
 from .communicator import Communicator, Posting, as_communicator, mpi_buffer
 from .device import Stager
+from .shm import sum_once
 
 REDUCE_OPS = ("sum", "average", "adasum")
 
@@ -28,6 +29,8 @@ def allreduce(
     all in flight together. On a GPU, tensors of the wire dtype are fused by one kernel
     launch per 32 tensors on torch's current stream, and each buffer goes to MPI as
     ``comm.stager`` says (staged or directly, once the kernels that filled it are done).
+    Sums of CPU tensors between ranks of one node go through node-shared memory where it
+    applies (:func:`.shm.sum_once`, which keeps a window per buffer size for the next call).
     ``op="adasum"`` combines each tensor by Adasum's rule instead (see
     :mod:`mpisolve.comm.adasum` for the order over any number of ranks).
     """
@@ -50,7 +53,7 @@ def allreduce(
         fused.append((members, buf))
     if op == "adasum":
         _adasum([buf.flat for _, buf in fused], [buf.numels for _, buf in fused], comm)
-    else:
+    elif not sum_once(comm, [buf.flat for _, buf in fused], f"allreduce of {len(tensors)} tensors"):
         stagers = [comm.stager(buf.flat) for _, buf in fused]
         postings = [_start_sum(comm, stager) for stager in stagers]
         comm.wait_posted(postings, f"allreduce of {len(tensors)} tensors")

@@ -130,9 +130,11 @@ class Communicator:
     ``cuda_aware`` says whether MPI may be given CUDA device memory (default: detected,
     or ``MPISOLVE_CUDA_AWARE=0/1``; see :func:`.device.detect_cuda_aware`). ``stage_all``
     (default ``MPISOLVE_STAGE=1``, else off) stages every tensor, CPU ones too, through its
-    own host buffer: the staged path run without a GPU. Communicators split from this one
-    inherit both. ``device`` is the device this rank should compute on: GPU
-    ``local_rank % count``, or the CPU.
+    own host buffer: the staged path run without a GPU. ``node_shm``: whether sums between
+    ranks of one node may go through node-shared memory (:mod:`.shm`; default True unless
+    ``MPISOLVE_NODE_SHM=0``); False keeps every sum on MPI's own path. Communicators split
+    from this one inherit all three. ``device`` is the device this rank should compute on:
+    GPU ``local_rank % count``, or the CPU.
     """
 
     def __init__(
@@ -143,6 +145,7 @@ class Communicator:
         wait: str | None = None,
         cuda_aware: bool | None = None,
         stage_all: bool | None = None,
+        node_shm: bool | None = None,
     ) -> None:
         self.comm: MPI.Intracomm = comm if comm is not None else MPI.COMM_WORLD
         self.rank: int = self.comm.Get_rank()
@@ -152,6 +155,7 @@ class Communicator:
         self.local_size: int = self.node.Get_size()
         self.nodes: int = self.comm.allreduce(1 if self.local_rank == 0 else 0)
         self.cores: int = _available_cores()
+        self.node_shm: bool = node_shm if node_shm is not None else os.environ.get("MPISOLVE_NODE_SHM", "1") != "0"
         self.timeout_s = float(
             timeout_s if timeout_s is not None else os.environ.get("MPISOLVE_TIMEOUT", DEFAULT_TIMEOUT_S)
         )
@@ -172,6 +176,7 @@ class Communicator:
         self.device: torch.device = local_device(self.local_rank)
         self._named_splits: dict[Any, Communicator | None] = {}
         self._children: list[Communicator] = []
+        self._on_free: list[Callable[[], None]] = []
         self._blocking: BlockingCall | None = None
         #: Checks run between the polls of every wait here and on communicators split from
         #: this one; a check ends the wait by raising (a solver's: another rank reached close()).
@@ -412,6 +417,7 @@ class Communicator:
                 wait=self.wait_policy,
                 cuda_aware=self.cuda_aware,
                 stage_all=self.stage_all,
+                node_shm=self.node_shm,
             )
             child._parent = self
             self._children.append(child)
@@ -419,11 +425,19 @@ class Communicator:
             self._named_splits[name] = child
         return child
 
+    def on_free(self, release: Callable[[], None]) -> None:
+        """Have :meth:`free` call ``release`` first (collective MPI resources made on this communicator)."""
+        self._on_free.append(release)
+
     def free(self) -> None:
-        """Free what this wrapper made: the communicators split from it (theirs in turn), its node
-        split and, if it was itself split from another wrapper, its communicator. Never the world,
-        nor a communicator the user wrapped (theirs to free). Collective over the ranks of ``comm``,
-        with nothing in flight; the wrapper cannot be used afterwards."""
+        """Free what this wrapper made: what :meth:`on_free` was given, the communicators split
+        from it (theirs in turn), its node split and, if it was itself split from another
+        wrapper, its communicator. Never the world, nor a communicator the user wrapped (theirs
+        to free). Collective over the ranks of ``comm``, with nothing in flight; the wrapper
+        cannot be used afterwards."""
+        for release in reversed(self._on_free):
+            release()
+        self._on_free.clear()
         for child in list(self._children):
             child.free()
         self._children.clear()
@@ -641,6 +655,7 @@ def init(
     threads: int | None = None,
     cuda_aware: bool | None = None,
     stage_all: bool | None = None,
+    node_shm: bool | None = None,
 ) -> Communicator:
     """Initialise mpisolve on ``MPI.COMM_WORLD`` and return the world communicator.
 
@@ -648,12 +663,15 @@ def init(
     ``python -m mpi4py`` does), gives each rank its share of the node's cores for
     torch's intra-op threads unless ``OMP_NUM_THREADS`` or ``threads`` says otherwise,
     and, where CUDA is available, makes ``comm.device`` (GPU ``local_rank % count``)
-    torch's current device. Calling it again returns the same communicator.
+    torch's current device. ``node_shm=False`` keeps every sum on MPI's own path (see
+    :class:`Communicator`). Calling it again returns the same communicator.
     """
     global _WORLD
     with _INIT_LOCK:
         if _WORLD is None:
-            _WORLD = Communicator(timeout_s=timeout_s, wait=wait, cuda_aware=cuda_aware, stage_all=stage_all)
+            _WORLD = Communicator(
+                timeout_s=timeout_s, wait=wait, cuda_aware=cuda_aware, stage_all=stage_all, node_shm=node_shm
+            )
             if _WORLD.device.type == "cuda":
                 torch.cuda.set_device(_WORLD.device)
             if sys.excepthook is sys.__excepthook__:

@@ -156,7 +156,7 @@ class AdasumSolver(Solver):
         1-element allreduce), and if not, with a scaler, make this rank's non-finite too,
         so that every rank's scaler skips the step and backs off alike."""
         if self.grads is not None:
-            self.grads.finish()
+            self.grads.finish(writable=True)
         elif self._all_finite is None:
             grads = [] if self._withheld else [p.grad for p in self.params if p.grad is not None]
             self._all_finite = self.nonfinite.agreed(all_finite(grads))

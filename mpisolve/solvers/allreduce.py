@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from torch.amp import GradScaler
 
 from ..comm.buckets import GradientBuckets
 from ..options import option, require
-from .base import Solver, StepInfo, SynchronousOptions, collective_round, register
+from .base import BucketSolver, StepInfo, SynchronousOptions, collective_round, register
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,7 +22,7 @@ class AllreduceOptions(SynchronousOptions):
 
 
 @register
-class AllreduceSolver(Solver):
+class AllreduceSolver(BucketSolver):
     """Data-parallel synchronous SGD, DDP-grade.
 
     Gradients live in fused buckets (``p.grad`` are views into them); each bucket's
@@ -50,26 +49,6 @@ class AllreduceSolver(Solver):
             average=True,
         )
 
-    def zero_grad(self) -> None:
-        self.grads.zero_()
-
-    def no_sync(self) -> AbstractContextManager[None]:
-        return self.grads.no_sync()
-
-    @collective_round
-    def synchronize(self, *, scaler: GradScaler | None = None) -> None:
-        self.grads.finish()
-        self._unscale(scaler)
-
     @collective_round
     def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         return self._bucket_step(self.grads, batch_size, scaler, "averaged gradients")
-
-    def _shadow_round(self) -> bool:
-        return self._shadow_bucket_round(self.grads)
-
-    def close(self) -> None:
-        if not self.closed:
-            self._end_rounds(busy=self.grads.in_flight, drain=self.grads.finish)
-            self.grads.close()
-        super().close()

@@ -430,11 +430,11 @@ class Solver(ABC):
                 "make_solver (or make the solver before the compiled module's first call); else pass "
                 "step(batch_size=...)"
             )
-        reduction = grads.finish()
+        reduction = grads.finish(writable=scaler is not None and scaler.is_enabled())  # the scaler unscales in place
         self._unscale(scaler)
         samples = self._global_samples(reduction, batch_size)
         local = self.take_samples(batch_size)
-        applied = reduction.ranks > 0 and self._may_apply([b.buffer.flat for b in grads.buckets], what, scaler)
+        applied = reduction.ranks > 0 and self._may_apply(grads.reduced(), what, scaler)
         if applied:
             if before_update is not None:
                 before_update()
@@ -481,6 +481,46 @@ class Solver(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class BucketSolver(Solver):
+    """A solver whose gradients live in :class:`GradientBuckets` (``self.grads``, made in
+    ``setup``) and are reduced while backward runs: zeroing, accumulation, early completion,
+    uneven inputs and closing are the buckets' (``allreduce``, ``lb-bsp``, ``kfac``)."""
+
+    grads: GradientBuckets
+
+    def zero_grad(self) -> None:
+        self.grads.zero_()
+
+    def no_sync(self) -> AbstractContextManager[None]:
+        return self.grads.no_sync()
+
+    @collective_round
+    def synchronize(self, *, scaler: GradScaler | None = None) -> None:
+        self.grads.finish(writable=True)
+        self._unscale(scaler)
+
+    def _shadow_round(self) -> bool:
+        return self._shadow_bucket_round(self.grads)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._end_rounds(busy=self._in_flight(), drain=self._drain)
+            self._free()
+        super().close()
+
+    def _in_flight(self) -> bool:
+        """Whether this rank left a round's communication started and not complete."""
+        return self.grads.in_flight
+
+    def _drain(self) -> None:
+        """Complete a round some rank left in flight (``close``)."""
+        self.grads.finish()
+
+    def _free(self) -> None:
+        """Release the solver's MPI resources once every rank's rounds are complete."""
+        self.grads.close()
 
 
 # ----------------------------------------------------------------- registry

@@ -14,17 +14,15 @@ import heapq
 import math
 import statistics
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch.amp import GradScaler
 
-from ..comm.buckets import Bucket, GradientBuckets, SumReducer
+from ..comm.buckets import GradientBuckets
 from ..comm.communicator import Communicator
 from ..options import OptionError, option, require
-from .base import Solver, StepInfo, SynchronousOptions, collective_round, register
+from .base import BucketSolver, StepInfo, SynchronousOptions, collective_round, register
 
 
 def parse_speeds(text: str) -> tuple[float, ...]:
@@ -96,48 +94,8 @@ class LBBSPOptions(SynchronousOptions):
         require(self.bucket_mb > 0, f"bucket_mb must be > 0, got {self.bucket_mb}")
 
 
-class SampleWeightedSum:
-    """A bucket reducer giving the sample-weighted mean: sum_r n_r g_r / sum_r n_r.
-
-    Each rank's gradients are the mean over its own micro-batch; the bucket is scaled by
-    this rank's sample count before its allreduce starts, and by the global count (which
-    rides with the first bucket) when it completes. A rank that contributes no samples
-    (under ``join()``) weighs nothing: the mean is over the samples present.
-    """
-
-    def __init__(self, comm: Communicator) -> None:
-        self._sum = SumReducer(comm)
-        self._local = torch.ones(())  # this rank's count, on the buckets' device (set in prepare)
-        self._global = 1.0
-
-    def prepare(self, bucket: Bucket) -> None:
-        self._sum.prepare(bucket)
-        if bucket.index == 0:
-            self._local = torch.ones((), dtype=bucket.wire.dtype, device=bucket.wire.device)
-
-    def start(self, bucket: Bucket) -> None:
-        # Called from autograd hooks: device operations only, no read back to the host
-        # (that would synchronize the stream inside backward).
-        if bucket.index == 0:  # started first; its first extra element holds this rank's count
-            self._local.copy_(bucket.wire[bucket.buffer.numel])  # a copy: the element itself is summed in flight
-        bucket.wire[: bucket.buffer.numel].mul_(self._local)
-        self._sum.start(bucket)
-
-    def progress(self) -> None:
-        self._sum.progress()
-
-    def finish(self, bucket: Bucket) -> None:
-        self._sum.finish(bucket)
-        if bucket.index == 0:  # finished first
-            self._global = bucket.wire[bucket.buffer.numel].item()
-        bucket.wire[: bucket.buffer.numel].mul_(1.0 / self._global if self._global > 0 else 0.0)
-
-    def close(self) -> None:
-        self._sum.close()
-
-
 @register
-class LBBSP(Solver):
+class LBBSP(BucketSolver):
     """Synchronous SGD with static speed-proportional micro-batches and sample-weighted averaging."""
 
     name = "lb-bsp"
@@ -154,8 +112,8 @@ class LBBSP(Solver):
             self.params,
             self.comm,
             bucket_bytes=int(self.options.bucket_mb * 1e6),
-            reducer=SampleWeightedSum(self.comm),
             samples=self.samples_seen,
+            weighted=True,
         )
         #: Every rank's speed (samples/s, or as given) and micro-batch size, once decided.
         self.speeds: tuple[float, ...] | None = None
@@ -172,17 +130,6 @@ class LBBSP(Solver):
             self.batch_sizes = proportional_batches(self.speeds, configured * self.comm.size)
         return self.batch_sizes[self.comm.rank]
 
-    def zero_grad(self) -> None:
-        self.grads.zero_()
-
-    def no_sync(self) -> AbstractContextManager[None]:
-        return self.grads.no_sync()
-
-    @collective_round
-    def synchronize(self, *, scaler: GradScaler | None = None) -> None:
-        self.grads.finish()
-        self._unscale(scaler)
-
     @collective_round
     def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         """Complete the weighted reduction and step. The sample counts are the forward passes'."""
@@ -193,9 +140,6 @@ class LBBSP(Solver):
             )
         return self._bucket_step(self.grads, None, scaler, "weighted gradients")
 
-    def _shadow_round(self) -> bool:
-        return self._shadow_bucket_round(self.grads)
-
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "speeds": self.speeds, "batch_sizes": self.batch_sizes}
 
@@ -204,9 +148,3 @@ class LBBSP(Solver):
         super().load_state_dict(state)
         self.speeds = None if state["speeds"] is None else tuple(state["speeds"])
         self.batch_sizes = None if state["batch_sizes"] is None else list(state["batch_sizes"])
-
-    def close(self) -> None:
-        if not self.closed:
-            self._end_rounds(busy=self.grads.in_flight, drain=self.grads.finish)
-            self.grads.close()
-        super().close()

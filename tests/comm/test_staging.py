@@ -4,7 +4,9 @@ Without a GPU, a communicator that stages every tensor (``stage_all``, CPU ones 
 runs every MPI operation through host twins, on every communicator split from it; its
 results must equal the direct path's bit for bit (the same operations in the same order
 on the same values). The tests marked ``gpu`` do the same with CUDA tensors, staged and
-(where the MPI library is CUDA-aware) direct, against CPU results.
+(where the MPI library is CUDA-aware) direct, against CPU results. The direct path is
+MPI's own (``node_shm=False``): node-shared sums take only tensors MPI is given directly,
+so a staged communicator never uses them, and they add in their own order.
 """
 
 import pytest
@@ -26,7 +28,7 @@ def _rank_data(comm, *shape, dtype=torch.float32, device="cpu", rank=None):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
 def test_staged_allreduce_and_bcast_equal_direct():
-    direct, staged = Communicator(), Communicator(stage_all=True)
+    direct, staged = Communicator(node_shm=False), Communicator(stage_all=True)
     for dtype in (torch.float32, torch.float64):
         a, b = _rank_data(direct, 5, 3, dtype=dtype), _rank_data(direct, 5, 3, dtype=dtype)
         direct.allreduce_(a)
@@ -59,7 +61,7 @@ def test_staged_persistent_allreduce_reuses_its_host_buffer():
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
 def test_staged_functional_allreduce_equals_direct():
-    direct, staged = Communicator(), Communicator(stage_all=True)
+    direct, staged = Communicator(node_shm=False), Communicator(stage_all=True)
     tensors = [_rank_data(direct, 4, 4), _rank_data(direct, 1), _rank_data(direct, 3, dtype=torch.float16)]
     expected = allreduce(tensors, op="average", comm=direct)
     got = allreduce(tensors, op="average", comm=staged)
@@ -81,7 +83,7 @@ def _model_grads(comm, device="cpu", dtype=torch.float32):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
 def test_staged_gradient_buckets_equal_direct():
-    direct_grads, direct_samples, buckets = _model_grads(Communicator())
+    direct_grads, direct_samples, buckets = _model_grads(Communicator(node_shm=False))
     staged_grads, staged_samples, _ = _model_grads(Communicator(stage_all=True))
     assert buckets > 1
     assert direct_samples == staged_samples == sum(4 + r for r in range(Communicator().size))
@@ -130,7 +132,7 @@ def test_staged_adasum_equals_direct():
     # The issue's finding: Adasum's messages bypassed the stager and its statistics'
     # allreduce was completed without copying the staged sums back, so forcing staging
     # changed the 2-rank result by about 0.1. Every message now goes through a stager.
-    direct, staged = Communicator(), Communicator(stage_all=True)
+    direct, staged = Communicator(node_shm=False), Communicator(stage_all=True)
     tensors = [_rank_data(direct, *shape) for shape in [(3, 4), (7,), (257,), (10, 10)]]
     tensors.append(_rank_data(direct, 5, dtype=torch.float64))
     expected = allreduce(tensors, op="adasum", comm=direct)
@@ -220,7 +222,7 @@ def _cuda_paths():
 def test_cuda_tensors_reduce_like_cpu_ones(aware):
     if aware not in _cuda_paths():
         pytest.skip("the MPI library is not CUDA-aware")
-    cpu, gpu = Communicator(), Communicator(cuda_aware=aware)
+    cpu, gpu = Communicator(node_shm=False), Communicator(cuda_aware=aware)
     assert gpu.needs_staging(torch.zeros(1, device="cuda")) is not aware
     a = _rank_data(cpu, 1000)
     b = a.cuda() * 1  # produced by a kernel on the current stream just before MPI

@@ -1,14 +1,38 @@
 """The conformance suite's communicator: one per test module, with a short watchdog, so that
-an idiom that would hang fails the test (CommTimeout) instead."""
+an idiom that would hang fails the test (CommTimeout) instead.
+
+The bucket solvers whose sums are node-shared where ranks share a node (``allreduce``,
+``kfac``; :mod:`mpisolve.comm.shm`) run on it here, as they do by default: at 2 ranks and
+on the emulated 2-node cluster (``make test-cluster``) every node-shared sum takes the
+bandwidth path (the sum read in place from the window, the path whose results the node's
+ranks share), at other sizes the path these tiny models take by default (the latency
+path, each rank's own result).
+"""
 
 from __future__ import annotations
 
-import pytest
+import os
+from collections.abc import Iterator
 
+import pytest
+from mpi4py import MPI
+
+from mpisolve.comm import shm
 from mpisolve.comm.communicator import Communicator
 
 #: Seconds before a wait in these tests gives up (every idiom here completes in well under one).
 TIMEOUT_S = 60.0
+
+#: Whether node-shared sums of any size take the bandwidth path in this run.
+BANDWIDTH_PATH = MPI.COMM_WORLD.Get_size() == 2 or os.environ.get("MPISOLVE_EMULATED_CLUSTER") == "1"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def node_shared_path() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        if BANDWIDTH_PATH:
+            patch.setattr(shm, "LATENCY_MAX_BYTES", 0)
+        yield
 
 
 @pytest.fixture(scope="module")

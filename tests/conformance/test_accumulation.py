@@ -53,6 +53,7 @@ def accumulate(use_no_sync: bool):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
 @pytest.mark.ranks(2, 3)
 @pytest.mark.parametrize("case", cases(), ids=lambda c: c.id)
 def test_no_sync_accumulation_equals_one_step_on_the_concatenated_batch(comm, case):

@@ -55,6 +55,7 @@ def clip_step(solver, model, optimizer, k):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
 @pytest.mark.ranks(2, 3)
 @pytest.mark.parametrize("case", cases(), ids=lambda c: c.id)
 def test_clipping_after_synchronize(comm, case):
@@ -133,6 +134,7 @@ def amp_step(inf_at: tuple[int, int] | None, applied: list[bool]):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
 @pytest.mark.ranks(2, 3)
 @pytest.mark.parametrize("case", cases(), ids=lambda c: c.id)
 def test_grad_scaler_with_autocast(comm, case):

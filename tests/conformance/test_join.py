@@ -41,6 +41,7 @@ def batches(rank: int) -> int:
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
 @pytest.mark.ranks(2, 3)
 @pytest.mark.parametrize("case", cases(), ids=lambda c: c.id)
 def test_join_lets_every_rank_finish_and_counts_the_samples_present(comm, case):

@@ -35,6 +35,7 @@ STEPS = len(ORDER)
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
 @pytest.mark.ranks(2, 3)
 @pytest.mark.parametrize("case", cases(), ids=lambda c: c.id)
 def test_any_zeroing_gives_the_documented_update(comm, case):

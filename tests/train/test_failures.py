@@ -32,7 +32,14 @@ import mpisolve
 from mpisolve.train.checkpoint import CheckpointDir
 
 BIN = Path(sys.executable).parent
-RANKS = 2
+#: ``MPISOLVE_TEST_HOSTS=nodeA:2,nodeB:2``: the jobs run on the emulated cluster (tests/cluster/fake-ssh).
+HOSTS = os.environ.get("MPISOLVE_TEST_HOSTS")
+RANKS = sum(int(h.split(":")[1]) for h in HOSTS.split(",")) if HOSTS else 2
+LAUNCH = (
+    ["-launcher", "ssh", "-launcher-exec", str(Path(__file__).parents[1] / "cluster" / "fake-ssh"), "-hosts", HOSTS]
+    if HOSTS
+    else []
+)
 FAILING_RANK = 1
 #: The job must end within this many seconds of the failure (the issue's bound).
 END_WITHIN_S = 30
@@ -73,7 +80,19 @@ def describe(pid: int) -> str:
 
 
 def train_command(*args: str) -> list[str]:
-    return [str(BIN / "mpiexec"), "-n", str(RANKS), sys.executable, "-m", "mpi4py", "-m", "mpisolve", "train", *args]
+    return [
+        str(BIN / "mpiexec"),
+        *LAUNCH,
+        "-n",
+        str(RANKS),
+        sys.executable,
+        "-m",
+        "mpi4py",
+        "-m",
+        "mpisolve",
+        "train",
+        *args,
+    ]
 
 
 def run_failing_job(fault: str, *args: str) -> tuple[int, str, float]:

@@ -19,6 +19,7 @@ import torch
 
 from ...comm.buckets import FusedBuffer
 from ...comm.communicator import Communicator, PersistentAllreduce
+from ...comm.shm import NodePersistentAllreduce, persistent_sum
 from ...kernels.triangle import pack_triu, triangle_numel
 
 
@@ -67,12 +68,14 @@ class FactorExchange:
                 self._slot[f] = buffer.views[i]
                 self._count[f] = buffer.extra[i]
                 self._group_of[f] = g
-        self.requests: list[PersistentAllreduce] = [comm.persistent_allreduce(b.flat, "sum") for b in self.buffers]
+        self.requests: list[PersistentAllreduce | NodePersistentAllreduce] = [
+            persistent_sum(comm, b.flat) for b in self.buffers
+        ]
         self.captured = [False] * len(dims)
         self._pending = [len(g) for g in self.groups]
         self._next = 0
         self._finished = False
-        self._inflight: list[PersistentAllreduce] = []
+        self._inflight: list[PersistentAllreduce | NodePersistentAllreduce] = []
 
     @property
     def in_flight(self) -> bool:

@@ -28,6 +28,13 @@ from torch.nn import functional as F
 
 from ...options import OptionError
 
+#: Most block rows a symmetric product is split into when only its upper triangle is
+#: needed: k block rows do (k + 1) / 2k of the full product's work (5/8 at 4), and more
+#: blocks mean smaller, less efficient products (docs/studies/kfac-kaisa.md).
+UPPER_BLOCKS = 4
+#: Fewest rows in a block row: a smaller factor is one full product.
+MIN_BLOCK_ROWS = 128
+
 
 @dataclass
 class LayerSpec:
@@ -91,16 +98,34 @@ def conv_patches(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return F.unfold(x, module.kernel_size, dilation=module.dilation, padding=padding, stride=module.stride)
 
 
+def gram_(rows: torch.Tensor, out: torch.Tensor, alpha: float, upper_only: bool) -> None:
+    """``out <- alpha rows^T rows``; with ``upper_only`` only its upper triangle (diagonal
+    included) is sure to be written: the product is made in block rows from the diagonal
+    right, which skips most of the work below it (the rest of ``out`` is left unspecified)."""
+    n = out.shape[0]
+    blocks = min(UPPER_BLOCKS, n // MIN_BLOCK_ROWS) if upper_only else 1
+    if blocks <= 1:
+        torch.addmm(out, rows.T, rows, beta=0, alpha=alpha, out=out)
+        return
+    edges = [n * i // blocks for i in range(blocks + 1)]
+    for start, end in zip(edges, edges[1:]):
+        block = out[start:end, start:]
+        torch.addmm(block, rows[:, start:end].T, rows[:, start:], beta=0, alpha=alpha, out=block)
+
+
 class FactorComputer:
     """Computes one layer's A and G into tensors the caller gives, reusing its row buffers.
 
     The rows (one per example and position) are laid out in buffers kept between calls
     (reallocated only when the batch shape changes), in the factors' dtype; with a bias
     the trailing 1 is a column of the A rows, so each factor is one matrix product.
+    ``upper_only``: the factors' upper triangles are all the caller reads (they travel
+    packed), so only they are computed (:func:`gram_`).
     """
 
-    def __init__(self, spec: LayerSpec) -> None:
+    def __init__(self, spec: LayerSpec, *, upper_only: bool = False) -> None:
         self.spec = spec
+        self.upper_only = upper_only
         self._buffers: dict[str, torch.Tensor] = {}
 
     def _rows(self, key: str, count: int, width: int, like: torch.Tensor) -> torch.Tensor:
@@ -114,7 +139,7 @@ class FactorComputer:
 
     @torch.no_grad()
     def compute_a(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        """``out <- A`` from the layer's input ``x``."""
+        """``out <- A`` (its upper triangle with ``upper_only``) from the layer's input ``x``."""
         spec, x = self.spec, x.detach()
         batch = x.shape[0]
         features = spec.a_dim - int(spec.has_bias)
@@ -129,11 +154,12 @@ class FactorComputer:
             rows[:, :features].copy_(flat)
         else:
             rows = x.reshape(-1, features)
-        torch.addmm(out, rows.T, rows, beta=0, alpha=1.0 / batch, out=out)
+        gram_(rows, out, 1.0 / batch, self.upper_only)
 
     @torch.no_grad()
     def compute_g(self, grad_output: torch.Tensor, out: torch.Tensor) -> None:
-        """``out <- G`` from the gradient of the loss with respect to the layer's output."""
+        """``out <- G`` (its upper triangle with ``upper_only``) from the gradient of the loss with respect to
+        the layer's output."""
         g = grad_output.detach()
         batch, outputs = g.shape[0], self.spec.g_dim
         if isinstance(self.spec.module, nn.Conv2d):
@@ -147,4 +173,4 @@ class FactorComputer:
             rows = g.reshape(-1, outputs)
         positions = rows.shape[0] // batch
         # g_ns = N dL/dy_ns, so G = 1/(N S) sum (N dL/dy)(N dL/dy)^T = N/S sum dL/dy dL/dy^T.
-        torch.addmm(out, rows.T, rows, beta=0, alpha=batch / positions, out=out)
+        gram_(rows, out, batch / positions, self.upper_only)

@@ -154,7 +154,7 @@ class KFACLayer:
     def __init__(self, spec: LayerSpec, method: str, dtype: torch.dtype, device: torch.device, packed: bool) -> None:
         self.spec = spec
         self.method = method
-        self.computer = FactorComputer(spec)
+        self.computer = FactorComputer(spec, upper_only=packed)  # packed factors travel as upper triangles
         self.a = Factor(f"{spec.name}.A", spec.a_dim, method, dtype, device, packed)
         self.g = Factor(f"{spec.name}.G", spec.g_dim, method, dtype, device, packed)
         shape = (spec.g_dim, spec.a_dim)

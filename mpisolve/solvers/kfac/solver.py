@@ -41,7 +41,7 @@ from ...comm.communicator import Communicator
 from ...kernels.inverse import FAILED, RECOVERED, eigh_psd_, inverse_spd_
 from ...kernels.triangle import triangle_numel, unpack_triu_
 from ...options import OptionError, option, require
-from ..base import Solver, StepInfo, SynchronousOptions, collective_round, register
+from ..base import BucketSolver, StepInfo, SynchronousOptions, collective_round, register
 from . import placement
 from .exchange import FactorExchange
 from .factors import find_layers
@@ -182,7 +182,7 @@ def gradient_workers(fraction: float, ranks: int) -> int:
 
 
 @register
-class KFACSolver(Solver):
+class KFACSolver(BucketSolver):
     """Distributed K-FAC (Martens and Grosse; KFC for convolutions) with the D-, MPD- and SPD-KFAC schemes."""
 
     name = "kfac"
@@ -205,8 +205,14 @@ class KFACSolver(Solver):
         #: Gradient-worker groups (see placement): this rank's group and row.
         self.groups = placement.worker_groups(ranks, gradient_workers(o.grad_worker_fraction, ranks))
         self.group = rank % len(self.groups)
+        # The preconditioner rewrites the gradients in place: node-shared sums are copied out.
         self.grads = GradientBuckets(
-            self.params, self.comm, bucket_bytes=int(o.bucket_mb * 1e6), samples=self.samples_seen, average=True
+            self.params,
+            self.comm,
+            bucket_bytes=int(o.bucket_mb * 1e6),
+            samples=self.samples_seen,
+            average=True,
+            shared_result=False,
         )
         # Factor traffic has its own communicator: its collectives, started from forward and
         # backward hooks, never have to be ordered against the gradient buckets'.
@@ -448,21 +454,12 @@ class KFACSolver(Solver):
             self._ready_at[f] = now - self._stream_start.setdefault(stream, now)
 
     # ----------------------------------------------------------------- step
-    def zero_grad(self) -> None:
-        self.grads.zero_()
-
     def no_sync(self) -> AbstractContextManager[None]:
         """Refused: K-FAC's factors come from one forward and backward per step."""
         raise RuntimeError(
             "mpisolve kfac: no_sync() (gradient accumulation) is not supported: the Kronecker factors are "
             "computed from a single forward and backward pass per step. Use one larger batch per step"
         )
-
-    @collective_round
-    def synchronize(self, *, scaler: GradScaler | None = None) -> None:
-        """Complete the gradients' average now (before preconditioning, which ``step`` does)."""
-        self.grads.finish()
-        self._unscale(scaler)
 
     @collective_round
     def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
@@ -512,9 +509,6 @@ class KFACSolver(Solver):
             self.exchange.rearm()
         self._capturing = self.steps % o.factor_update_steps == 0
         return info
-
-    def _shadow_round(self) -> bool:
-        return self._shadow_bucket_round(self.grads)
 
     def _drain(self) -> None:
         """Complete a round some rank left in flight (close): the factors' messages, the gradients',
@@ -691,14 +685,16 @@ class KFACSolver(Solver):
         self.exchange.rearm()
 
     def close(self) -> None:
-        if not self.closed:
-            for hook in self._hooks:
-                hook.remove()
-            busy = self.grads.in_flight or self.exchange.in_flight or self.inverter.in_flight
-            self._end_rounds(busy=busy, drain=self._drain)
-            self.grads.close()
-            self.exchange.close()
-            self.inverter.close()
-            self.sharing.close()
-            self._statuses.free()
+        for hook in self._hooks:
+            hook.remove()
         super().close()
+
+    def _in_flight(self) -> bool:
+        return self.grads.in_flight or self.exchange.in_flight or self.inverter.in_flight
+
+    def _free(self) -> None:
+        super()._free()
+        self.exchange.close()
+        self.inverter.close()
+        self.sharing.close()
+        self._statuses.free()

@@ -102,3 +102,42 @@ def test_find_layers_skips_by_name_class_and_type_and_leaves_grouped_convs():
         find_layers(model, skip=("3", "fc", nn.Embedding))
     specs = {s.name: s for s in find_layers(model)}
     assert (specs["0"].a_dim, specs["0"].g_dim, specs["3.1"].a_dim) == (3 * 9 + 1, 4, 4)
+
+
+@pytest.mark.parametrize(
+    "layer, x",
+    [
+        (nn.Conv2d(64, 130, 3, padding=1), torch.randn(2, 64, 5, 5)),  # A 577 (4 block rows, uneven), G 130 (1)
+        (nn.Linear(300, 260, bias=False), torch.randn(7, 300)),  # A 300 (2 block rows), G 260 (2)
+    ],
+    ids=["conv", "linear"],
+)
+def test_upper_only_factors_are_the_upper_triangles_of_the_full_products(layer, x):
+    """Packed factors are computed in block rows right of the diagonal: the upper triangle
+    matches a dense reference, and below it nothing is written (the saved work)."""
+    torch.manual_seed(4)
+    layer, x = layer.double(), x.double()
+    spec = find_layers(nn.Sequential(layer))[0]
+    computer = FactorComputer(spec, upper_only=True)
+    a = torch.full((spec.a_dim, spec.a_dim), float("nan"), dtype=torch.float64)
+    g = torch.full((spec.g_dim, spec.g_dim), float("nan"), dtype=torch.float64)
+    y = layer(x)
+    computer.compute_a(x, a)
+    y.register_hook(lambda grad: computer.compute_g(grad, g))
+    y.retain_grad()
+    (y**2).mean().backward()
+    n = x.shape[0]
+    if isinstance(layer, nn.Conv2d):
+        patches = F.unfold(x, 3, padding=1)
+        abar = torch.cat([patches, torch.ones(n, 1, patches.shape[2], dtype=torch.float64)], dim=1)
+        a_ref = torch.einsum("nis,njs->ij", abar, abar) / n
+        per_example = n * y.grad.flatten(2)
+        g_ref = torch.einsum("nis,njs->ij", per_example, per_example) / (n * per_example.shape[2])
+    else:
+        a_ref = x.T @ x / n
+        g_ref = (n * y.grad).T @ (n * y.grad) / n
+    for got, ref in ((a, a_ref), (g, g_ref)):
+        upper = torch.ones_like(ref, dtype=torch.bool).triu()
+        torch.testing.assert_close(got[upper], ref[upper])
+        if ref.shape[0] >= 2 * 128:  # split into block rows: the far lower-left block is never computed
+            assert got[-1, 0].isnan()

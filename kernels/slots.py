@@ -1,0 +1,145 @@
+"""Summing the node's gradient slots: ``out[j] = scale * sum_r slots[r, j]`` over one range of ``j``.
+
+The node-shared buckets (:mod:`mpisolve.comm.shm`) keep every local rank's copy of a
+bucket in one row of a node-shared matrix; each rank sums the rows over its own share of
+the columns, so the node's ranks reduce in parallel. The CPU kernel is one Numba loop
+nest, single-threaded (the node's ranks are the parallelism), with no temporaries: it
+works through the share in blocks that stay in L1, copying row 0 into ``out`` and adding
+each further row into it, so every inner loop is a contiguous, vectorisable stream.
+
+Accumulation order, the same for every element and on every rank and node:
+``((slots[0] + slots[1]) + slots[2]) + ...`` in the output's dtype, then one multiply by
+``scale`` (skipped when it is 1). float32 and float64 rows sum in their own dtype;
+float16 and bfloat16 rows (passed as their raw 16-bit patterns) are widened exactly to
+float32 and summed in float32, the caller rounding the float32 result to half once.
+There is no GPU twin: node-shared windows hold host memory only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from llvmlite import ir  # type: ignore[import-untyped]
+from numba import njit, types
+from numba.extending import intrinsic
+
+from .dispatch import BenchCase
+
+#: Elements per block: one block of the output (float32: 8 KB) stays in L1 while every row is added into it.
+BLOCK = 2048
+
+#: 2**112: rescales a float16 pattern shifted into float32's fields to its value (normals and subnormals alike).
+_HALF_RESCALE = np.float32(2.0**112)
+
+
+def _float32_from_bits_typing(typingctx: Any, bits: Any) -> Any:  # noqa: ARG001 (Numba intrinsic signature)
+    """Reinterpret a uint32 bit pattern as a float32 (no conversion)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:  # noqa: ARG001
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.uint32), codegen
+
+
+_float32_from_bits: Any = intrinsic(_float32_from_bits_typing)
+
+
+@njit(inline="always")
+def _widen_float16(h: np.uint16) -> np.float32:
+    """The float32 equal to the float16 with bit pattern ``h`` (exact, signs, zeros, subnormals, inf, NaN)."""
+    magnitude = np.uint32(h & 0x7FFF)
+    value = _float32_from_bits(np.uint32(magnitude << 13)) * _HALF_RESCALE
+    if (h & 0x7C00) == 0x7C00:  # inf or NaN: all exponent bits, mantissa kept
+        value = _float32_from_bits(np.uint32(((magnitude & 0x3FF) << 13) | 0x7F800000))
+    return -value if h & 0x8000 else value
+
+
+@njit(inline="always")
+def _widen_bfloat16(h: np.uint16) -> np.float32:
+    """The float32 equal to the bfloat16 with bit pattern ``h`` (its upper half)."""
+    return _float32_from_bits(np.uint32(np.uint32(h) << 16))
+
+
+@njit(nogil=True, cache=True)
+def _sum_float(slots: np.ndarray, start: int, stop: int, out: np.ndarray, scale: float) -> None:
+    rows = slots.shape[0]
+    factor = out.dtype.type(scale)
+    for block in range(start, stop, BLOCK):
+        end = min(block + BLOCK, stop)
+        # 1-D views of one block: contiguous loops LLVM vectorises (2-D indexing it does not).
+        acc = out[block:end]
+        first = slots[0, block:end]
+        for j in range(acc.shape[0]):
+            acc[j] = first[j]
+        for r in range(1, rows):
+            row = slots[r, block:end]
+            for j in range(acc.shape[0]):
+                acc[j] += row[j]
+        if scale != 1.0:
+            for j in range(acc.shape[0]):
+                acc[j] *= factor
+
+
+@njit(nogil=True, cache=True)
+def _sum_half(slots: np.ndarray, start: int, stop: int, out: np.ndarray, scale: float, brain: bool) -> None:
+    rows = slots.shape[0]
+    factor = np.float32(scale)
+    for block in range(start, stop, BLOCK):
+        end = min(block + BLOCK, stop)
+        acc = out[block:end]
+        for r in range(rows):
+            row = slots[r, block:end]
+            for j in range(acc.shape[0]):
+                value = _widen_bfloat16(row[j]) if brain else _widen_float16(row[j])
+                if r == 0:
+                    acc[j] = value
+                else:
+                    acc[j] += value
+        if scale != 1.0:
+            for j in range(acc.shape[0]):
+                acc[j] *= factor
+
+
+def host_rows(slots: torch.Tensor) -> np.ndarray:
+    """The numpy view :func:`sum_slots` takes of a 2-D CPU tensor of slots (half as raw uint16)."""
+    if slots.dtype in (torch.float16, torch.bfloat16):
+        return slots.detach().view(torch.int16).numpy().view(np.uint16)
+    return slots.detach().numpy()
+
+
+def sum_slots(
+    rows: np.ndarray, start: int, stop: int, out: np.ndarray, scale: float = 1.0, *, brain: bool = False
+) -> None:
+    """``out[start:stop] = scale * sum over r of rows[r, start:stop]``, in the order the module states.
+
+    ``rows``: a C-contiguous (ranks, m) array from :func:`host_rows` (float32, float64, or
+    uint16 patterns of float16 / bfloat16 when ``brain``); ``out``: float32 for half rows,
+    else the rows' dtype. Arrays are taken prepared (built once per buffer), so a call
+    allocates nothing.
+    """
+    if not 0 <= start <= stop <= min(rows.shape[1], out.shape[0]):
+        raise ValueError(f"range {start}:{stop} is outside rows of {rows.shape[1]} / out of {out.shape[0]} elements")
+    if rows.dtype == np.uint16:
+        if out.dtype != np.float32:
+            raise TypeError(f"half rows sum into float32, got out of {out.dtype}")
+        _sum_half(rows, start, stop, out, scale, brain)
+    else:
+        if out.dtype != rows.dtype:
+            raise TypeError(f"rows of {rows.dtype} sum into {rows.dtype}, got out of {out.dtype}")
+        _sum_float(rows, start, stop, out, scale)
+
+
+def bench_cases(numel: int) -> list[BenchCase]:
+    """Four ranks' float32 slots summed by the kernel against torch's ``sum(dim=0, out=...)``."""
+    slots = torch.randn(4, numel)
+    out = torch.empty(numel)
+    rows, host_out = host_rows(slots), out.numpy()
+    return [
+        BenchCase(
+            "sum 4 slots",
+            kernel=lambda: sum_slots(rows, 0, numel, host_out),
+            reference=lambda: torch.sum(slots, dim=0, out=out),
+        )
+    ]

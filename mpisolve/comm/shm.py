@@ -1,0 +1,508 @@
+"""Node-aware allreduce: ranks that share memory sum in a node-shared window, nodes talk by MPI.
+
+A :class:`NodeGroup` is a communicator's view of its node: the node's ranks
+(``MPI_COMM_TYPE_SHARED``) and, when there are several nodes, the ranks that have the
+same local rank on every node (the "cross" communicator: local rank ``i`` of every node
+talks to the others' local rank ``i``, so every rank's network link carries a slice).
+
+A :class:`NodeAllreduce` is one persistent sum of ``numel`` elements. Its memory is one
+``MPI_Win_allocate_shared`` window holding, for each local rank, a *slot* (the rank's
+input: a bucket's gradients are written there by backward itself), the *flags*, and on the
+bandwidth path the *result*. A round:
+
+1. ``start``: this rank's slot is final: it bumps its ``arrived`` counter.
+2. Once every local rank has arrived (their counters, no barrier), either
+   - **bandwidth path**: this rank sums the slots over its own share of the elements into
+     the node-shared result (:func:`mpisolve.kernels.slots.sum_slots`), allreduces that
+     share over the cross communicator when there are several nodes, and bumps its
+     ``done`` counter; the round is complete when every local rank is done, and the whole
+     result is read in place by every local rank; or
+   - **latency path** (at most :data:`LATENCY_MAX_BYTES`): this rank sums every slot over
+     the whole range into its own private result, bumps ``done`` (it has finished reading
+     the slots) and, with several nodes, allreduces its result over the cross
+     communicator. One flag-synchronised pass, no wait for the others to finish.
+3. A slot may be written again (the next backward, the next copy in) once every local rank
+   is done with this round: :meth:`NodeAllreduce.wait_writable`, immediate on the
+   bandwidth path, where completion already implies it.
+
+Counters are int64 in their own cache lines; a counter is bumped after ``MPI_Win_sync``
+(the data written before it is visible first) and read before one (the data read after it
+is the data written before it): MPI's unified-model rule for load/store on a shared window,
+a memory barrier on the CPU. Every wait goes through :meth:`Communicator.wait_for`, with
+its watchdog. Inter-node collectives are posted in the order rounds were started
+(:meth:`NodeGroup.post_ready`), so every rank posts them in the same order.
+
+The node-aware path applies to CPU floating-point buffers that MPI takes directly (not
+staged: ``MPISOLVE_STAGE=1`` emulates a GPU's path) on a communicator with more than one
+rank per node and the same number on every node; it is off with ``MPISOLVE_NODE_SHM=0`` or
+``Communicator(node_shm=False)``. Otherwise callers use the plain MPI path
+(:func:`persistent_sum` makes that choice).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
+import torch
+from mpi4py import MPI
+
+from ..kernels.slots import host_rows, sum_slots
+from .communicator import Communicator, PersistentAllreduce, mpi_buffer
+from .windows import shard_bounds
+
+if TYPE_CHECKING:
+    from .buckets import Bucket
+
+#: Buffers of at most this many bytes take the latency path (docs/studies/node-aware.md).
+LATENCY_MAX_BYTES = 64 * 1024
+
+#: Element types a node-shared sum takes; half precision is summed in float32.
+NODE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+_CACHE_LINE = 64
+_FLAG_STRIDE = _CACHE_LINE // 8  # int64 counters, one per cache line
+
+_GROUPS: weakref.WeakKeyDictionary[Communicator, NodeGroup | None] = weakref.WeakKeyDictionary()
+
+
+def _padded(nbytes: int) -> int:
+    return -(-nbytes // _CACHE_LINE) * _CACHE_LINE
+
+
+def _shared_window(group: NodeGroup, total: int, zeroed: int, what: str) -> tuple[MPI.Win, torch.Tensor]:
+    """A node-shared window of ``total`` bytes (collective over the node), its first ``zeroed``
+    bytes zeroed before any rank reads them, locked for load/store access; and its bytes."""
+    comm = group.comm
+    comm.flush(what)  # no rank may block here while another waits for an operation it has not posted
+    with comm.blocking("MPI_Win_allocate_shared"):
+        win = MPI.Win.Allocate_shared(total if group.local_rank == 0 else 0, 1, comm=group.node)
+    memory = torch.frombuffer(MPI.buffer.fromaddress(win.Shared_query(0)[0].address, total), dtype=torch.uint8)
+    if group.local_rank == 0:
+        memory[:zeroed].zero_()
+    comm.wait(group.node.Ibarrier(), f"{what} setup")
+    with comm.blocking("MPI_Win_lock_all"):
+        win.Lock_all(MPI.MODE_NOCHECK)
+    return win, memory
+
+
+def _free_window(comm: Communicator, win: MPI.Win) -> None:
+    """Release a window of :func:`_shared_window` (collective over the node)."""
+    if win == MPI.WIN_NULL:
+        return
+    with comm.blocking("MPI_Win_unlock_all"):
+        win.Unlock_all()
+    with comm.blocking("MPI_Win_free"):
+        win.Free()
+
+
+class NodeGroup:
+    """A communicator's node split and cross-node split, shared by all its node-shared sums.
+
+    Build through :func:`node_group` (collective on ``comm``), which returns None where the
+    node-aware path does not apply.
+    """
+
+    def __init__(self, comm: Communicator) -> None:
+        self.comm = comm
+        self.node = cast(MPI.Intracomm, comm.node)  # Split_type gives an intracommunicator
+        self.local_rank = comm.local_rank
+        self.local_size = comm.local_size
+        self.nodes = comm.nodes
+        #: Ranks with this rank's local rank on every node (None on one node).
+        self.cross: Communicator | None = None
+        if self.nodes > 1:
+            self.cross = comm.split(self.local_rank, name=("mpisolve.shm", "cross"))
+        #: Rounds started whose inter-node collective is not posted yet, in start order.
+        self.unposted: list[NodeAllreduce] = []
+        self.lock = threading.RLock()  # a progress thread may drive rounds beside the main thread
+        self._one_shot: dict[tuple[int, torch.dtype], NodeAllreduce] = {}
+        comm.on_free(self.free)
+
+    def free(self) -> None:
+        """Release the windows kept for one-shot callers (collective; run by ``comm.free()``)."""
+        for op in self._one_shot.values():
+            op.free()
+        self._one_shot.clear()
+        _GROUPS.pop(self.comm, None)
+
+    def post_ready(self) -> None:
+        """Post the inter-node collectives of rounds whose node part is done, strictly in start order.
+
+        Every rank starts rounds in the same order, so every rank posts the collectives on
+        the cross communicator in the same order; an earlier round still waiting for its
+        node's ranks holds the later ones back, and is driven from here.
+        """
+        while self.unposted:
+            head = self.unposted[0]
+            head.reduce_if_ready()
+            if head.stage != "reduced":
+                return
+            head.post()
+            self.unposted.pop(0)
+
+    def reusable(self, numel: int, dtype: torch.dtype) -> NodeAllreduce:
+        """A node-shared sum of ``numel`` elements kept for one-shot callers (``mpisolve.allreduce``)."""
+        key = (numel, dtype)
+        op = self._one_shot.get(key)
+        if op is None:
+            if len(self._one_shot) >= ONE_SHOT_KEPT:  # every rank evicts alike: same calls, same order
+                oldest = next(iter(self._one_shot))
+                self._one_shot.pop(oldest).free()
+            op = self._one_shot[key] = NodeAllreduce(self, numel, dtype)
+        return op
+
+
+#: How many one-shot sums (by size and dtype) a group keeps, each with its window.
+ONE_SHOT_KEPT = 8
+
+
+def node_group(comm: Communicator) -> NodeGroup | None:
+    """``comm``'s :class:`NodeGroup`, or None where the node-aware path does not apply (collective once)."""
+    if comm in _GROUPS:
+        return _GROUPS[comm]
+    sizes = comm.allgather_object(comm.local_size) if comm.size > 1 else [1]
+    applies = comm.node_shm and comm.local_size > 1 and min(sizes) == max(sizes)
+    group = NodeGroup(comm) if applies else None
+    _GROUPS[comm] = group
+    return group
+
+
+def takes(comm: Communicator, tensor: torch.Tensor) -> bool:
+    """Whether a node-shared sum can reduce ``tensor``: a contiguous CPU float tensor ``comm`` does not stage."""
+    return (
+        tensor.device.type == "cpu"
+        and tensor.dtype in NODE_DTYPES
+        and tensor.is_contiguous()
+        and not comm.needs_staging(tensor)
+    )
+
+
+class NodeAllreduce:
+    """One persistent node-aware sum of ``numel`` elements of ``dtype`` (collective to build and free).
+
+    ``slot``: this rank's input (write it, then :meth:`start`); ``result``: the sum (shared
+    by the node's ranks on the bandwidth path: read it, never write it), valid from
+    completion until the next round is started. ``scale`` multiplies every result.
+    """
+
+    def __init__(self, group: NodeGroup, numel: int, dtype: torch.dtype, *, scale: float = 1.0) -> None:
+        if dtype not in NODE_DTYPES:
+            raise TypeError(f"a node-shared sum takes {', '.join(map(str, NODE_DTYPES))}; got {dtype}")
+        if numel < 1:
+            raise ValueError(f"numel must be >= 1, got {numel}")
+        self.group = group
+        self.comm = group.comm
+        self.numel = numel
+        self.dtype = dtype
+        self.scale = float(scale)
+        self.half = dtype in (torch.float16, torch.bfloat16)
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        ranks = group.local_size
+        self.latency = numel * itemsize <= LATENCY_MAX_BYTES
+        row = _padded(numel * itemsize)
+        flags_bytes = 2 * ranks * _CACHE_LINE
+        result_bytes = 0 if self.latency else row + (_padded(numel * 4) if self.half else 0)
+        total = flags_bytes + ranks * row + result_bytes
+        self.win, memory = _shared_window(group, total, flags_bytes, "node-shared window")
+        flags = memory[:flags_bytes].view(torch.int64).numpy()
+        self._arrived = flags[: ranks * _FLAG_STRIDE : _FLAG_STRIDE]
+        self._done = flags[ranks * _FLAG_STRIDE :: _FLAG_STRIDE]
+        slots = memory[flags_bytes : flags_bytes + ranks * row].view(dtype).view(ranks, -1)
+        self._rows = host_rows(slots)
+        self.slot = slots[group.local_rank, :numel]
+        if self.latency:
+            self.result = torch.zeros(numel, dtype=dtype)
+            self._acc = torch.zeros(numel, dtype=torch.float32) if self.half else self.result
+            self.share = (0, numel)
+        else:
+            start = flags_bytes + ranks * row
+            self.result = memory[start : start + numel * itemsize].view(dtype)
+            self._acc = memory[start + row : start + row + numel * 4].view(torch.float32) if self.half else self.result
+            self.share = shard_bounds(numel, ranks, "sharded", itemsize)[group.local_rank]
+        self._acc_host = self._acc.numpy()
+        lo, hi = self.share
+        self._acc_share = self._acc[lo:hi]
+        self._result_share = self.result[lo:hi]
+        self._brain = dtype == torch.bfloat16
+        self._seq = 0
+        #: idle -> arrived -> reduced -> (internode ->) published (bandwidth path) -> idle.
+        self.stage = "idle"
+        self._request: MPI.Request = MPI.REQUEST_NULL
+
+    # ----------------------------------------------------------------- round
+    def start(self) -> None:
+        """This rank's slot holds its input: take part in a new round (local; never blocks)."""
+        with self.group.lock:
+            if self.stage != "idle":
+                raise RuntimeError("a node-shared sum was started again before its round completed")
+            self._seq += 1
+            self.win.Sync()
+            self._arrived[self.group.local_rank] = self._seq
+            self.stage = "arrived"
+            if self.group.cross is not None:
+                self.group.unposted.append(self)
+            self._advance()
+
+    def test(self) -> bool:
+        """Drive the round as far as it can go now; True once this rank's result is complete."""
+        with self.group.lock:
+            return self._advance()
+
+    def wait(self, what: str = "node-shared allreduce") -> None:
+        self.comm.wait_for(self.test, lambda: f"{what} ({self.where()})")
+
+    def writable(self) -> bool:
+        """Whether no local rank still reads this rank's slot (it may be written for the next round)."""
+        if self._done.min() < self._seq:
+            return False
+        self.win.Sync()
+        return True
+
+    def wait_writable(self, what: str = "node-shared slot reuse") -> None:
+        """Wait until :meth:`writable` (before writing the slot for the next round)."""
+        self.comm.wait_for(self.writable, lambda: f"{what} ({self.where()})")
+
+    def where(self) -> str:
+        return (
+            f"round {self._seq}, stage {self.stage}; local ranks arrived {self._arrived.tolist()}, "
+            f"done {self._done.tolist()}"
+        )
+
+    def reduce_if_ready(self) -> None:
+        """Once every local rank has arrived: sum the slots over this rank's share (stage "reduced")."""
+        if self.stage != "arrived" or self._arrived.min() < self._seq:
+            return
+        self.win.Sync()
+        lo, hi = self.share
+        scale = self.scale if self.group.cross is None else 1.0
+        sum_slots(self._rows, lo, hi, self._acc_host, scale, brain=self._brain)
+        if self.latency:  # done reading the slots; the result is this rank's own
+            self._publish()
+        self.stage = "reduced"
+
+    def post(self) -> None:
+        """Start the inter-node sum of this rank's share (in start order: :meth:`NodeGroup.post_ready`)."""
+        assert self.group.cross is not None
+        self._request = self.group.cross.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(self._acc_share), MPI.SUM)
+        self.stage = "internode"
+
+    def _advance(self) -> bool:
+        self.reduce_if_ready()
+        if self.stage == "reduced":
+            if self.group.cross is None:
+                self._finish_share()
+            else:
+                self.group.post_ready()
+        if self.stage == "internode":
+            if not self._request.Test():
+                return False
+            if self.scale != 1.0:
+                self._acc_share.mul_(self.scale)
+            self._finish_share()
+        if self.stage == "published":
+            if self._done.min() < self._seq:
+                return False
+            self.win.Sync()
+            self.stage = "idle"
+        return self.stage == "idle"
+
+    def _finish_share(self) -> None:
+        if self.half:
+            self._result_share.copy_(self._acc_share)  # rounded to half once, from the float32 sum
+        if self.latency:
+            self.stage = "idle"
+        else:
+            self._publish()
+            self.stage = "published"
+
+    def _publish(self) -> None:
+        self.win.Sync()
+        self._done[self.group.local_rank] = self._seq
+
+    def free(self) -> None:
+        """Release the window (collective over the node)."""
+        _free_window(self.comm, self.win)
+
+
+class NodePersistentAllreduce:
+    """:class:`PersistentAllreduce`'s interface over a :class:`NodeAllreduce`, for any CPU tensor.
+
+    The tensor is copied into this rank's slot at ``start`` and the sum back into it at
+    ``wait`` (callers that can let their data live in the slot use :class:`NodeAllreduce`
+    directly and copy nothing).
+    """
+
+    kind = "node-shared allreduce"
+
+    def __init__(self, group: NodeGroup, tensor: torch.Tensor) -> None:
+        self.comm = group.comm
+        self.tensor = tensor
+        self._flat = tensor.view(-1)
+        self.op = NodeAllreduce(group, tensor.numel(), tensor.dtype)
+        self._unread = False  # a round completed whose sum is not in the tensor yet
+        self._joined = True  # this round's input is in the slot and the round started
+
+    def start(self) -> None:
+        """Start a round (never blocks: while a local rank still reads the slot, the copy in waits for a test)."""
+        self._unread, self._joined = True, False
+        self._join()
+
+    def _join(self) -> None:
+        if not self._joined and self.op.writable():
+            self.op.slot.copy_(self._flat)  # the tensor is the operation's until it completes, as MPI's
+            self.op.start()
+            self._joined = True
+
+    def test(self) -> bool:
+        self._join()
+        return self._joined and self.op.test()
+
+    def wait(self, what: str | None = None) -> None:
+        """Complete the round and bring its sum into the tensor (once: as MPI's wait, a no-op after that)."""
+        self.comm.wait_for(self.test, lambda: f"{what or self.kind} ({self.op.where()})")
+        if self._unread:
+            self._flat.copy_(self.op.result)
+            self._unread = False
+
+    def free(self) -> None:
+        self.op.free()
+
+
+def persistent_sum(comm: Communicator, tensor: torch.Tensor) -> PersistentAllreduce | NodePersistentAllreduce:
+    """A reusable in-place sum of ``tensor``: node-aware where it applies, else MPI's (collective)."""
+    group = node_group(comm)
+    if group is not None and takes(comm, tensor):
+        return NodePersistentAllreduce(group, tensor)
+    return comm.persistent_allreduce(tensor, "sum")
+
+
+def sum_once(comm: Communicator, flats: Sequence[torch.Tensor], what: str) -> bool:
+    """Sum each of ``flats`` in place over the node-aware path, all in flight together; False if it does not apply.
+
+    Keeps one window per size and dtype for the next call (:meth:`NodeGroup.reusable`).
+    """
+    group = node_group(comm)
+    if group is None or not all(takes(comm, f) for f in flats):
+        return False
+    ops = [group.reusable(f.numel(), f.dtype) for f in flats]
+    if len({id(op) for op in ops}) < len(ops):
+        return False  # two buffers alike in one call: MPI's path (one window each would be kept)
+    for op, flat in zip(ops, flats):
+        op.wait_writable()
+        op.slot.copy_(flat.view(-1))
+        op.start()
+    comm.wait_for(lambda: all([op.test() for op in ops]), what)
+    for op, flat in zip(ops, flats):
+        flat.view(-1).copy_(op.result)
+    return True
+
+
+class NodeRelease:
+    """The node's ranks agreeing that none of them still reads a round's shared results.
+
+    One int64 counter per local rank, each in its own cache line, in a window of its own:
+    :meth:`release` bumps this rank's and waits (watchdogged) until every local rank's
+    has reached it. Node-local: the other nodes have their own windows.
+    """
+
+    def __init__(self, group: NodeGroup) -> None:
+        self.comm = group.comm
+        self.local_rank = group.local_rank
+        nbytes = group.local_size * _CACHE_LINE
+        self.win, memory = _shared_window(group, nbytes, nbytes, "node-shared release counters")
+        self._counters = memory.view(torch.int64).numpy()[::_FLAG_STRIDE]
+        self._seq = 0
+
+    def release(self, what: str) -> None:
+        """This rank is done with the round; return once every local rank is."""
+        self._seq += 1
+        self.win.Sync()
+        self._counters[self.local_rank] = self._seq
+        self.comm.wait_for(self._all_released, lambda: f"{what} (released {self._counters.tolist()}, {self._seq})")
+
+    def _all_released(self) -> bool:
+        if self._counters.min() < self._seq:
+            return False
+        self.win.Sync()
+        return True
+
+    def free(self) -> None:
+        _free_window(self.comm, self.win)
+
+
+class NodeSumReducer:
+    """Gradient buckets summed in node-shared memory (a ``BucketReducer`` that also holds their storage).
+
+    :meth:`allocate` gives a bucket its flat storage: this rank's slot of a
+    :class:`NodeAllreduce`, which backward writes directly; ``start``, ``progress`` and
+    ``finish`` drive the rounds in bucket order (a bucket is reduced as soon as every local
+    rank has written it, while backward goes on); the sum, scaled by ``scale``, is in
+    :meth:`result` (shared by the node's ranks on the bandwidth path: read it in place,
+    never write it). The step's ``tally`` (``tally`` float64 elements: counts the sum must
+    hold exactly whatever the buckets' dtype and ``scale``) is summed unscaled beside the
+    first bucket, in a round of its own. :meth:`release` ends a step whose shared results
+    were read in place: no rank writes them before every local rank has stepped.
+    """
+
+    def __init__(self, group: NodeGroup, scale: float, tally: int) -> None:
+        self.group = group
+        self.scale = scale
+        self.ops: list[NodeAllreduce] = []
+        self._inflight: list[NodeAllreduce] = []
+        self.tally = NodeAllreduce(group, tally, torch.float64)
+        self._release = NodeRelease(group)
+
+    def allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Storage for the next bucket (collective): its slot, zeroed."""
+        op = NodeAllreduce(self.group, numel, dtype, scale=self.scale)
+        op.slot.zero_()
+        self.ops.append(op)
+        return op.slot
+
+    def result(self, index: int) -> torch.Tensor:
+        return self.ops[index].result
+
+    def wait_writable(self, index: int) -> None:
+        """Wait until no local rank still reads bucket ``index``'s slot (the first bucket's: and the tally's)."""
+        self.ops[index].wait_writable(f"gradient bucket {index} slot reuse")
+        if index == 0:
+            self.tally.wait_writable("gradient tally slot reuse")
+
+    def prepare(self, bucket: Bucket) -> None:
+        """Nothing: the bucket's round was set up by :meth:`allocate`."""
+
+    def start(self, bucket: Bucket) -> None:
+        if bucket.index == 0:
+            self.tally.start()
+            self._inflight.append(self.tally)
+        op = self.ops[bucket.index]
+        op.start()
+        self._inflight.append(op)
+
+    def progress(self) -> None:
+        if self._inflight:
+            self._inflight = [op for op in self._inflight if not op.test()]
+
+    def finish(self, bucket: Bucket) -> None:
+        if bucket.index == 0:
+            self.tally.wait("node-shared gradient tally")
+        self.ops[bucket.index].wait(f"node-shared gradient sum of bucket {bucket.index}")
+
+    def release(self) -> None:
+        """The step that read the shared sums is over on this rank; wait for the node's other ranks.
+
+        Only bandwidth-path sums are shared: where every bucket takes the latency path, each
+        rank's result is its own and the step ends without waiting.
+        """
+        if any(not op.latency for op in self.ops):
+            self._release.release("node-shared gradient release")
+
+    def close(self) -> None:
+        for op in [*self.ops, self.tally]:
+            op.free()
+        self._release.free()
+        self.ops.clear()
+        self._inflight.clear()

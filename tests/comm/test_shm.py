@@ -1,0 +1,226 @@
+"""Node-shared sums on real ranks: exact against numpy, gradient buckets read in place, fallback, watchdog.
+
+Also run on the emulated 2-node cluster (``make test-cluster``, marker ``cluster``), where
+the same sums go hierarchically: the node's sum, then MPI between the nodes.
+"""
+
+import pytest
+import torch
+from mpi4py import MPI
+from torch import nn
+
+import mpisolve
+from mpisolve.comm import shm
+from mpisolve.comm.buckets import GradientBuckets
+from mpisolve.comm.communicator import CommTimeout, Communicator
+from mpisolve.comm.shm import LATENCY_MAX_BYTES, NodeAllreduce, node_group
+
+ALL_SIZES = pytest.mark.ranks(2, 3, 4, 5, 8)
+
+
+def rank_input(rank: int, round_: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * round_ + rank)
+    return (torch.randn(numel, generator=g) * 10).to(dtype)
+
+
+def oracle(comm: Communicator, round_: int, numel: int, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """numpy-free reference: each node's ranks summed in local-rank order in float32/64, nodes added, scaled."""
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    ranks_of_node = comm.comm.allgather((comm.node.Get_rank(), comm.rank))
+    nodes: dict[int, list[int]] = {}
+    for local, world in sorted(ranks_of_node):
+        nodes.setdefault(local, []).append(world)  # world ranks with local rank `local`, node by node
+    by_node = list(zip(*nodes.values()))  # one tuple of world ranks per node, in local-rank order
+    total = None
+    for members in by_node:
+        node_sum = rank_input(members[0], round_, numel, dtype).to(acc)
+        for r in members[1:]:
+            node_sum += rank_input(r, round_, numel, dtype).to(acc)
+        total = node_sum if total is None else total + node_sum
+    return (total * scale).to(dtype)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@ALL_SIZES
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_sums_equal_the_ordered_reference_round_after_round(dtype):
+    comm = Communicator()
+    group = node_group(comm)
+    assert group is not None  # several ranks per node here
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    sizes = [1, 1000, LATENCY_MAX_BYTES // itemsize, LATENCY_MAX_BYTES // itemsize + 1, 70_001]
+    ops = [NodeAllreduce(group, n, dtype, scale=0.5) for n in sizes]
+    assert [op.latency for op in ops] == [True, True, True, False, False]
+    for round_ in range(3):
+        for op in ops:
+            op.wait_writable()
+            op.slot.copy_(rank_input(comm.rank, round_, op.numel, dtype))
+            op.start()
+        for op in ops[::-1]:  # completed in another order than started
+            op.wait()
+        for op in ops:
+            want = oracle(comm, round_, op.numel, dtype, 0.5)
+            if comm.nodes == 1:  # one node: the kernel's order is the oracle's, bit for bit
+                assert torch.equal(op.result, want), (op.numel, round_)
+            else:  # MPI adds the nodes' sums in its own order
+                torch.testing.assert_close(
+                    op.result.float(), want.float(), rtol=1e-2 if itemsize == 2 else 1e-6, atol=1e-5
+                )
+    for op in ops:
+        op.free()
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(3, 40)
+        self.b = nn.Linear(40, 2)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+def mean_grads(comm: Communicator, x: torch.Tensor, model: nn.Module) -> list[torch.Tensor]:
+    """The oracle: every rank's gradients on its own input, computed here, averaged."""
+    total = None
+    for r in range(comm.size):
+        model.zero_grad(set_to_none=True)
+        model(x + r).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        total = grads if total is None else [t + g for t, g in zip(total, grads)]
+    return [t / comm.size for t in total]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@ALL_SIZES
+@pytest.mark.parametrize("node_shm", [True, False])
+def test_gradient_buckets_read_the_sum_in_place_and_accumulate_on_it(node_shm):
+    comm = Communicator(node_shm=node_shm)
+    torch.manual_seed(0)
+    model, oracle_model = Net(), Net()
+    oracle_model.load_state_dict(model.state_dict())
+    x = torch.linspace(-1, 1, 12).view(4, 3)
+    want = mean_grads(comm, x, oracle_model)
+    grads = GradientBuckets(model.parameters(), comm, bucket_bytes=200, average=True)
+    assert (grads.node is not None) == node_shm and len(grads.buckets) > 1
+    grads.zero_()
+    model(x + comm.rank).sum().backward()
+    grads.finish()
+    for p, w in zip(model.parameters(), want):
+        torch.testing.assert_close(p.grad, w, rtol=1e-5, atol=1e-6)
+    for bucket in grads.buckets:
+        for p, view in zip(bucket.params, bucket.result.views):
+            assert p.grad.data_ptr() == view.data_ptr()  # read where the sum lies
+        assert (bucket.result is bucket.buffer) != node_shm  # node-shared: the window's sum, not the slot
+    grads.rearm()
+    # No zeroing: the next backward adds onto the averaged gradients, as on MPI's path.
+    model(x + comm.rank).sum().backward()
+    local = mean_grads(Communicator(comm.comm.Split(comm.rank)), x + comm.rank, oracle_model)
+    grads.finish()
+    for p, w, own in zip(model.parameters(), want, local):
+        torch.testing.assert_close(p.grad, w + sum_of_means(comm, own), rtol=1e-5, atol=1e-5)
+    grads.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("bandwidth", [False, True], ids=["latency", "bandwidth"])
+def test_a_step_waits_for_the_nodes_ranks_only_where_its_sums_are_shared(bandwidth, monkeypatch):
+    """Bandwidth-path sums are read in place by every local rank, so ``rearm`` (the step's end)
+    waits until all have stepped: none zeroes a sum another still reads. Latency-path
+    results are each rank's own memory: the step ends without that wait."""
+    if bandwidth:
+        monkeypatch.setattr(shm, "LATENCY_MAX_BYTES", 0)
+    comm = Communicator()
+    model = Net()
+    grads = GradientBuckets(model.parameters(), comm, bucket_bytes=200, average=True)
+    assert grads.node is not None and all(op.latency != bandwidth for op in grads.node.ops)
+    for _ in range(2):
+        grads.zero_()
+        model(torch.ones(2, 3)).sum().backward()
+        grads.finish()
+        grads.rearm()
+    assert grads.node._release._seq == (2 if bandwidth else 0)  # the node-wide waits at the steps' ends
+    grads.close()
+
+
+def sum_of_means(comm: Communicator, own: torch.Tensor) -> torch.Tensor:
+    """The mean over ranks of each rank's ``own`` (rank r's input is x + r)."""
+    return comm.allreduce_(own.clone()) / comm.size
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@ALL_SIZES
+def test_allreduce_solver_with_and_without_node_memory_trains_alike():
+    results = []
+    for node_shm in (True, False):
+        comm = Communicator(node_shm=node_shm)
+        torch.manual_seed(3)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        solver = mpisolve.make_solver("allreduce", model, opt, comm=comm, bucket_mb=0.0002)
+        g = torch.Generator().manual_seed(comm.rank)
+        for _ in range(3):
+            solver.zero_grad()
+            model(torch.randn(5, 3, generator=g)).square().mean().backward()
+            info = solver.step()
+            assert info.applied and info.global_samples == 5 * comm.size
+        results.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+        solver.close()
+    torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-6)
+    gathered = Communicator().allgather_object(results[0].tolist())
+    assert all(g == gathered[0] for g in gathered)  # every rank read the same sum
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@pytest.mark.ranks(2, 4)
+def test_functional_allreduce_goes_through_the_node_windows():
+    comm = Communicator()
+    tensors = [torch.full((5, 3), float(comm.rank + 1)), torch.full((7,), 2.0 * comm.rank, dtype=torch.float64)]
+    out = mpisolve.allreduce(tensors, op="average", comm=comm)
+    ranks = comm.size
+    assert torch.equal(out[0], torch.full((5, 3), (ranks + 1) / 2))
+    assert torch.equal(out[1], torch.full((7,), float(ranks - 1), dtype=torch.float64))
+    kept = list(node_group(comm)._one_shot.values())
+    assert len(kept) == 2  # a window per fused buffer, kept for the next call
+    comm.free()  # and freed with the communicator
+    assert all(op.win == MPI.WIN_NULL for op in kept)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@pytest.mark.ranks(2, 4)
+def test_a_rank_that_never_starts_trips_the_watchdog_and_the_round_still_completes():
+    patient, comm = Communicator(), Communicator(timeout_s=0.5)
+    op = NodeAllreduce(node_group(comm), 10, torch.float32)
+    op.slot.fill_(comm.rank)
+    late = comm.local_rank == 0
+    if not late:
+        op.start()
+        with pytest.raises(CommTimeout, match="node-shared allreduce.*arrived"):
+            op.wait()
+    patient.barrier()
+    if late:
+        op.start()
+    op.wait()
+    node_ranks = comm.node.allgather(comm.rank)
+    want = float(sum(node_ranks)) if comm.nodes == 1 else float(sum(range(comm.size)))
+    assert torch.equal(op.result, torch.full((10,), want))
+    op.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 4)
+def test_falls_back_when_off_or_alone_on_the_node():
+    comm = Communicator()
+    assert node_group(Communicator(node_shm=False)) is None
+    alone = comm.split(comm.rank)
+    assert alone is not None and node_group(alone) is None
+    model = Net()
+    grads = GradientBuckets(model.parameters(), alone, bucket_bytes=10**6)
+    assert grads.node is None
+    grads.close()

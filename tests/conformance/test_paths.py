@@ -1,0 +1,28 @@
+"""The conformance suite runs the node-shared path where it applies (see conftest.py)."""
+
+import pytest
+import torch
+
+from tests.conformance.conftest import BANDWIDTH_PATH
+from tests.conformance.harness import BUCKETS, LR, cases, make_model
+
+#: Bucket solvers whose gradients are summed in node-shared memory (Adasum brings its own reducer).
+NODE_SHARED = ("allreduce", "kfac", "lb-bsp")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("case", cases(BUCKETS), ids=lambda c: c.id)
+def test_bucket_solvers_sum_in_node_shared_memory_where_ranks_share_a_node(comm, case):
+    model = make_model()
+    solver = case.build(model, torch.optim.SGD(model.parameters(), lr=LR), comm)
+    try:
+        node = solver.grads.node  # type: ignore[attr-defined]
+        if case.id not in NODE_SHARED or comm.local_size == 1:
+            assert node is None
+        else:
+            assert node is not None
+            assert all(op.latency != BANDWIDTH_PATH for op in node.ops)
+    finally:
+        solver.close()
