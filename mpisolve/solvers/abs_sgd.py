@@ -17,8 +17,13 @@ In the user's loop this is one ``step()`` per micro-batch: it adds the micro-bat
 round's sums, tests the previous round's allreduce (which is what moves it along between
 micro-batches), and when that has completed applies its mean through the user's
 optimizer, posts this round's sums and starts a new round. Two fused buffers (one
-accumulating, one in flight) alternate, each with its own persistent allreduce, so a
-round's gradients are never allocated or copied.
+accumulating, one in flight) alternate, each with its own persistent sum, so a round's
+gradients are never allocated. Where ranks share a node the sums are node-shared
+(:func:`mpisolve.comm.shm.persistent_sum`), else MPI's persistent allreduce. MPI's progress
+engine moves its allreduce along in any MPI call; a node-shared round moves only when the
+rank tests it, so every wait on the solver's communicator tests it too (between its polls),
+as the progress thread does while the rank computes. ``progress='mpich'`` keeps MPI's path:
+MPICH's thread moves MPI's operations only.
 
 The paper's full text was not available: the rule above is reconstructed from its
 abstract, and its open choices are the options below. Three defaults make it converge
@@ -56,8 +61,9 @@ from torch.amp import GradScaler
 
 from ..comm.buckets import FusedBuffer, wire_dtype
 from ..comm.closing import CloseNotices
-from ..comm.communicator import CommTimeout
+from ..comm.communicator import CommTimeout, PersistentAllreduce
 from ..comm.progress import ProgressThread, require_async_progress
+from ..comm.shm import NodePersistentAllreduce, persistent_sum
 from ..options import option, require
 from .base import Solver, StepInfo, register
 from .lb_bsp import measure_speeds, proportional_batches
@@ -205,7 +211,12 @@ class ABSSGD(Solver):
         #: Two rounds' sums, one accumulating, one in flight: the gradients, the sample count, then
         #: one slot per rank for its measured speed (a sum of one nonzero term: exact everywhere).
         self._sums = [torch.zeros(numel + 1 + self.comm.size, dtype=wire, device=device) for _ in range(2)]
-        self._rounds = [self.comm.persistent_allreduce(s) for s in self._sums]
+        if self.options.progress == "mpich":  # MPICH's thread moves MPI's allreduce, not a node-shared sum
+            self._rounds: list[PersistentAllreduce | NodePersistentAllreduce] = [
+                self.comm.persistent_allreduce(s) for s in self._sums
+            ]
+        else:
+            self._rounds = [persistent_sum(self.comm, s) for s in self._sums]
         self._carry = torch.zeros(numel + 1, dtype=wire, device=device) if self.options.trigger == "samples" else None
         shapes = self.grads.shapes
         #: With weight prediction: the true weights (the model holds the predicted ones) and the last update.
@@ -236,8 +247,15 @@ class ABSSGD(Solver):
         #: Every rank's micro-batch size, once ``local_batch_size`` decided it by speed (and as re-split).
         self.batch_sizes: list[int] | None = None
         self._watch_lock = threading.Lock()
-        self._watched: Any = None  # the PersistentAllreduce the progress thread tests
+        #: The round in flight until it is seen complete: tested by step(), the progress thread
+        #: and, on the node-shared path, every wait on the communicator.
+        self._watched: PersistentAllreduce | NodePersistentAllreduce | None = None
         self._done = threading.Event()
+        #: A node-shared round moves only when this rank tests it (MPI's moves in any MPI call):
+        #: a wait for anything else, in close() or the user's collectives, must not stall the others.
+        self._drives_waits = isinstance(self._rounds[0], NodePersistentAllreduce)
+        if self._drives_waits:
+            self.comm.interrupts.append(self._watch)
         interval_s = self.options.progress_ms / 1e3
         self._thread = (
             ProgressThread(self._watch, name="mpisolve-abs-sgd-progress", interval_s=interval_s)
@@ -324,17 +342,14 @@ class ABSSGD(Solver):
         return True
 
     def _completed(self) -> bool:
-        if self._known_done:
-            return True
-        if self._thread is not None:
-            done = self._done.is_set()
-        else:
-            done = self._rounds[1 - self._acc].test()
-        self._known_done = done
-        return done
+        if not self._known_done:
+            if self._thread is None:
+                self._watch()
+            self._known_done = self._done.is_set()
+        return self._known_done
 
     def _watch(self) -> None:
-        """The progress thread's poke: test the round in flight; say when it completed."""
+        """Test the round in flight; say when it completed (any thread: the progress thread's poke)."""
         with self._watch_lock:
             round_ = self._watched
             if round_ is not None and round_.test():
@@ -453,10 +468,9 @@ class ABSSGD(Solver):
         sums[count_at].fill_(self._round_samples)
         sums[count_at + 1 + self.comm.rank].fill_(self._timed_samples / self._timed_s if self._timed_s > 0 else 0.0)
         self._rounds[index].start()
-        if self._thread is not None:
-            with self._watch_lock:
-                self._done.clear()
-                self._watched = self._rounds[index]
+        with self._watch_lock:
+            self._done.clear()
+            self._watched = self._rounds[index]
         self._acc = 1 - index
         self._sums[self._acc].zero_()
         self._in_flight, self._known_done = True, False
@@ -469,17 +483,18 @@ class ABSSGD(Solver):
         """Wait (watchdogged) until the round in flight has completed; it stays to be applied.
 
         ``unless_peer_closed``: stop waiting, the round still in flight, once another rank
-        has reached ``close()``: it will post no further round.
+        has reached ``close()``: it will post no further round. Otherwise the round's sum is
+        in its buffer on return (a node-shared or staged one reaches it only through ``wait``).
         """
-        if not self._in_flight or self._known_done:
+        if not self._in_flight:
             return
         closings = self._closings
         if unless_peer_closed and closings is not None:
-            self.comm.wait_for(lambda: self._completed() or closings.peer_closed(), what)
+            if not self._known_done:
+                self.comm.wait_for(lambda: self._completed() or closings.peer_closed(), what)
             return
-        if self._thread is not None:
-            with self._watch_lock:  # the thread no longer touches the request
-                self._watched = None
+        with self._watch_lock:  # no other thread or wait tests the round from here on
+            self._watched = None
         self._rounds[1 - self._acc].wait(what)
         self._known_done = True
 
@@ -509,6 +524,8 @@ class ABSSGD(Solver):
             self._round_samples = self._round_batches = 0
             self._post()
             self._complete_in_flight("abs-sgd closing round")
+        if self._drives_waits:
+            self.comm.interrupts.remove(self._watch)
         for round_ in self._rounds:
             round_.free()
         if self._weights is not None:

@@ -6,9 +6,11 @@ import time
 
 import pytest
 import torch
+from mpi4py import MPI
 from torch import nn
 
 import mpisolve
+from mpisolve.comm import shm
 from mpisolve.solvers.lb_bsp import proportional_batches
 from mpisolve.train.config import TrainConfig
 from mpisolve.train.hetero import PRESETS
@@ -20,6 +22,14 @@ LR, MOMENTUM = 0.1, 0.9
 @pytest.fixture
 def comm():
     return mpisolve.init()
+
+
+@pytest.fixture
+def node_round(comm, monkeypatch):
+    """The node-shared bandwidth path (where ranks share a node), whose round completes only once
+    every local rank has tested it; and a short watchdog, so that a round no rank moves fails the test."""
+    monkeypatch.setattr(shm, "LATENCY_MAX_BYTES", 0)
+    monkeypatch.setattr(comm, "timeout_s", 30.0)
 
 
 def net():
@@ -340,4 +350,88 @@ def test_adaptive_micro_batches_follow_speeds_that_move(comm, mode):
         resumed.load_state_dict(state)
         assert resumed.batch_sizes == after and resumed.state_dict()["speeds"] == state["speeds"]
         resumed.close()
+    solver.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@pytest.mark.ranks(2, 3, 4)
+@pytest.mark.parametrize("progress", ["thread", "poll"])
+def test_a_round_posted_after_the_others_reached_close_completes(comm, node_round, progress):
+    """Rank 0 posts round 0 only once another rank is in close(), its progress thread stopped:
+    on the node-shared path that rank's share of the round moves only because its waits in
+    close() test the round (MPI's progress engine moves MPI's in any call)."""
+    model = net()
+    solver = mpisolve.make_solver("abs-sgd", model, torch.optim.SGD(model.parameters(), lr=LR), comm, progress=progress)
+    if comm.rank == 0:
+        comm.wait_for(solver._closings.peer_closed, "another rank to reach close()")  # type: ignore[union-attr]
+        i = 0
+        while not train_step(model, solver, *micro_batch(0, i)).applied:  # round 0 completes, round 1 posted
+            i += 1
+    else:
+        train_step(model, solver, *micro_batch(comm.rank, 0))
+    solver.close()
+    assert solver.updates == 1  # round 0 applied everywhere, round 1 dropped
+    gathered = comm.allgather_object(parameters(model).tolist())
+    assert all(g == gathered[0] for g in gathered)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@pytest.mark.ranks(2, 3, 4)
+def test_the_progress_thread_moves_the_round_while_its_rank_computes(comm, node_round):
+    """Rank 0 posts round 0 first, then computes without calling into the solver or waiting on
+    its communicator until the others have applied round 0: only its progress thread can
+    reduce its share of the round."""
+    model = net()
+    solver = mpisolve.make_solver("abs-sgd", model, torch.optim.SGD(model.parameters(), lr=LR), comm)
+    raw = comm.comm.Dup()  # messages that do not touch the solver's communicator
+    flag = bytearray(1)
+    if comm.rank == 0:
+        train_step(model, solver, *micro_batch(0, 0))  # round 0 posted here first
+        comm.wait([raw.Isend([flag, 1, MPI.BYTE], dest=r) for r in range(1, comm.size)], "posted")
+        applied = [raw.Irecv([bytearray(1), 1, MPI.BYTE], source=r) for r in range(1, comm.size)]
+        deadline = time.perf_counter() + 20
+        while not MPI.Request.Testall(applied) and time.perf_counter() < deadline:
+            time.sleep(0.01)  # the emulated device: no solver call, no watchdogged wait
+        assert MPI.Request.Testall(applied), "the others did not complete round 0 while rank 0 computed"
+    else:
+        comm.wait(raw.Irecv([flag, 1, MPI.BYTE], source=0), "rank 0 to post round 0")
+        i = 0
+        while not train_step(model, solver, *micro_batch(comm.rank, i)).applied:
+            i += 1
+        comm.wait(raw.Isend([flag, 1, MPI.BYTE], dest=0), "applied")
+    solver.close()
+    raw.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@pytest.mark.ranks(2, 3, 4)
+def test_a_state_saved_after_its_round_completed_holds_the_global_sums(comm):
+    """With the round's sum complete but its window still open, the state holds every rank's
+    samples and summed gradients (a node-shared sum reaches the buffer only through wait)."""
+    model = net()
+    solver = mpisolve.make_solver(
+        "abs-sgd",
+        model,
+        torch.optim.SGD(model.parameters(), lr=LR),
+        comm,
+        trigger="window",
+        window_s=60.0,
+        progress="poll",
+    )
+    train_step(model, solver, *micro_batch(comm.rank, 0))  # round 0 posted
+    assert not train_step(model, solver, *micro_batch(comm.rank, 1)).applied  # round 0 complete, window open
+    state = solver.state_dict()
+    reference = net()  # one process: every rank's micro-batch 0 at the same weights
+    expected = torch.zeros_like(parameters(reference))
+    for r in range(comm.size):
+        reference.zero_grad()
+        x, y = micro_batch(r, 0)
+        nn.functional.cross_entropy(reference(x), y).backward()
+        expected += x.shape[0] * torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
+    completed, numel = state["completed"], expected.numel()
+    assert completed[numel].item() == sum(2 + r for r in range(comm.size))
+    torch.testing.assert_close(completed[:numel], expected)
     solver.close()
