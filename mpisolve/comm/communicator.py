@@ -16,6 +16,7 @@ Calls MPI offers only as blocking (window locks, flushes, frees) go through
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 import time
@@ -124,7 +125,7 @@ class Communicator:
     rank); ``"yield"`` polls and yields the core to other processes between polls, and
     after 2 ms sleeps between polls (backing off to 1 ms), so ranks sharing cores leave
     them to ranks that compute without slowing short operations; ``"auto"`` picks
-    ``"yield"`` when the node runs more ranks than it has cores (default from
+    ``"yield"`` when the host runs more of the job's ranks than it has cores (default from
     ``MPISOLVE_WAIT``).
 
     ``cuda_aware`` says whether MPI may be given CUDA device memory (default: detected,
@@ -155,6 +156,10 @@ class Communicator:
         self.local_size: int = self.node.Get_size()
         self.nodes: int = self.comm.allreduce(1 if self.local_rank == 0 else 0)
         self.cores: int = _available_cores()
+        #: This communicator's ranks on this rank's host: the node's, or more where MPI sees several
+        #: "nodes" on one machine (containers, the emulated cluster of tests/cluster), which share its cores.
+        host = socket.gethostname()
+        self.host_size: int = sum(h == host for h in self.comm.allgather(host))
         self.node_shm: bool = node_shm if node_shm is not None else os.environ.get("MPISOLVE_NODE_SHM", "1") != "0"
         self.timeout_s = float(
             timeout_s if timeout_s is not None else os.environ.get("MPISOLVE_TIMEOUT", DEFAULT_TIMEOUT_S)
@@ -165,7 +170,7 @@ class Communicator:
         if policy not in WAIT_POLICIES:
             raise ValueError(f"wait must be one of {WAIT_POLICIES}, got {policy!r}")
         if policy == "auto":
-            policy = "yield" if self.local_size > self.cores else "spin"
+            policy = "yield" if self.host_size > self.cores else "spin"
         self.wait_policy: str = policy
         #: Seconds this rank has spent blocked in :meth:`wait`, here and on communicators
         #: split from this one, for busy/comm/idle accounting.
