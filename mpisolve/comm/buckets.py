@@ -305,8 +305,8 @@ class GradientBuckets:
     ``Communicator(node_shm=False)`` or ``MPISOLVE_NODE_SHM=0``), each bucket lives in a
     node-shared window (:class:`.shm.NodeSumReducer`): backward writes this rank's slot,
     the node's ranks sum their shares as soon as all have written it (the average's
-    ``1 / ranks`` fused into the sum), nodes exchange by MPI, and the tally goes in a round
-    of its own (exact in float64 whatever the gradients' dtype). After ``finish`` each
+    ``1 / ranks`` fused into the sum), nodes exchange by MPI, and the tally rides in the
+    first bucket's round in float64 rows of its own (exact whatever the gradients' dtype). After ``finish`` each
     ``p.grad`` is a view of the sum in the window, read in place by the node's ranks; a
     hook points it back at this rank's slot before the next backward accumulates into it
     (copying the sum there when the gradient was not zeroed), and, where a bucket's sum is
