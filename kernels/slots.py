@@ -105,7 +105,7 @@ def _sum_half(slots: np.ndarray, start: int, stop: int, out: np.ndarray, scale: 
 
 
 def host_rows(slots: torch.Tensor) -> np.ndarray:
-    """The numpy view :func:`sum_slots` takes of a 2-D CPU tensor of slots (half as raw uint16)."""
+    """The numpy view :func:`slot_sum` takes of a 2-D CPU tensor of slots (half as raw uint16)."""
     if slots.dtype in (torch.float16, torch.bfloat16):
         return slots.detach().view(torch.int16).numpy().view(np.uint16)
     return slots.detach().numpy()
@@ -132,13 +132,6 @@ def slot_sum(
     return functools.partial(_sum_float, rows, start, stop, out, scale)
 
 
-def sum_slots(
-    rows: np.ndarray, start: int, stop: int, out: np.ndarray, scale: float = 1.0, *, brain: bool = False
-) -> None:
-    """:func:`slot_sum`'s sum, computed once."""
-    slot_sum(rows, start, stop, out, scale, brain=brain)()
-
-
 def bench_cases(numel: int) -> list[BenchCase]:
     """Four ranks' float32 slots summed by the kernel against torch's ``sum(dim=0, out=...)``."""
     slots = torch.randn(4, numel)
@@ -147,7 +140,7 @@ def bench_cases(numel: int) -> list[BenchCase]:
     return [
         BenchCase(
             "sum 4 slots",
-            kernel=lambda: sum_slots(rows, 0, numel, host_out),
+            kernel=slot_sum(rows, 0, numel, host_out),
             reference=lambda: torch.sum(slots, dim=0, out=out),
         )
     ]

@@ -91,6 +91,15 @@ def _all_done(requests: list[MPI.Request]) -> bool:
     return all(r.Test() for r in requests)
 
 
+def _machine_id() -> str:
+    """What ranks on one machine share: the kernel's boot id (containers on one kernel too), else the host name."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:  # not Linux
+        return socket.gethostname()
+
+
 def _available_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -156,10 +165,10 @@ class Communicator:
         self.local_size: int = self.node.Get_size()
         self.nodes: int = self.comm.allreduce(1 if self.local_rank == 0 else 0)
         self.cores: int = _available_cores()
-        #: This communicator's ranks on this rank's host: the node's, or more where MPI sees several
+        #: This communicator's ranks on this rank's machine: the node's, or more where MPI sees several
         #: "nodes" on one machine (containers, the emulated cluster of tests/cluster), which share its cores.
-        host = socket.gethostname()
-        self.host_size: int = sum(h == host for h in self.comm.allgather(host))
+        host = _machine_id()
+        self.host_size: int = max(self.local_size, sum(h == host for h in self.comm.allgather(host)))
         self.node_shm: bool = node_shm if node_shm is not None else os.environ.get("MPISOLVE_NODE_SHM", "1") != "0"
         self.timeout_s = float(
             timeout_s if timeout_s is not None else os.environ.get("MPISOLVE_TIMEOUT", DEFAULT_TIMEOUT_S)
@@ -684,7 +693,7 @@ def init(
             if threads is not None:
                 torch.set_num_threads(threads)
             elif "OMP_NUM_THREADS" not in os.environ:
-                torch.set_num_threads(max(1, _WORLD.cores // _WORLD.local_size))
+                torch.set_num_threads(max(1, _WORLD.cores // _WORLD.host_size))
         return _WORLD
 
 

@@ -13,7 +13,7 @@ bandwidth path the *result*. A round:
 1. ``start``: this rank's slot is final: it bumps its ``arrived`` counter.
 2. Once every local rank has arrived (their counters, no barrier), either
    - **bandwidth path**: this rank sums the slots over its own share of the elements into
-     the node-shared result (:func:`mpisolve.kernels.slots.sum_slots`), allreduces that
+     the node-shared result (:func:`mpisolve.kernels.slots.slot_sum`), allreduces that
      share over the cross communicator when there are several nodes, and bumps its
      ``done`` counter; the round is complete when every local rank is done, and the whole
      result is read in place by every local rank; or
@@ -449,7 +449,7 @@ class NodeRelease:
         self.comm.wait_for(self._all_released, lambda: f"{what} (released {self._counters.tolist()}, {self._seq})")
 
     def _all_released(self) -> bool:
-        if self._counters.min() < self._seq:
+        if not _reached(self._counters, self._seq):
             return False
         self.win.Sync()
         return True
