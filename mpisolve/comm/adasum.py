@@ -332,7 +332,7 @@ class AdasumReduction:
             partner = topo.fold_partner
             assert partner is not None  # a folded-out rank always has a fold partner
             if self.node is not None:
-                self.stages.append(self._copy_in(topo.ARRIVED))
+                self.stages.append(self._copy_in(topo.ARRIVED, (0, n)))
             local = self._local(partner)
             if local is None:
                 self.stages += [
@@ -348,7 +348,17 @@ class AdasumReduction:
         if device.type == "cpu" and (topo.fold_partner is not None or topo.levels):
             warm_up_cpu(flat.dtype)
         if self.node is not None:
-            self.stages.append(self._copy_in(topo.ARRIVED if topo.fold_partner is not None else topo.FOLDED))
+            # This rank's first combine reads its own input from ``flat`` and writes the slot;
+            # only the half its first level sends (read in place or sent from the slot) goes in first.
+            if topo.fold_partner is not None:
+                self.stages.append(self._copy_in(topo.ARRIVED, None))
+            else:
+                half = n // 2
+                self.stages.append(self._copy_in(topo.FOLDED, (half, n) if topo.levels[0][2] else (0, half)))
+        elif topo.group is not None:
+            # A buffer off the node path (empty, or a dtype it does not take) beside node-path ones:
+            # its statistics' allreduces keep the stage indices Adasum orders collectives by.
+            self.stages.append(_Stage("node path not taken", []))
         scratch_len = n if topo.fold_partner is not None else (n - n // 2 if topo.levels else 0)
         self.scratch = torch.empty(scratch_len, dtype=flat.dtype, device=device)
         self._scratch_twin = comm.host_twin(self.scratch)
@@ -359,11 +369,15 @@ class AdasumReduction:
             name = f"fold: data from rank {topo.fold_partner}"
             if local is None:
                 recv = self._receive(self.scratch[:n], _slice(self._scratch_twin, 0, n), topo.fold_partner)
-                combine = self._combiner(0, n, True, self.scratch[:n], bounds, stats, local=True)
+                combine = self._combiner(
+                    0, n, True, self.scratch[:n], bounds, stats, local=True, first=self.node is not None
+                )
                 self.stages.append(_Stage(name, [recv], self._then(combine, topo.FOLDED)))
             else:
                 assert self.node is not None  # a node-local partner exists only on the node path
-                combine = self._combiner(0, n, True, self.node.slots[local], bounds, stats, local=True)
+                combine = self._combiner(
+                    0, n, True, self.node.slots[local], bounds, stats, local=True, first=self.node is not None
+                )
                 arrived = _Progress(self, local, topo.ARRIVED)
                 self.stages.append(_Stage(name, [arrived], self._then(combine, topo.FOLDED)))
         lo, hi = 0, n
@@ -375,6 +389,7 @@ class AdasumReduction:
             bounds = _bounds(edges, *keep, device)
             stats = torch.zeros(segments, 3, dtype=torch.float64, device=device)
             local = self._local(partner)
+            first = self.node is not None and index == 0 and topo.fold_partner is None
             exchange_name = f"level {level} exchange with rank {partner}"
             gather_name = f"level {level} gather with rank {partner}"
             gathered = self._then(None, topo.gathered(index))
@@ -394,24 +409,26 @@ class AdasumReduction:
                 other = self.node.slots[local][keep[0] : keep[1]]
                 ready = topo.combined(index - 1) if index > 0 else topo.FOLDED
                 exchange = [_Progress(self, local, ready)]
-                copy = self._then(self._copier(local, *send), topo.gathered(index))
+                # No fold partner reads this slot's result: the last gather lands in ``flat`` itself.
+                copy = self._then(self._copier(local, send, keep if first else None), topo.gathered(index))
                 gathers.append(_Stage(gather_name, [_Progress(self, local, topo.gathered(index + 1))], copy))
-            statistics = self._statistics(keep, lower, other, bounds, stats)
+            statistics = self._statistics(keep, lower, other, bounds, stats, first=first)
             self.stages.append(_Stage(exchange_name, exchange, statistics))
             self.stages.append(
                 _Stage(
                     f"level {level} allreduce of statistics over {sub.size} ranks",
                     [sub.persistent_allreduce(stats)],
-                    self._then(self._combiner(*keep, lower, other, bounds, stats), topo.combined(index)),
+                    self._then(self._combiner(*keep, lower, other, bounds, stats, first=first), topo.combined(index)),
                 )
             )
             lo, hi = keep
         self.stages.extend(reversed(gathers))
         if topo.fold_partner is not None and self._local(topo.fold_partner) is None:
-            result = self._send(buffer, self._flat_twin, topo.fold_partner)
-            self.stages.append(_Stage(f"fold: result to rank {topo.fold_partner}", [result]))
+            to_partner = self._send(buffer, self._flat_twin, topo.fold_partner)
+            self.stages.append(_Stage(f"fold: result to rank {topo.fold_partner}", [to_partner]))
         if self.node is not None:
-            self.stages.append(_Stage("copy out", [], self._copy_out))
+            gathered_in_place = topo.fold_partner is None and self._local(topo.levels[0][1]) is not None
+            self.stages.append(_Stage("copy out", [], self._done if gathered_in_place else self._copy_out))
 
     def _send(self, piece: torch.Tensor, twin: torch.Tensor | None, partner: int) -> _Message:
         return _Message(self.topology.comm, Stager(piece, twin), partner, self.tag, receive=False)
@@ -445,27 +462,41 @@ class AdasumReduction:
 
         return then
 
-    def _copy_in(self, phase: int) -> _Stage:
+    def _copy_in(self, phase: int, region: tuple[int, int] | None) -> _Stage:
         """The node path's first stage: once no node partner reads this slot any more (its last
-        round done), ``flat`` is copied in and ``phase`` published."""
+        round done), ``flat[region]`` is copied in (None: nothing) and ``phase`` published."""
         topo = self.topology
         readers = [r for r in map(self._local, topo.partners()) if r is not None]
         waits: list[_Operation] = [_Progress(self, r, topo.done_phase, previous=True) for r in readers]
 
         def copy_in() -> None:
-            self.buffer.copy_(self.flat)
+            if region is not None:
+                self.buffer[region[0] : region[1]].copy_(self.flat[region[0] : region[1]])
             self._publish(phase)
 
         return _Stage("node-shared slot reuse", waits, copy_in)
 
     def _copy_out(self) -> None:
         self.flat.copy_(self.buffer)
+        self._done()
+
+    def _done(self) -> None:
         self._publish(self.topology.done_phase)
 
-    def _copier(self, local: int, lo: int, hi: int) -> Callable[[], None]:
+    def _copier(self, local: int, send: tuple[int, int], keep: tuple[int, int] | None) -> Callable[[], None]:
+        """A gather from a node partner's slot: its piece ``send`` into this rank's slot, or (``keep``
+        given: the last gather, no fold partner) into ``flat``, this rank's piece ``keep`` beside it."""
         assert self.node is not None
-        source, target = self.node.slots[local][lo:hi], self.buffer[lo:hi]
-        return lambda: target.copy_(source)
+        source, target = self.node.slots[local][send[0] : send[1]], self.buffer[send[0] : send[1]]
+
+        def copy() -> None:
+            if keep is None:
+                target.copy_(source)
+            else:
+                self.flat[send[0] : send[1]].copy_(source)
+                self.flat[keep[0] : keep[1]].copy_(self.buffer[keep[0] : keep[1]])
+
+        return copy
 
     def _copy_from(self, local: int) -> Callable[[], None]:
         """A folded-out rank's end: the result copied from the partner's slot into ``flat``."""
@@ -474,25 +505,41 @@ class AdasumReduction:
 
         def copy() -> None:
             self.flat.copy_(source)
-            self._publish(self.topology.done_phase)
+            self._done()
 
         return copy
 
     # The pair (a, b) is always (lower side, upper side), so every rank of a block
     # accumulates the same [dot, |lower|^2, |upper|^2] and the sum is well defined.
-    def _operands(self, lo: int, hi: int, lower: bool, other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        own = self.buffer[lo:hi]
-        return (own, other) if lower else (other, own)
+    def _operands(
+        self, lo: int, hi: int, lower: bool, other: torch.Tensor, first: bool
+    ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+        """The pair at call time; ``first``: this rank's own piece still in ``flat`` (the node
+        path's first combine, which writes it into the slot)."""
+        own_buffer = self.buffer[lo:hi]
+
+        def operands() -> tuple[torch.Tensor, torch.Tensor]:
+            own = self.flat[lo:hi] if first else own_buffer
+            return (own, other) if lower else (other, own)
+
+        return operands
 
     def _statistics(
-        self, keep: tuple[int, int], lower: bool, other: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor
+        self,
+        keep: tuple[int, int],
+        lower: bool,
+        other: torch.Tensor,
+        bounds: torch.Tensor,
+        stats: torch.Tensor,
+        first: bool = False,
     ) -> Callable[[], None]:
-        a, b = self._operands(*keep, lower, other)
+        operands = self._operands(*keep, lower, other, first)
         tensors = self._stats_tensors
         # The summed tail is left out: its row of statistics stays zero.
         end = int(bounds[tensors])
 
         def compute() -> None:
+            a, b = operands()
             segment_stats(a[:end], b[:end], bounds[: tensors + 1], stats[:tensors])
 
         return compute
@@ -506,14 +553,16 @@ class AdasumReduction:
         bounds: torch.Tensor,
         stats: torch.Tensor,
         local: bool = False,
+        first: bool = False,
     ) -> Callable[[], None]:
-        a, b = self._operands(lo, hi, lower, other)
+        operands = self._operands(lo, hi, lower, other, first)
         out = self.buffer[lo:hi]
-        statistics = self._statistics((lo, hi), lower, other, bounds, stats) if local else None
+        statistics = self._statistics((lo, hi), lower, other, bounds, stats, first) if local else None
 
         def combine() -> None:
             if statistics is not None:  # the fold: whole tensors are here, no sum needed
                 statistics()
+            a, b = operands()
             segment_combine(a, b, bounds, stats, out)
 
         return combine
