@@ -27,6 +27,12 @@ Every reduction is a fixed sequence of stages with persistent MPI requests, set 
 per fused buffer; :class:`Adasum` drives several at once without blocking, so buckets
 reduce while backward runs (:class:`AdasumReducer`).
 
+**Ranks on one node.** Where node-shared memory applies (:mod:`.shm`), a step whose
+partner shares the node passes no message: each rank works in its slot of a node-shared
+window and reads the partner's piece in place, waiting on its progress counter
+(:class:`AdasumReduction`'s node path); steps between nodes and the statistics' sums stay
+on MPI, so the result is the message path's, bit for bit.
+
 **Device memory.** Every message goes through a :class:`~.device.Stager`, as collectives
 do: where the communicator stages the buffer (MPI not CUDA-aware, or ``stage_all``),
 sends and receives use slices of one host twin of the buffer and one of the scratch
@@ -126,7 +132,8 @@ class AdasumTopology:
 
 
 class _Operation(Protocol):
-    """A persistent MPI operation of a stage: a message or the statistics' allreduce."""
+    """What a stage waits for: a persistent message, the statistics' allreduce, or (node path)
+    a node partner's progress counter."""
 
     def start(self) -> None: ...
 
@@ -300,6 +307,8 @@ class AdasumReduction:
     flat: torch.Tensor
     numels: Sequence[int]
     tag: int = 0
+    #: Node-shared slots made ahead (:meth:`Adasum.storage`), whose slot is ``flat`` itself.
+    shared: _NodeBuffers | None = None
     stages: list[_Stage] = field(init=False)
     started: int = field(init=False, default=0)
     finished: int = field(init=False, default=0)
@@ -320,12 +329,14 @@ class AdasumReduction:
         self.stages = []
         self.round = 0
         #: Node-shared slots where the node path applies (None: every step passes messages).
-        self.node: _NodeBuffers | None = None
-        if topo.group is not None and n > 0 and takes(comm, flat):
+        self.node: _NodeBuffers | None = self.shared
+        if self.node is None and topo.group is not None and n > 0 and takes(comm, flat):
             self.node = _NodeBuffers(topo.group, n, flat.dtype)
         #: The memory the reduction works in: this rank's slot on the node path, else ``flat``.
         self.buffer = flat if self.node is None else self.node.slots[self.node.local_rank]
         buffer = self.buffer
+        #: Whether ``flat`` is the slot itself (nothing to copy in or out).
+        self.in_place = buffer.data_ptr() == flat.data_ptr()
         # Staged: one host twin of the buffer, sliced for every message (None: MPI takes it directly).
         self._flat_twin = comm.host_twin(buffer)
         if topo.folded_out:
@@ -470,14 +481,15 @@ class AdasumReduction:
         waits: list[_Operation] = [_Progress(self, r, topo.done_phase, previous=True) for r in readers]
 
         def copy_in() -> None:
-            if region is not None:
+            if region is not None and not self.in_place:
                 self.buffer[region[0] : region[1]].copy_(self.flat[region[0] : region[1]])
             self._publish(phase)
 
         return _Stage("node-shared slot reuse", waits, copy_in)
 
     def _copy_out(self) -> None:
-        self.flat.copy_(self.buffer)
+        if not self.in_place:
+            self.flat.copy_(self.buffer)
         self._done()
 
     def _done(self) -> None:
@@ -494,7 +506,8 @@ class AdasumReduction:
                 target.copy_(source)
             else:
                 self.flat[send[0] : send[1]].copy_(source)
-                self.flat[keep[0] : keep[1]].copy_(self.buffer[keep[0] : keep[1]])
+                if not self.in_place:
+                    self.flat[keep[0] : keep[1]].copy_(self.buffer[keep[0] : keep[1]])
 
         return copy
 
@@ -567,6 +580,20 @@ class AdasumReduction:
 
         return combine
 
+    def writable(self) -> bool:
+        """Whether no node partner still reads this rank's slot (every one done with this round)."""
+        topo = self.topology
+        readers = [r for r in map(self._local, topo.partners()) if r is not None]
+        return all(_Progress(self, r, topo.done_phase).test() for r in readers)
+
+    def wait_writable(self, what: str) -> None:
+        """Before writing ``flat`` where it is the slot itself: wait (watchdogged) until :meth:`writable`."""
+        if self.node is not None and self.round > 0:
+            self.topology.comm.wait_for(self.writable, lambda: f"{what} (node progress {self.node_progress()})")
+
+    def node_progress(self) -> list[int]:
+        return [] if self.node is None else self.node.progress()
+
     # ------------------------------------------------------------- driving
     @property
     def done(self) -> bool:
@@ -622,12 +649,31 @@ class Adasum:
         self.comm = comm
         self.topology = AdasumTopology(comm)
         self._inflight: list[AdasumReduction] = []
+        self._storage: dict[int, _NodeBuffers] = {}  # slot address -> its window, until a reduction takes it
+
+    def storage(self, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """A zeroed buffer of ``numel`` elements in this rank's slot of a new node-shared window, for a
+        caller to keep its data in and reduce in place (no copy in or out), or None where the node
+        path does not apply (collective over the node; every rank of it gets one or none)."""
+        group = self.topology.group
+        if group is None or numel < 1 or not takes(self.comm, torch.empty(0, dtype=dtype)):
+            return None
+        shared = _NodeBuffers(group, numel, dtype)
+        slot = shared.slots[shared.local_rank]
+        slot.zero_()
+        self._storage[slot.data_ptr()] = shared
+        return slot
 
     def reduction(self, flat: torch.Tensor, numels: Sequence[int], tag: int = 0) -> AdasumReduction:
-        """A reusable in-place reduction of ``flat`` (tensors of ``numels``, then summed extras)."""
+        """A reusable in-place reduction of ``flat`` (tensors of ``numels``, then summed extras);
+        where ``flat`` is a buffer of :meth:`storage`, the reduction works in it and owns its window."""
         if flat.dim() != 1 or not flat.is_contiguous():
             raise ValueError("Adasum reduces flat contiguous buffers")
-        return AdasumReduction(self.topology, flat, list(numels), tag % 32768)  # MPI guarantees tags < 32768
+        shared = self._storage.pop(flat.data_ptr(), None)
+        if shared is not None and shared.slots[shared.local_rank].numel() != flat.numel():
+            raise ValueError("a node-shared Adasum buffer is reduced whole")
+        # MPI guarantees tags < 32768.
+        return AdasumReduction(self.topology, flat, list(numels), tag % 32768, shared)
 
     def start(self, reduction: AdasumReduction) -> None:
         reduction.restart()
@@ -674,6 +720,14 @@ class AdasumReducer:
 
     def prepare(self, bucket: Bucket) -> None:
         self.reductions[bucket.index] = self.adasum.reduction(bucket.wire, bucket.buffer.numels, tag=bucket.index)
+
+    def storage(self, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """Node-shared storage for a bucket reduced in place where it applies (:meth:`Adasum.storage`)."""
+        return self.adasum.storage(numel, dtype)
+
+    def wait_writable(self, bucket: Bucket) -> None:
+        """Before writing a bucket kept in node-shared storage: wait until no node partner reads it."""
+        self.reductions[bucket.index].wait_writable(f"adasum of bucket {bucket.index}: node-shared slot reuse")
 
     def start(self, bucket: Bucket) -> None:
         self.adasum.start(self.reductions[bucket.index])

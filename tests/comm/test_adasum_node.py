@@ -106,7 +106,7 @@ def test_falls_back_to_the_message_path(kind):
         comm.free()
 
 
-def _train(comm: Communicator, mode: str) -> tuple[list[torch.Tensor], list[bool]]:
+def _train(comm: Communicator, mode: str) -> tuple[list[torch.Tensor], list[bool], list[bool]]:
     torch.manual_seed(7)
     model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
     solver = mpisolve.make_solver(
@@ -114,6 +114,7 @@ def _train(comm: Communicator, mode: str) -> tuple[list[torch.Tensor], list[bool
     )
     reducer = solver.grads.reducer if mode == "gradient" else solver.deltas.reducer
     on_node = [r.node is not None for r in reducer.reductions.values()]
+    in_place = [r.node is not None and r.in_place for r in reducer.reductions.values()]
     g = torch.Generator().manual_seed(comm.rank)
     for _ in range(3):
         x, y = torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g)
@@ -122,7 +123,7 @@ def _train(comm: Communicator, mode: str) -> tuple[list[torch.Tensor], list[bool
         solver.step()
     params = [p.detach().clone() for p in model.parameters()]
     solver.close()
-    return params, on_node
+    return params, on_node, in_place
 
 
 @pytest.mark.mpi(min_size=2)
@@ -132,9 +133,12 @@ def _train(comm: Communicator, mode: str) -> tuple[list[torch.Tensor], list[bool
 def test_the_solver_takes_the_node_path_in_both_modes_and_steps_as_without_it(mode):
     on, off = Communicator(), Communicator(node_shm=False)
     try:
-        params_on, node_on = _train(on, mode)
-        params_off, node_off = _train(off, mode)
+        params_on, node_on, in_place = _train(on, mode)
+        params_off, node_off, _ = _train(off, mode)
         assert node_on and all(node_on) and not any(node_off)
+        # Delta mode keeps its buckets in the window (no copy in or out); gradient mode's
+        # buckets are GradientBuckets' own memory, copied in and out.
+        assert all(in_place) if mode == "delta" else not any(in_place)
         # Both runs compute the same forward and backward on this rank and machine; Adasum
         # is bit for bit the same on both paths, so every parameter is.
         for a, b in zip(params_on, params_off):
