@@ -2,12 +2,12 @@
 # docs/studies/node-aware.md: node-shared gradient buckets and the hierarchical allreduce.
 # Each rank count's benches run in one hold of ${PERF_LOCK} (exclusive, when set), so nothing
 # else shares the cores while they measure. -> perf/results/node_aware/*.json, *.csv
-# (bash perf/node_aware.sh [n2|n4|n8|cluster] runs one step alone.)
+# (bash perf/node_aware.sh [n2|n4|n8|2x2|2x3] runs one step alone.)
 #   1. bench allreduce on ResNet-18's gradients at 2, 4, 8 ranks on one node: node-shared
 #      buckets, the same buckets on MPI's path, MPICH's contiguous Allreduce, gloo;
 #   2. bench sweep 4 KiB - 64 MiB at 2, 4, 8 ranks (mpi, bucketed, sum);
-#   3. the emulated 2-node cluster (tests/cluster/fake-ssh), 2x2 ranks: the same two benches,
-#      the hierarchical path against flat MPI;
+#   3. the emulated 2-node cluster (tests/cluster/fake-ssh), 2x2 and 2x3 ranks: the same two
+#      benches, the hierarchical path against flat MPI;
 #   4. bench step at 4 ranks: the allreduce solver's training step against DDP on gloo, MLP and ResNet-18.
 # Then perf/node_aware_model.py fits the performance model's node level to step 1.
 set -euo pipefail
@@ -16,7 +16,7 @@ PY="${PYTHON:-.venv/bin/python}"
 MPIEXEC="$(dirname "$PY")/mpiexec"
 OUT=perf/results/node_aware
 mkdir -p "$OUT"
-CLUSTER=(-launcher ssh -launcher-exec "$PWD/tests/cluster/fake-ssh" -hosts nodeA:2,nodeB:2)
+CLUSTER=(-launcher ssh -launcher-exec "$PWD/tests/cluster/fake-ssh")
 # One hold of ${PERF_LOCK} per rank count (a few minutes each): its benches run back to back.
 held() {  # held STEP: run this script's STEP with the lock held exclusively
     if [ -n "${PERF_LOCK:-}" ]; then flock "$PERF_LOCK" bash "$0" "$1"; else bash "$0" "$1"; fi
@@ -33,11 +33,11 @@ bench() {  # bench NAME MPIEXEC-ARGS... -- BENCH-ARGS...
 sweep() {  # sweep NAME MPIEXEC-ARGS...
     local name=$1; shift
     bench "$name" "$@" -- sweep --ops mpi,bucketed,sum --min-bytes 4K --max-bytes 64M --factor 4 \
-        --repeats 10 --small-repeats 50 --csv "$OUT/$name.csv"
+        --repeats 10 --small-repeats 200 --csv "$OUT/$name.csv"
 }
 case "${1:-all}" in
     all)
-        for step in n4 n8 n2 cluster; do held "$step"; done
+        for step in n4 n8 n2 2x2 2x3; do held "$step"; done
         "$PY" perf/node_aware_model.py
         ;;
     n4)
@@ -50,8 +50,11 @@ case "${1:-all}" in
         bench "allreduce_resnet18_n$n" -n "$n" -- allreduce --model resnet18 --compare-paths --repeats 20 --warmup 3
         sweep "sweep_n$n" -n "$n"
         ;;
-    cluster)
-        bench allreduce_resnet18_2x2 "${CLUSTER[@]}" -n 4 -- allreduce --model resnet18 --compare-paths --repeats 20 --warmup 3
-        sweep sweep_2x2 "${CLUSTER[@]}" -n 4
+    2x2 | 2x3)
+        k=${1#2x}
+        hosts=(-hosts "nodeA:$k,nodeB:$k")
+        bench "allreduce_resnet18_$1" "${CLUSTER[@]}" "${hosts[@]}" -n $((2 * k)) -- allreduce --model resnet18 \
+            --compare-paths --repeats 20 --warmup 3
+        sweep "sweep_$1" "${CLUSTER[@]}" "${hosts[@]}" -n $((2 * k))
         ;;
 esac

@@ -305,8 +305,8 @@ class GradientBuckets:
     ``Communicator(node_shm=False)`` or ``MPISOLVE_NODE_SHM=0``), each bucket lives in a
     node-shared window (:class:`.shm.NodeSumReducer`): backward writes this rank's slot,
     the node's ranks sum their shares as soon as all have written it (the average's
-    ``1 / ranks`` fused into the sum), nodes exchange by MPI, and the tally goes in a round
-    of its own (exact in float64 whatever the gradients' dtype). After ``finish`` each
+    ``1 / ranks`` fused into the sum), nodes exchange by MPI, and the tally rides in the
+    first bucket's round in float64 rows of its own (exact whatever the gradients' dtype). After ``finish`` each
     ``p.grad`` is a view of the sum in the window, read in place by the node's ranks; a
     hook points it back at this rank's slot before the next backward accumulates into it
     (copying the sum there when the gradient was not zeroed), and, where a bucket's sum is
@@ -378,7 +378,10 @@ class GradientBuckets:
             # float32, which holds any realistic count exactly, where bfloat16 would round it past 256.
             self._tally_in = self._tally_out = first.wire[first.buffer.numel :]
         else:
-            self._tally_in, self._tally_out = self.node.tally.slot, self.node.tally.result
+            self._tally_in, self._tally_out = self.node.tally_slot, self.node.tally_result
+        # This rank's tally, set through its numpy view (no tensor indexing) and copied in with one copy.
+        self._tally = torch.zeros(self.TALLY, dtype=torch.float64)
+        self._tally_host = self._tally.numpy()
         self.samples = samples
         self._generation = 0  # this step's number: a parameter reported in it carries it
         self._reported = [-1] * len(self._view_of)
@@ -453,10 +456,11 @@ class GradientBuckets:
         bucket.to_wire()
         if bucket.index == 0:
             withheld = self._withheld
-            self._tally_in[0] = 0 if withheld or self.samples is None else self.samples()
-            self._tally_in[1] = 0 if withheld else 1
+            self._tally_host[0] = 0 if withheld or self.samples is None else self.samples()
+            self._tally_host[1] = 0 if withheld else 1
+            self._tally_in.copy_(self._tally)
         if self.weighted and self.node is not None:  # this rank's slot weighed by its samples (MPI's path: the reducer)
-            bucket.buffer.flat.mul_(float(self._tally_in[0]))
+            bucket.buffer.flat.mul_(float(self._tally_host[0]))
         self.reducer.start(bucket)
         bucket.launched = True
 

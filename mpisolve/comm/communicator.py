@@ -16,6 +16,7 @@ Calls MPI offers only as blocking (window locks, flushes, frees) go through
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 import time
@@ -90,6 +91,15 @@ def _all_done(requests: list[MPI.Request]) -> bool:
     return all(r.Test() for r in requests)
 
 
+def _machine_id() -> str:
+    """What ranks on one machine share: the kernel's boot id (containers on one kernel too), else the host name."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:  # not Linux
+        return socket.gethostname()
+
+
 def _available_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -124,7 +134,7 @@ class Communicator:
     rank); ``"yield"`` polls and yields the core to other processes between polls, and
     after 2 ms sleeps between polls (backing off to 1 ms), so ranks sharing cores leave
     them to ranks that compute without slowing short operations; ``"auto"`` picks
-    ``"yield"`` when the node runs more ranks than it has cores (default from
+    ``"yield"`` when the host runs more of the job's ranks than it has cores (default from
     ``MPISOLVE_WAIT``).
 
     ``cuda_aware`` says whether MPI may be given CUDA device memory (default: detected,
@@ -155,6 +165,10 @@ class Communicator:
         self.local_size: int = self.node.Get_size()
         self.nodes: int = self.comm.allreduce(1 if self.local_rank == 0 else 0)
         self.cores: int = _available_cores()
+        #: This communicator's ranks on this rank's machine: the node's, or more where MPI sees several
+        #: "nodes" on one machine (containers, the emulated cluster of tests/cluster), which share its cores.
+        host = _machine_id()
+        self.host_size: int = max(self.local_size, sum(h == host for h in self.comm.allgather(host)))
         self.node_shm: bool = node_shm if node_shm is not None else os.environ.get("MPISOLVE_NODE_SHM", "1") != "0"
         self.timeout_s = float(
             timeout_s if timeout_s is not None else os.environ.get("MPISOLVE_TIMEOUT", DEFAULT_TIMEOUT_S)
@@ -165,7 +179,7 @@ class Communicator:
         if policy not in WAIT_POLICIES:
             raise ValueError(f"wait must be one of {WAIT_POLICIES}, got {policy!r}")
         if policy == "auto":
-            policy = "yield" if self.local_size > self.cores else "spin"
+            policy = "yield" if self.host_size > self.cores else "spin"
         self.wait_policy: str = policy
         #: Seconds this rank has spent blocked in :meth:`wait`, here and on communicators
         #: split from this one, for busy/comm/idle accounting.
@@ -679,7 +693,7 @@ def init(
             if threads is not None:
                 torch.set_num_threads(threads)
             elif "OMP_NUM_THREADS" not in os.environ:
-                torch.set_num_threads(max(1, _WORLD.cores // _WORLD.local_size))
+                torch.set_num_threads(max(1, _WORLD.cores // _WORLD.host_size))
         return _WORLD
 
 

@@ -13,7 +13,7 @@ bandwidth path the *result*. A round:
 1. ``start``: this rank's slot is final: it bumps its ``arrived`` counter.
 2. Once every local rank has arrived (their counters, no barrier), either
    - **bandwidth path**: this rank sums the slots over its own share of the elements into
-     the node-shared result (:func:`mpisolve.kernels.slots.sum_slots`), allreduces that
+     the node-shared result (:func:`mpisolve.kernels.slots.slot_sum`), allreduces that
      share over the cross communicator when there are several nodes, and bumps its
      ``done`` counter; the round is complete when every local rank is done, and the whole
      result is read in place by every local rank; or
@@ -46,10 +46,11 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
+import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..kernels.slots import host_rows, sum_slots
+from ..kernels.slots import host_rows, slot_sum
 from .communicator import Communicator, PersistentAllreduce, mpi_buffer
 from .windows import shard_bounds
 
@@ -186,13 +187,20 @@ class NodeAllreduce:
     ``slot``: this rank's input (write it, then :meth:`start`); ``result``: the sum (shared
     by the node's ranks on the bandwidth path: read it, never write it), valid from
     completion until the next round is started. ``scale`` multiplies every result.
+
+    ``tally``: float64 elements summed in the same round, unscaled and exact whatever
+    ``dtype`` and ``scale`` (a step's sample count beside its first gradient bucket, at
+    no round of its own): this rank writes ``tally_slot`` before :meth:`start` and every
+    rank reads the whole sum in its own ``tally_result``.
     """
 
-    def __init__(self, group: NodeGroup, numel: int, dtype: torch.dtype, *, scale: float = 1.0) -> None:
+    def __init__(self, group: NodeGroup, numel: int, dtype: torch.dtype, *, scale: float = 1.0, tally: int = 0) -> None:
         if dtype not in NODE_DTYPES:
             raise TypeError(f"a node-shared sum takes {', '.join(map(str, NODE_DTYPES))}; got {dtype}")
         if numel < 1:
             raise ValueError(f"numel must be >= 1, got {numel}")
+        if tally < 0:
+            raise ValueError(f"tally must be >= 0, got {tally}")
         self.group = group
         self.comm = group.comm
         self.numel = numel
@@ -203,34 +211,41 @@ class NodeAllreduce:
         ranks = group.local_size
         self.latency = numel * itemsize <= LATENCY_MAX_BYTES
         row = _padded(numel * itemsize)
+        tally_row = _padded(tally * 8)
         flags_bytes = 2 * ranks * _CACHE_LINE
         result_bytes = 0 if self.latency else row + (_padded(numel * 4) if self.half else 0)
-        total = flags_bytes + ranks * row + result_bytes
-        self.win, memory = _shared_window(group, total, flags_bytes, "node-shared window")
+        slots_end = flags_bytes + ranks * row
+        tally_end = slots_end + ranks * tally_row
+        self.win, memory = _shared_window(group, tally_end + result_bytes, flags_bytes, "node-shared window")
         flags = memory[:flags_bytes].view(torch.int64).numpy()
         self._arrived = flags[: ranks * _FLAG_STRIDE : _FLAG_STRIDE]
         self._done = flags[ranks * _FLAG_STRIDE :: _FLAG_STRIDE]
-        slots = memory[flags_bytes : flags_bytes + ranks * row].view(dtype).view(ranks, -1)
-        self._rows = host_rows(slots)
-        self.slot = slots[group.local_rank, :numel]
+        self._me = group.local_rank
+        slots = memory[flags_bytes:slots_end].view(dtype).view(ranks, -1)
+        self.slot = slots[self._me, :numel]
+        tally_rows = memory[slots_end:tally_end].view(torch.float64).view(ranks, tally_row // 8)
+        self.tally_slot = tally_rows[self._me, :tally]
+        self.tally_result = torch.zeros(tally, dtype=torch.float64)
         if self.latency:
             self.result = torch.zeros(numel, dtype=dtype)
-            self._acc = torch.zeros(numel, dtype=torch.float32) if self.half else self.result
+            acc = torch.zeros(numel, dtype=torch.float32) if self.half else self.result
             self.share = (0, numel)
         else:
-            start = flags_bytes + ranks * row
-            self.result = memory[start : start + numel * itemsize].view(dtype)
-            self._acc = memory[start + row : start + row + numel * 4].view(torch.float32) if self.half else self.result
-            self.share = shard_bounds(numel, ranks, "sharded", itemsize)[group.local_rank]
-        self._acc_host = self._acc.numpy()
+            self.result = memory[tally_end : tally_end + numel * itemsize].view(dtype)
+            half_acc = memory[tally_end + row : tally_end + row + numel * 4]
+            acc = half_acc.view(torch.float32) if self.half else self.result
+            self.share = shard_bounds(numel, ranks, "sharded", itemsize)[self._me]
         lo, hi = self.share
-        self._acc_share = self._acc[lo:hi]
+        self._acc_share = acc[lo:hi]
         self._result_share = self.result[lo:hi]
-        self._brain = dtype == torch.bfloat16
+        # The round's kernels, checked once: this rank's share of the slots, and the whole tally.
+        scale = self.scale if group.cross is None else 1.0  # across nodes: scaled once the nodes' sums are in
+        self._sum = slot_sum(host_rows(slots), lo, hi, acc.numpy(), scale, brain=dtype == torch.bfloat16)
+        self._sum_tally = slot_sum(tally_rows.numpy(), 0, tally, self.tally_result.numpy()) if tally else None
         self._seq = 0
         #: idle -> arrived -> reduced -> (internode ->) published (bandwidth path) -> idle.
         self.stage = "idle"
-        self._request: MPI.Request = MPI.REQUEST_NULL
+        self._requests: list[MPI.Request] = []
 
     # ----------------------------------------------------------------- round
     def start(self) -> None:
@@ -240,7 +255,7 @@ class NodeAllreduce:
                 raise RuntimeError("a node-shared sum was started again before its round completed")
             self._seq += 1
             self.win.Sync()
-            self._arrived[self.group.local_rank] = self._seq
+            self._arrived[self._me] = self._seq
             self.stage = "arrived"
             if self.group.cross is not None:
                 self.group.unposted.append(self)
@@ -248,6 +263,8 @@ class NodeAllreduce:
 
     def test(self) -> bool:
         """Drive the round as far as it can go now; True once this rank's result is complete."""
+        if self.stage == "idle":
+            return True
         with self.group.lock:
             return self._advance()
 
@@ -256,7 +273,7 @@ class NodeAllreduce:
 
     def writable(self) -> bool:
         """Whether no local rank still reads this rank's slot (it may be written for the next round)."""
-        if self._done.min() < self._seq:
+        if not _reached(self._done, self._seq):
             return False
         self.win.Sync()
         return True
@@ -273,20 +290,23 @@ class NodeAllreduce:
 
     def reduce_if_ready(self) -> None:
         """Once every local rank has arrived: sum the slots over this rank's share (stage "reduced")."""
-        if self.stage != "arrived" or self._arrived.min() < self._seq:
+        if self.stage != "arrived" or not _reached(self._arrived, self._seq):
             return
         self.win.Sync()
-        lo, hi = self.share
-        scale = self.scale if self.group.cross is None else 1.0
-        sum_slots(self._rows, lo, hi, self._acc_host, scale, brain=self._brain)
+        self._sum()
+        if self._sum_tally is not None:
+            self._sum_tally()
         if self.latency:  # done reading the slots; the result is this rank's own
             self._publish()
         self.stage = "reduced"
 
     def post(self) -> None:
-        """Start the inter-node sum of this rank's share (in start order: :meth:`NodeGroup.post_ready`)."""
+        """Start the inter-node sums of this share and the tally (in start order: :meth:`NodeGroup.post_ready`)."""
         assert self.group.cross is not None
-        self._request = self.group.cross.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(self._acc_share), MPI.SUM)
+        cross = self.group.cross.comm
+        self._requests = [cross.Iallreduce(MPI.IN_PLACE, mpi_buffer(self._acc_share), MPI.SUM)]
+        if self._sum_tally is not None:
+            self._requests.append(cross.Iallreduce(MPI.IN_PLACE, mpi_buffer(self.tally_result), MPI.SUM))
         self.stage = "internode"
 
     def _advance(self) -> bool:
@@ -297,13 +317,13 @@ class NodeAllreduce:
             else:
                 self.group.post_ready()
         if self.stage == "internode":
-            if not self._request.Test():
+            if not all(r.Test() for r in self._requests):  # one by one, as Communicator.wait
                 return False
             if self.scale != 1.0:
                 self._acc_share.mul_(self.scale)
             self._finish_share()
         if self.stage == "published":
-            if self._done.min() < self._seq:
+            if not _reached(self._done, self._seq):
                 return False
             self.win.Sync()
             self.stage = "idle"
@@ -320,11 +340,16 @@ class NodeAllreduce:
 
     def _publish(self) -> None:
         self.win.Sync()
-        self._done[self.group.local_rank] = self._seq
+        self._done[self._me] = self._seq
 
     def free(self) -> None:
         """Release the window (collective over the node)."""
         _free_window(self.comm, self.win)
+
+
+def _reached(counters: np.ndarray, seq: int) -> bool:
+    """Whether every local rank's counter has reached ``seq``."""
+    return all(c >= seq for c in counters.tolist())
 
 
 class NodePersistentAllreduce:
@@ -424,7 +449,7 @@ class NodeRelease:
         self.comm.wait_for(self._all_released, lambda: f"{what} (released {self._counters.tolist()}, {self._seq})")
 
     def _all_released(self) -> bool:
-        if self._counters.min() < self._seq:
+        if not _reached(self._counters, self._seq):
             return False
         self.win.Sync()
         return True
@@ -442,42 +467,52 @@ class NodeSumReducer:
     rank has written it, while backward goes on); the sum, scaled by ``scale``, is in
     :meth:`result` (shared by the node's ranks on the bandwidth path: read it in place,
     never write it). The step's ``tally`` (``tally`` float64 elements: counts the sum must
-    hold exactly whatever the buckets' dtype and ``scale``) is summed unscaled beside the
-    first bucket, in a round of its own. :meth:`release` ends a step whose shared results
-    were read in place: no rank writes them before every local rank has stepped.
+    hold exactly whatever the buckets' dtype and ``scale``) rides in the first bucket's
+    round, unscaled (:attr:`tally_slot`, :attr:`tally_result`). :meth:`release` ends a step
+    whose shared results were read in place: no rank writes them before every local rank
+    has stepped.
     """
 
     def __init__(self, group: NodeGroup, scale: float, tally: int) -> None:
         self.group = group
         self.scale = scale
+        self.tally = tally
         self.ops: list[NodeAllreduce] = []
         self._inflight: list[NodeAllreduce] = []
-        self.tally = NodeAllreduce(group, tally, torch.float64)
         self._release = NodeRelease(group)
+        #: Whether some bucket's sum is shared by the node's ranks (the bandwidth path).
+        self._shared = False
 
     def allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """Storage for the next bucket (collective): its slot, zeroed."""
-        op = NodeAllreduce(self.group, numel, dtype, scale=self.scale)
+        """Storage for the next bucket (collective): its slot, zeroed; the first bucket's round carries the tally."""
+        op = NodeAllreduce(self.group, numel, dtype, scale=self.scale, tally=0 if self.ops else self.tally)
         op.slot.zero_()
+        op.tally_slot.zero_()
         self.ops.append(op)
+        self._shared = self._shared or not op.latency
         return op.slot
+
+    @property
+    def tally_slot(self) -> torch.Tensor:
+        """This rank's tally, written before the first bucket starts."""
+        return self.ops[0].tally_slot
+
+    @property
+    def tally_result(self) -> torch.Tensor:
+        """The summed tally, once the first bucket's round is complete."""
+        return self.ops[0].tally_result
 
     def result(self, index: int) -> torch.Tensor:
         return self.ops[index].result
 
     def wait_writable(self, index: int) -> None:
-        """Wait until no local rank still reads bucket ``index``'s slot (the first bucket's: and the tally's)."""
+        """Wait until no local rank still reads bucket ``index``'s slot (the first bucket's: and its tally)."""
         self.ops[index].wait_writable(f"gradient bucket {index} slot reuse")
-        if index == 0:
-            self.tally.wait_writable("gradient tally slot reuse")
 
     def prepare(self, bucket: Bucket) -> None:
         """Nothing: the bucket's round was set up by :meth:`allocate`."""
 
     def start(self, bucket: Bucket) -> None:
-        if bucket.index == 0:
-            self.tally.start()
-            self._inflight.append(self.tally)
         op = self.ops[bucket.index]
         op.start()
         self._inflight.append(op)
@@ -487,8 +522,6 @@ class NodeSumReducer:
             self._inflight = [op for op in self._inflight if not op.test()]
 
     def finish(self, bucket: Bucket) -> None:
-        if bucket.index == 0:
-            self.tally.wait("node-shared gradient tally")
         self.ops[bucket.index].wait(f"node-shared gradient sum of bucket {bucket.index}")
 
     def release(self) -> None:
@@ -497,11 +530,11 @@ class NodeSumReducer:
         Only bandwidth-path sums are shared: where every bucket takes the latency path, each
         rank's result is its own and the step ends without waiting.
         """
-        if any(not op.latency for op in self.ops):
+        if self._shared:
             self._release.release("node-shared gradient release")
 
     def close(self) -> None:
-        for op in [*self.ops, self.tally]:
+        for op in self.ops:
             op.free()
         self._release.free()
         self.ops.clear()

@@ -63,7 +63,9 @@ def fit_node_memory(per_node: Sequence[int], n: float, seconds: Sequence[float])
     """Least-squares ``node_Bps`` and ``sync_s`` from bandwidth-path times of ``n`` bytes at one node.
 
     ``seconds[i]`` was measured with ``per_node[i]`` ranks; the model is linear in
-    ``(2, (per_node + 1) n)`` against ``(sync_s, 1 / node_Bps)``.
+    ``(2, (per_node + 1) n)`` against ``(sync_s, 1 / node_Bps)``. Where the best fit would
+    need a negative counter wait, the bandwidth is fitted alone with ``sync_s = 0`` (the
+    least-squares fit under that bound).
     """
     require(len(per_node) == len(seconds) >= 2, "fit_node_memory needs at least two (ranks, seconds) points")
     rows = [(2.0, (p + 1) * n) for p in per_node]
@@ -77,5 +79,7 @@ def fit_node_memory(per_node: Sequence[int], n: float, seconds: Sequence[float])
     require(det > 0, "fit_node_memory needs measurements at two or more different rank counts")
     sync = (b1 * a22 - b2 * a12) / det
     inverse_bw = (a11 * b2 - a12 * b1) / det
+    if sync < 0:
+        sync, inverse_bw = 0.0, b2 / a22
     require(inverse_bw > 0, "the measured times do not grow with the ranks: no bandwidth to fit")
-    return NodeMemory(node_Bps=1.0 / inverse_bw, sync_s=max(sync, 0.0))
+    return NodeMemory(node_Bps=1.0 / inverse_bw, sync_s=sync)

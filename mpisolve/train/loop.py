@@ -247,7 +247,7 @@ class Trainer:
             self.ctrl.barrier()
             if turn == self.comm.rank:
                 mine = min(self._compute_seconds(n) for _ in range(3)) / n  # the first warms up
-        sharing = math.ceil(self.comm.local_size / self.comm.cores)
+        sharing = math.ceil(self.comm.host_size / self.comm.cores)
         return max(self.ctrl.allgather_object(mine)) * sharing * 2.0
 
     # ------------------------------------------------------------------ the loop

@@ -27,6 +27,14 @@ def comm():
     return comm
 
 
+def test_ranks_waiting_count_the_hosts_cores_not_the_nodes(comm):
+    """The two emulated nodes share this machine's cores: ``auto`` yields once the host is oversubscribed."""
+    assert comm.host_size == comm.size
+    auto = Communicator(wait="auto")
+    assert auto.wait_policy == ("yield" if comm.size > comm.cores else "spin")
+    auto.free()
+
+
 def test_hierarchical_sums_equal_mpi_allreduce(comm):
     group = node_group(comm)
     assert group is not None and group.cross is not None and group.cross.size == 2

@@ -15,6 +15,10 @@ def test_ranks_and_node_split():
     assert (comm.rank, comm.size) == (MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
     assert comm.local_size == comm.size and comm.local_rank == comm.rank  # one machine
     assert comm.nodes == 1
+    assert comm.host_size == comm.size
+    auto = Communicator(wait="auto")
+    assert auto.wait_policy == ("yield" if comm.size > comm.cores else "spin")
+    auto.free()
 
 
 @pytest.mark.mpi(min_size=2)

@@ -50,16 +50,22 @@ def test_sums_equal_the_ordered_reference_round_after_round(dtype):
     assert group is not None  # several ranks per node here
     itemsize = torch.empty(0, dtype=dtype).element_size()
     sizes = [1, 1000, LATENCY_MAX_BYTES // itemsize, LATENCY_MAX_BYTES // itemsize + 1, 70_001]
-    ops = [NodeAllreduce(group, n, dtype, scale=0.5) for n in sizes]
+    # Every other op carries a float64 tally in its round: summed exactly and unscaled.
+    ops = [NodeAllreduce(group, n, dtype, scale=0.5, tally=2 * (i % 2)) for i, n in enumerate(sizes)]
     assert [op.latency for op in ops] == [True, True, True, False, False]
     for round_ in range(3):
         for op in ops:
             op.wait_writable()
             op.slot.copy_(rank_input(comm.rank, round_, op.numel, dtype))
+            op.tally_slot.copy_(
+                torch.tensor([comm.rank + 1, 2.0**40 + round_], dtype=torch.float64)[: op.tally_slot.numel()]
+            )
             op.start()
         for op in ops[::-1]:  # completed in another order than started
             op.wait()
-        for op in ops:
+        for i, op in enumerate(ops):
+            tally = [comm.size * (comm.size + 1) / 2, comm.size * (2.0**40 + round_)]
+            assert op.tally_result.tolist() == tally[: 2 * (i % 2)]
             want = oracle(comm, round_, op.numel, dtype, 0.5)
             if comm.nodes == 1:  # one node: the kernel's order is the oracle's, bit for bit
                 assert torch.equal(op.result, want), (op.numel, round_)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from mpisolve.kernels.slots import host_rows, sum_slots
+from mpisolve.kernels.slots import host_rows, slot_sum
 
 
 def ordered_sum(rows: torch.Tensor, start: int, stop: int, acc: torch.dtype, scale: float) -> torch.Tensor:
@@ -27,7 +27,7 @@ def test_equals_the_ordered_sum_bit_for_bit(dtype, ranks, scale):
     rows[0, :4] = torch.tensor([float("inf"), -0.0, 1e-6, -3.5]).to(dtype)  # inf, signed zero, half subnormal
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     out = torch.full((5000,), -7.0, dtype=acc)
-    sum_slots(host_rows(rows), 3, 4500, out.numpy(), scale, brain=dtype == torch.bfloat16)
+    slot_sum(host_rows(rows), 3, 4500, out.numpy(), scale, brain=dtype == torch.bfloat16)()
     assert torch.equal(out[3:4500], ordered_sum(rows, 3, 4500, acc, scale))
     assert (out[:3] == -7).all() and (out[4500:] == -7).all()  # nothing outside the range is written
 
@@ -35,7 +35,7 @@ def test_equals_the_ordered_sum_bit_for_bit(dtype, ranks, scale):
 def test_every_float16_pattern_widens_exactly():
     patterns = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16)
     out = torch.empty(65536)
-    sum_slots(host_rows(patterns.view(1, -1)), 0, 65536, out.numpy())
+    slot_sum(host_rows(patterns.view(1, -1)), 0, 65536, out.numpy())()
     want = patterns.float()
     assert torch.equal(out.isnan(), want.isnan())
     keep = ~want.isnan()
@@ -45,8 +45,8 @@ def test_every_float16_pattern_widens_exactly():
 def test_bad_ranges_and_dtypes_are_named():
     rows = host_rows(torch.zeros(2, 10))
     with pytest.raises(ValueError, match="range 0:11"):
-        sum_slots(rows, 0, 11, np.zeros(11, np.float32))
+        slot_sum(rows, 0, 11, np.zeros(11, np.float32))
     with pytest.raises(TypeError, match="float64"):
-        sum_slots(rows, 0, 10, np.zeros(10, np.float64))
+        slot_sum(rows, 0, 10, np.zeros(10, np.float64))
     with pytest.raises(TypeError, match="half rows sum into float32"):
-        sum_slots(host_rows(torch.zeros(2, 10, dtype=torch.float16)), 0, 10, np.zeros(10, np.float16))
+        slot_sum(host_rows(torch.zeros(2, 10, dtype=torch.float16)), 0, 10, np.zeros(10, np.float16))

@@ -41,3 +41,13 @@ def test_bad_input_is_named():
         NodeMemory(node_Bps=0, sync_s=0)
     with pytest.raises(OptionError, match="two or more different rank counts"):
         fit_node_memory([4, 4], 1e6, [1.0, 1.0])
+
+
+def test_fit_bounds_the_counter_wait_at_zero():
+    """Times growing faster than the bytes: the unbounded fit's wait is negative; the bound refits the bandwidth."""
+    n = 1e6
+    ranks, seconds = [2, 4, 8], [3e-3, 5e-3, 12e-3]
+    fitted = fit_node_memory(ranks, n, seconds)
+    assert fitted.sync_s == 0.0
+    x = [(p + 1) * n for p in ranks]  # least squares through the origin: t = x / node_Bps
+    assert fitted.node_Bps == pytest.approx(sum(v * v for v in x) / sum(v * t for v, t in zip(x, seconds)))
