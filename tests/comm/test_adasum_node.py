@@ -10,9 +10,11 @@ import re
 import numpy as np
 import pytest
 import torch
+from mpi4py import MPI
 from torch import nn
 
 import mpisolve
+from mpisolve.comm import collectives
 from mpisolve.comm.adasum import Adasum, _Message, _Progress
 from mpisolve.comm.communicator import Communicator
 from tests.adasum_reference import tree
@@ -37,6 +39,7 @@ def node_ranks(comm: Communicator) -> set[int]:
 @ALL_SIZES
 def test_node_path_matches_the_reference_and_the_message_path_bit_for_bit():
     on, off = Communicator(), Communicator(node_shm=False)
+    windows: list[MPI.Win] = []
     try:
         for round_ in range(3):  # the kept windows reused, with new inputs and new output buffers
             mine = rank_tensors(on.rank, round_, torch.float64) + rank_tensors(on.rank, round_, torch.float32)
@@ -52,9 +55,13 @@ def test_node_path_matches_the_reference_and_the_message_path_bit_for_bit():
                 expected = tree([t.numpy() for t in everyone])
                 tol = 1e-12 if g.dtype == torch.float64 else 1e-5
                 np.testing.assert_allclose(g.double().numpy().ravel(), expected, rtol=tol, atol=tol)
+        kept = collectives._KEPT[on].reductions.values()  # the node path's windows, kept for the next call
+        windows = [r.node.win for r in kept if r.node is not None]
+        assert windows
     finally:
         on.free()
         off.free()
+    assert all(w == MPI.WIN_NULL for w in windows)  # freed with the communicator
 
 
 @pytest.mark.mpi(min_size=2)
@@ -115,6 +122,7 @@ def _train(comm: Communicator, mode: str) -> tuple[list[torch.Tensor], list[bool
     reducer = solver.grads.reducer if mode == "gradient" else solver.deltas.reducer
     on_node = [r.node is not None for r in reducer.reductions.values()]
     in_place = [r.node is not None and r.in_place for r in reducer.reductions.values()]
+    windows = [r.node.win for r in reducer.reductions.values() if r.node is not None]
     g = torch.Generator().manual_seed(comm.rank)
     for _ in range(3):
         x, y = torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g)
@@ -123,6 +131,7 @@ def _train(comm: Communicator, mode: str) -> tuple[list[torch.Tensor], list[bool
         solver.step()
     params = [p.detach().clone() for p in model.parameters()]
     solver.close()
+    assert all(w == MPI.WIN_NULL for w in windows)  # the solver's close freed its windows
     return params, on_node, in_place
 
 
