@@ -27,6 +27,12 @@ Every reduction is a fixed sequence of stages with persistent MPI requests, set 
 per fused buffer; :class:`Adasum` drives several at once without blocking, so buckets
 reduce while backward runs (:class:`AdasumReducer`).
 
+**Ranks on one node.** Where node-shared memory applies (:mod:`.shm`), a step whose
+partner shares the node passes no message: each rank works in its slot of a node-shared
+window and reads the partner's piece in place, waiting on its progress counter
+(:class:`AdasumReduction`'s node path); steps between nodes and the statistics' sums stay
+on MPI, so the result is the message path's, bit for bit.
+
 **Device memory.** Every message goes through a :class:`~.device.Stager`, as collectives
 do: where the communicator stages the buffer (MPI not CUDA-aware, or ``stage_all``),
 sends and receives use slices of one host twin of the buffer and one of the scratch
@@ -50,6 +56,7 @@ from ..kernels.adasum import segment_combine, segment_stats, warm_up_cpu
 from .buckets import Bucket
 from .communicator import Communicator, Posting, mpi_buffer
 from .device import Stager
+from .shm import _CACHE_LINE, _FLAG_STRIDE, NodeGroup, _free_window, _padded, _shared_window, node_group, takes
 
 
 class AdasumTopology:
@@ -82,14 +89,51 @@ class AdasumTopology:
                 partner = self.virtual ^ level
                 self.levels.append((level, self._world_rank(partner, extra), self.virtual & level == 0, sub))
             level *= 2
+        #: The node-shared path's node (None: every step passes messages, as without it).
+        self.group: NodeGroup | None = node_group(comm)
+        self._local_ranks: dict[int, int] = {}
+        if self.group is not None:
+            world, node = comm.comm.Get_group(), self.group.node.Get_group()
+            ranks = world.Translate_ranks(list(range(size)), node)
+            world.Free()
+            node.Free()
+            self._local_ranks = {w: r for w, r in enumerate(ranks) if r != MPI.UNDEFINED}
+        # Node-path progress phases within a round (see AdasumReduction): VHDD levels of every active rank.
+        self.depth = self.active.bit_length() - 1
+        self.done_phase = 3 + 2 * self.depth
+        self.stride = self.done_phase + 1
 
     @staticmethod
     def _world_rank(virtual: int, extra: int) -> int:
         return 2 * virtual if virtual < extra else virtual + extra
 
+    def local_rank(self, world: int) -> int | None:
+        """``world``'s rank on this rank's node where the node path applies, else None (another node, or none)."""
+        return self._local_ranks.get(world)
+
+    def partners(self) -> list[int]:
+        """World ranks this rank combines with: its fold partner, then its level partners."""
+        fold = [] if self.fold_partner is None else [self.fold_partner]
+        return fold + [partner for _, partner, _, _ in self.levels]
+
+    #: Phases of the node path: this rank's input is in its slot; the fold has combined.
+    ARRIVED = 1
+    FOLDED = 2
+
+    @staticmethod
+    def combined(index: int) -> int:
+        """The phase at which the slot's kept piece of level ``index`` (0: L = 1) holds its combination."""
+        return 3 + index
+
+    def gathered(self, index: int) -> int:
+        """The phase at which the slot's piece before level ``index``'s halving holds the result
+        (``index == depth``: the deepest kept piece, combined)."""
+        return 2 + 2 * self.depth - index
+
 
 class _Operation(Protocol):
-    """A persistent MPI operation of a stage: a message or the statistics' allreduce."""
+    """What a stage waits for: a persistent message, the statistics' allreduce, or (node path)
+    a node partner's progress counter."""
 
     def start(self) -> None: ...
 
@@ -137,6 +181,70 @@ class _Message:
         self.request.Free()
 
 
+class _NodeBuffers:
+    """One reduction's node-shared memory: every local rank's working copy of the buffer and
+    its progress counter (int64, a cache line each), in one ``MPI_Win_allocate_shared`` window.
+
+    A counter holds ``round * stride + phase``: monotonic, so a partner can wait for a
+    phase of this round without a barrier. Published after ``MPI_Win_sync`` (the slot's
+    writes before it are visible first), read before one (as :mod:`.shm`'s counters).
+    """
+
+    def __init__(self, group: NodeGroup, numel: int, dtype: torch.dtype) -> None:
+        self.comm = group.comm
+        self.local_rank = group.local_rank
+        ranks = group.local_size
+        row = _padded(numel * torch.empty(0, dtype=dtype).element_size())
+        flags = ranks * _CACHE_LINE
+        self.win, memory = _shared_window(group, flags + ranks * row, flags, "node-shared Adasum buffers")
+        self._progress = memory[:flags].view(torch.int64).numpy()[::_FLAG_STRIDE]
+        rows = memory[flags:].view(dtype).view(ranks, -1)
+        #: Every local rank's slot: its working copy of the buffer.
+        self.slots = [rows[r, :numel] for r in range(ranks)]
+
+    def publish(self, value: int) -> None:
+        self.win.Sync()
+        self._progress[self.local_rank] = value
+
+    def reached(self, local_rank: int, value: int) -> bool:
+        if self._progress[local_rank] < value:
+            return False
+        self.win.Sync()
+        return True
+
+    def progress(self) -> list[int]:
+        return [int(v) for v in self._progress]
+
+    def free(self) -> None:
+        _free_window(self.comm, self.win)
+
+
+class _Progress:
+    """A stage's wait until a node-local partner's progress counter reaches ``phase`` of this
+    round (``previous``: of the round before, which a first round does not wait for)."""
+
+    def __init__(self, reduction: AdasumReduction, local_rank: int, phase: int, *, previous: bool = False) -> None:
+        self.reduction = reduction
+        self.local_rank = local_rank
+        self.phase = phase
+        self.previous = previous
+
+    def start(self) -> None:
+        """Nothing to post: the partner's counter is polled."""
+
+    def test(self) -> bool:
+        node = self.reduction.node
+        assert node is not None  # only node-path reductions wait for a counter
+        target = self.reduction.mark(self.phase, previous=self.previous)
+        return target == 0 or node.reached(self.local_rank, target)
+
+    def wait(self, what: str | None = None) -> None:
+        """Nothing left after a true :meth:`test`."""
+
+    def free(self) -> None:
+        """Nothing held."""
+
+
 @dataclass
 class _Stage:
     """One step of a reduction: operations to start, then work once they complete.
@@ -179,12 +287,28 @@ class AdasumReduction:
     ``numels`` are the tensors' sizes, laid end to end from the buffer's start; elements
     after them (e.g. a sample count riding along) are summed, not combined. Built once
     per buffer: persistent requests, scratch space and statistics live as long as it.
+
+    **Node path** (where :func:`.shm.node_group` and :func:`.shm.takes` apply): the
+    reduction works in this rank's slot of a node-shared window (``flat`` is copied in at
+    the start and the result out at the end, so ``flat`` may be another tensor of the
+    same size and dtype from one round to the next), and a step whose partner shares the
+    node passes no message: the fold reads the partner's whole slot, a level reads the
+    partner's half of it in place, a gather copies the partner's result straight from its
+    slot. Each waits on the partner's progress counter, never on a barrier; steps whose
+    partner is on another node, and every statistics' allreduce, stay on MPI. Same
+    pairing, same operands, same statistics' sums: the result is bit for bit the one of
+    the message path. Phases a rank publishes in a round (:class:`AdasumTopology`):
+    ARRIVED (input in the slot), FOLDED, combined(j) per level, gathered(j) per level in
+    reverse (its last one: the whole slot holds the result), done (it reads no other slot
+    any more); a slot is written for the next round once its node partners are done.
     """
 
     topology: AdasumTopology
     flat: torch.Tensor
     numels: Sequence[int]
     tag: int = 0
+    #: Node-shared slots made ahead (:meth:`Adasum.storage`), whose slot is ``flat`` itself.
+    shared: _NodeBuffers | None = None
     stages: list[_Stage] = field(init=False)
     started: int = field(init=False, default=0)
     finished: int = field(init=False, default=0)
@@ -203,58 +327,119 @@ class AdasumReduction:
         device = flat.device
         self._stats_tensors = segments - 1
         self.stages = []
+        self.round = 0
+        #: Node-shared slots where the node path applies (None: every step passes messages).
+        self.node: _NodeBuffers | None = self.shared
+        if self.node is None and topo.group is not None and n > 0 and takes(comm, flat):
+            self.node = _NodeBuffers(topo.group, n, flat.dtype)
+        #: The memory the reduction works in: this rank's slot on the node path, else ``flat``.
+        self.buffer = flat if self.node is None else self.node.slots[self.node.local_rank]
+        buffer = self.buffer
+        #: Whether ``flat`` is the slot itself (nothing to copy in or out).
+        self.in_place = buffer.data_ptr() == flat.data_ptr()
         # Staged: one host twin of the buffer, sliced for every message (None: MPI takes it directly).
-        self._flat_twin = comm.host_twin(flat)
+        self._flat_twin = comm.host_twin(buffer)
         if topo.folded_out:
             partner = topo.fold_partner
             assert partner is not None  # a folded-out rank always has a fold partner
-            self.stages += [
-                _Stage(f"fold: data to rank {partner}", [self._send(flat, self._flat_twin, partner)]),
-                _Stage(f"fold: result from rank {partner}", [self._receive(flat, self._flat_twin, partner)]),
-            ]
+            if self.node is not None:
+                self.stages.append(self._copy_in(topo.ARRIVED, (0, n)))
+            local = self._local(partner)
+            if local is None:
+                self.stages += [
+                    _Stage(f"fold: data to rank {partner}", [self._send(buffer, self._flat_twin, partner)]),
+                    _Stage(f"fold: result from rank {partner}", [self._receive(buffer, self._flat_twin, partner)]),
+                ]
+                if self.node is not None:
+                    self.stages.append(_Stage("copy out", [], self._copy_out))
+            else:  # the result read straight from the partner's slot
+                result = _Progress(self, local, topo.gathered(0))
+                self.stages.append(_Stage(f"fold: result from rank {partner}", [result], self._copy_from(local)))
             return
         if device.type == "cpu" and (topo.fold_partner is not None or topo.levels):
             warm_up_cpu(flat.dtype)
+        if self.node is not None:
+            # This rank's first combine reads its own input from ``flat`` and writes the slot;
+            # only the half its first level sends (read in place or sent from the slot) goes in first.
+            if topo.fold_partner is not None:
+                self.stages.append(self._copy_in(topo.ARRIVED, None))
+            else:
+                half = n // 2
+                self.stages.append(self._copy_in(topo.FOLDED, (half, n) if topo.levels[0][2] else (0, half)))
+        elif topo.group is not None:
+            # A buffer off the node path (empty, or a dtype it does not take) beside node-path ones:
+            # its statistics' allreduces keep the stage indices Adasum orders collectives by.
+            self.stages.append(_Stage("node path not taken", []))
         scratch_len = n if topo.fold_partner is not None else (n - n // 2 if topo.levels else 0)
         self.scratch = torch.empty(scratch_len, dtype=flat.dtype, device=device)
         self._scratch_twin = comm.host_twin(self.scratch)
         if topo.fold_partner is not None:
             stats = torch.zeros(segments, 3, dtype=torch.float64, device=device)
             bounds = _bounds(edges, 0, n, device)
-            recv = self._receive(self.scratch[:n], _slice(self._scratch_twin, 0, n), topo.fold_partner)
-            combine = self._combiner(0, n, True, bounds, stats, local=True)
-            self.stages.append(_Stage(f"fold: data from rank {topo.fold_partner}", [recv], combine))
+            local = self._local(topo.fold_partner)
+            name = f"fold: data from rank {topo.fold_partner}"
+            if local is None:
+                recv = self._receive(self.scratch[:n], _slice(self._scratch_twin, 0, n), topo.fold_partner)
+                combine = self._combiner(
+                    0, n, True, self.scratch[:n], bounds, stats, local=True, first=self.node is not None
+                )
+                self.stages.append(_Stage(name, [recv], self._then(combine, topo.FOLDED)))
+            else:
+                assert self.node is not None  # a node-local partner exists only on the node path
+                combine = self._combiner(
+                    0, n, True, self.node.slots[local], bounds, stats, local=True, first=self.node is not None
+                )
+                arrived = _Progress(self, local, topo.ARRIVED)
+                self.stages.append(_Stage(name, [arrived], self._then(combine, topo.FOLDED)))
         lo, hi = 0, n
         gathers: list[_Stage] = []
-        for level, partner, lower, sub in topo.levels:
+        for index, (level, partner, lower, sub) in enumerate(topo.levels):
             half = (hi - lo) // 2
             keep, send = ((lo, lo + half), (lo + half, hi)) if lower else ((lo + half, hi), (lo, lo + half))
             keep_len = keep[1] - keep[0]
             bounds = _bounds(edges, *keep, device)
             stats = torch.zeros(segments, 3, dtype=torch.float64, device=device)
-            exchange = [
-                self._send(flat[send[0] : send[1]], _slice(self._flat_twin, *send), partner),
-                self._receive(self.scratch[:keep_len], _slice(self._scratch_twin, 0, keep_len), partner),
-            ]
-            statistics = self._statistics(keep, lower, bounds, stats)
-            self.stages.append(_Stage(f"level {level} exchange with rank {partner}", exchange, statistics))
+            local = self._local(partner)
+            first = self.node is not None and index == 0 and topo.fold_partner is None
+            exchange_name = f"level {level} exchange with rank {partner}"
+            gather_name = f"level {level} gather with rank {partner}"
+            gathered = self._then(None, topo.gathered(index))
+            if local is None:
+                other = self.scratch[:keep_len]
+                exchange: list[_Operation] = [
+                    self._send(buffer[send[0] : send[1]], _slice(self._flat_twin, *send), partner),
+                    self._receive(other, _slice(self._scratch_twin, 0, keep_len), partner),
+                ]
+                gather: list[_Operation] = [
+                    self._send(buffer[keep[0] : keep[1]], _slice(self._flat_twin, *keep), partner),
+                    self._receive(buffer[send[0] : send[1]], _slice(self._flat_twin, *send), partner),
+                ]
+                gathers.append(_Stage(gather_name, gather, gathered))
+            else:  # the partner's piece read in place, its result copied from its slot
+                assert self.node is not None  # a node-local partner exists only on the node path
+                other = self.node.slots[local][keep[0] : keep[1]]
+                ready = topo.combined(index - 1) if index > 0 else topo.FOLDED
+                exchange = [_Progress(self, local, ready)]
+                # No fold partner reads this slot's result: the last gather lands in ``flat`` itself.
+                copy = self._then(self._copier(local, send, keep if first else None), topo.gathered(index))
+                gathers.append(_Stage(gather_name, [_Progress(self, local, topo.gathered(index + 1))], copy))
+            statistics = self._statistics(keep, lower, other, bounds, stats, first=first)
+            self.stages.append(_Stage(exchange_name, exchange, statistics))
             self.stages.append(
                 _Stage(
                     f"level {level} allreduce of statistics over {sub.size} ranks",
                     [sub.persistent_allreduce(stats)],
-                    self._combiner(*keep, lower, bounds, stats),
+                    self._then(self._combiner(*keep, lower, other, bounds, stats, first=first), topo.combined(index)),
                 )
             )
-            gather = [
-                self._send(flat[keep[0] : keep[1]], _slice(self._flat_twin, *keep), partner),
-                self._receive(flat[send[0] : send[1]], _slice(self._flat_twin, *send), partner),
-            ]
-            gathers.append(_Stage(f"level {level} gather with rank {partner}", gather))
             lo, hi = keep
         self.stages.extend(reversed(gathers))
-        if topo.fold_partner is not None:
-            result = self._send(flat, self._flat_twin, topo.fold_partner)
-            self.stages.append(_Stage(f"fold: result to rank {topo.fold_partner}", [result]))
+        if topo.fold_partner is not None and self._local(topo.fold_partner) is None:
+            to_partner = self._send(buffer, self._flat_twin, topo.fold_partner)
+            self.stages.append(_Stage(f"fold: result to rank {topo.fold_partner}", [to_partner]))
+        if self.node is not None:
+            gathered_in_place = topo.fold_partner is None and self._local(topo.levels[0][1]) is not None
+            self.stages.append(_Stage("copy out", [], self._done if gathered_in_place else self._copy_out))
 
     def _send(self, piece: torch.Tensor, twin: torch.Tensor | None, partner: int) -> _Message:
         return _Message(self.topology.comm, Stager(piece, twin), partner, self.tag, receive=False)
@@ -262,38 +447,152 @@ class AdasumReduction:
     def _receive(self, piece: torch.Tensor, twin: torch.Tensor | None, partner: int) -> _Message:
         return _Message(self.topology.comm, Stager(piece, twin), partner, self.tag, receive=True)
 
+    # ------------------------------------------------------------- node path
+    def _local(self, partner: int) -> int | None:
+        """``partner``'s local rank when this reduction reads its slot (node path, same node), else None."""
+        return None if self.node is None else self.topology.local_rank(partner)
+
+    def mark(self, phase: int, *, previous: bool = False) -> int:
+        """The progress value of ``phase`` in this round (``previous``: the round before; 0 before the first)."""
+        round_ = self.round - 1 if previous else self.round
+        return round_ * self.topology.stride + phase if round_ > 0 else 0
+
+    def _publish(self, phase: int) -> None:
+        assert self.node is not None
+        self.node.publish(self.mark(phase))
+
+    def _then(self, work: Callable[[], None] | None, phase: int) -> Callable[[], None] | None:
+        """``work``, then (on the node path) this rank's progress published as ``phase``."""
+        if self.node is None:
+            return work
+
+        def then() -> None:
+            if work is not None:
+                work()
+            self._publish(phase)
+
+        return then
+
+    def _copy_in(self, phase: int, region: tuple[int, int] | None) -> _Stage:
+        """The node path's first stage: once no node partner reads this slot any more (its last
+        round done), ``flat[region]`` is copied in (None: nothing) and ``phase`` published."""
+        topo = self.topology
+        readers = [r for r in map(self._local, topo.partners()) if r is not None]
+        waits: list[_Operation] = [_Progress(self, r, topo.done_phase, previous=True) for r in readers]
+
+        def copy_in() -> None:
+            if region is not None and not self.in_place:
+                self.buffer[region[0] : region[1]].copy_(self.flat[region[0] : region[1]])
+            self._publish(phase)
+
+        return _Stage("node-shared slot reuse", waits, copy_in)
+
+    def _copy_out(self) -> None:
+        if not self.in_place:
+            self.flat.copy_(self.buffer)
+        self._done()
+
+    def _done(self) -> None:
+        self._publish(self.topology.done_phase)
+
+    def _copier(self, local: int, send: tuple[int, int], keep: tuple[int, int] | None) -> Callable[[], None]:
+        """A gather from a node partner's slot: its piece ``send`` into this rank's slot, or (``keep``
+        given: the last gather, no fold partner) into ``flat``, this rank's piece ``keep`` beside it."""
+        assert self.node is not None
+        source, target = self.node.slots[local][send[0] : send[1]], self.buffer[send[0] : send[1]]
+
+        def copy() -> None:
+            if keep is None:
+                target.copy_(source)
+            else:
+                self.flat[send[0] : send[1]].copy_(source)
+                if not self.in_place:
+                    self.flat[keep[0] : keep[1]].copy_(self.buffer[keep[0] : keep[1]])
+
+        return copy
+
+    def _copy_from(self, local: int) -> Callable[[], None]:
+        """A folded-out rank's end: the result copied from the partner's slot into ``flat``."""
+        assert self.node is not None
+        source = self.node.slots[local]
+
+        def copy() -> None:
+            self.flat.copy_(source)
+            self._done()
+
+        return copy
+
     # The pair (a, b) is always (lower side, upper side), so every rank of a block
     # accumulates the same [dot, |lower|^2, |upper|^2] and the sum is well defined.
-    def _operands(self, lo: int, hi: int, lower: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        own, other = self.flat[lo:hi], self.scratch[: hi - lo]
-        return (own, other) if lower else (other, own)
+    def _operands(
+        self, lo: int, hi: int, lower: bool, other: torch.Tensor, first: bool
+    ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+        """The pair at call time; ``first``: this rank's own piece still in ``flat`` (the node
+        path's first combine, which writes it into the slot)."""
+        own_buffer = self.buffer[lo:hi]
+
+        def operands() -> tuple[torch.Tensor, torch.Tensor]:
+            own = self.flat[lo:hi] if first else own_buffer
+            return (own, other) if lower else (other, own)
+
+        return operands
 
     def _statistics(
-        self, keep: tuple[int, int], lower: bool, bounds: torch.Tensor, stats: torch.Tensor
+        self,
+        keep: tuple[int, int],
+        lower: bool,
+        other: torch.Tensor,
+        bounds: torch.Tensor,
+        stats: torch.Tensor,
+        first: bool = False,
     ) -> Callable[[], None]:
-        a, b = self._operands(*keep, lower)
+        operands = self._operands(*keep, lower, other, first)
         tensors = self._stats_tensors
         # The summed tail is left out: its row of statistics stays zero.
         end = int(bounds[tensors])
 
         def compute() -> None:
+            a, b = operands()
             segment_stats(a[:end], b[:end], bounds[: tensors + 1], stats[:tensors])
 
         return compute
 
     def _combiner(
-        self, lo: int, hi: int, lower: bool, bounds: torch.Tensor, stats: torch.Tensor, local: bool = False
+        self,
+        lo: int,
+        hi: int,
+        lower: bool,
+        other: torch.Tensor,
+        bounds: torch.Tensor,
+        stats: torch.Tensor,
+        local: bool = False,
+        first: bool = False,
     ) -> Callable[[], None]:
-        a, b = self._operands(lo, hi, lower)
-        out = self.flat[lo:hi]
-        statistics = self._statistics((lo, hi), lower, bounds, stats) if local else None
+        operands = self._operands(lo, hi, lower, other, first)
+        out = self.buffer[lo:hi]
+        statistics = self._statistics((lo, hi), lower, other, bounds, stats, first) if local else None
 
         def combine() -> None:
             if statistics is not None:  # the fold: whole tensors are here, no sum needed
                 statistics()
+            a, b = operands()
             segment_combine(a, b, bounds, stats, out)
 
         return combine
+
+    def writable(self) -> bool:
+        """Whether no node partner still reads this rank's slot (every one done with this round)."""
+        topo = self.topology
+        readers = [r for r in map(self._local, topo.partners()) if r is not None]
+        return all(_Progress(self, r, topo.done_phase).test() for r in readers)
+
+    def wait_writable(self, what: str) -> None:
+        """Before writing ``flat`` where it is the slot itself: wait (watchdogged) until :meth:`writable`."""
+        if self.node is not None and self.round > 0:
+            self.topology.comm.wait_for(self.writable, lambda: f"{what} (node progress {self.node_progress()})")
+
+    def node_progress(self) -> list[int]:
+        return [] if self.node is None else self.node.progress()
 
     # ------------------------------------------------------------- driving
     @property
@@ -309,6 +608,7 @@ class AdasumReduction:
         if self.started != self.finished:
             raise RuntimeError("an Adasum reduction was restarted while in flight")
         self.started = self.finished = 0
+        self.round += 1
 
     def advance(self, limit: int) -> bool:
         """Complete what has arrived and start stages up to index ``limit``; True when done."""
@@ -327,10 +627,14 @@ class AdasumReduction:
             self.started += 1
 
     def free(self) -> None:
+        """Release the persistent requests and the node-shared window (collective over the node)."""
         for stage in self.stages:
             for operation in stage.operations:
                 operation.free()
         self.stages = []
+        if self.node is not None:
+            self.node.free()
+            self.node = None
 
 
 class Adasum:
@@ -345,12 +649,31 @@ class Adasum:
         self.comm = comm
         self.topology = AdasumTopology(comm)
         self._inflight: list[AdasumReduction] = []
+        self._storage: dict[int, _NodeBuffers] = {}  # slot address -> its window, until a reduction takes it
+
+    def storage(self, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """A zeroed buffer of ``numel`` elements in this rank's slot of a new node-shared window, for a
+        caller to keep its data in and reduce in place (no copy in or out), or None where the node
+        path does not apply (collective over the node; every rank of it gets one or none)."""
+        group = self.topology.group
+        if group is None or numel < 1 or not takes(self.comm, torch.empty(0, dtype=dtype)):
+            return None
+        shared = _NodeBuffers(group, numel, dtype)
+        slot = shared.slots[shared.local_rank]
+        slot.zero_()
+        self._storage[slot.data_ptr()] = shared
+        return slot
 
     def reduction(self, flat: torch.Tensor, numels: Sequence[int], tag: int = 0) -> AdasumReduction:
-        """A reusable in-place reduction of ``flat`` (tensors of ``numels``, then summed extras)."""
+        """A reusable in-place reduction of ``flat`` (tensors of ``numels``, then summed extras);
+        where ``flat`` is a buffer of :meth:`storage`, the reduction works in it and owns its window."""
         if flat.dim() != 1 or not flat.is_contiguous():
             raise ValueError("Adasum reduces flat contiguous buffers")
-        return AdasumReduction(self.topology, flat, list(numels), tag % 32768)  # MPI guarantees tags < 32768
+        shared = self._storage.pop(flat.data_ptr(), None)
+        if shared is not None and shared.slots[shared.local_rank].numel() != flat.numel():
+            raise ValueError("a node-shared Adasum buffer is reduced whole")
+        # MPI guarantees tags < 32768.
+        return AdasumReduction(self.topology, flat, list(numels), tag % 32768, shared)
 
     def start(self, reduction: AdasumReduction) -> None:
         reduction.restart()
@@ -397,6 +720,14 @@ class AdasumReducer:
 
     def prepare(self, bucket: Bucket) -> None:
         self.reductions[bucket.index] = self.adasum.reduction(bucket.wire, bucket.buffer.numels, tag=bucket.index)
+
+    def storage(self, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """Node-shared storage for a bucket reduced in place where it applies (:meth:`Adasum.storage`)."""
+        return self.adasum.storage(numel, dtype)
+
+    def wait_writable(self, bucket: Bucket) -> None:
+        """Before writing a bucket kept in node-shared storage: wait until no node partner reads it."""
+        self.reductions[bucket.index].wait_writable(f"adasum of bucket {bucket.index}: node-shared slot reuse")
 
     def start(self, bucket: Bucket) -> None:
         self.adasum.start(self.reductions[bucket.index])

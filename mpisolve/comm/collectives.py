@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
 from mpi4py import MPI
 
-from .adasum import Adasum
+from .adasum import Adasum, AdasumReduction
 from .buckets import FusedBuffer, wire_dtype
 from .communicator import Communicator, Posting, as_communicator, mpi_buffer
 from .device import Stager
-from .shm import sum_once
+from .shm import ONE_SHOT_KEPT, sum_once
 
 REDUCE_OPS = ("sum", "average", "adasum")
 
@@ -32,7 +33,9 @@ def allreduce(
     Sums of CPU tensors between ranks of one node go through node-shared memory where it
     applies (:func:`.shm.sum_once`, which keeps a window per buffer size for the next call).
     ``op="adasum"`` combines each tensor by Adasum's rule instead (see
-    :mod:`mpisolve.comm.adasum` for the order over any number of ranks).
+    :mod:`mpisolve.comm.adasum` for the order over any number of ranks; between ranks of
+    one node it reads partners' pieces in node-shared memory where that applies, keeping
+    a window per buffer layout for the next call).
     """
     if op not in REDUCE_OPS:
         raise ValueError(f"op must be one of {', '.join(map(repr, REDUCE_OPS))}; got {op!r}")
@@ -77,10 +80,47 @@ def _start_sum(comm: Communicator, stager: Stager) -> Posting:
     return posting
 
 
+class _KeptAdasum:
+    """A communicator's Adasum for ``mpisolve.allreduce``, with its node-path reductions kept
+    for the next call (each holds a node-shared window; the message path's are bound to the
+    caller's buffer and freed after the call)."""
+
+    def __init__(self, comm: Communicator) -> None:
+        self.adasum = Adasum(comm)
+        self.reductions: dict[tuple[int, int, torch.dtype, tuple[int, ...]], AdasumReduction] = {}
+        comm.on_free(self.free)
+
+    def reduction(self, index: int, flat: torch.Tensor, numels: list[int]) -> AdasumReduction:
+        key = (index, flat.numel(), flat.dtype, tuple(numels))
+        kept = self.reductions.get(key)
+        if kept is not None:
+            kept.flat = flat  # the node path copies in from and out to it, whatever tensor it is
+            return kept
+        reduction = self.adasum.reduction(flat, numels, tag=index)
+        if reduction.node is not None:
+            if len(self.reductions) >= ONE_SHOT_KEPT:  # every rank evicts alike: same calls, same order
+                self.reductions.pop(next(iter(self.reductions))).free()
+            self.reductions[key] = reduction
+        return reduction
+
+    def free(self) -> None:
+        """Release the kept windows (collective over the node; run by ``comm.free()``)."""
+        for reduction in self.reductions.values():
+            reduction.free()
+        self.reductions.clear()
+        _KEPT.pop(self.adasum.comm, None)
+
+
+_KEPT: weakref.WeakKeyDictionary[Communicator, _KeptAdasum] = weakref.WeakKeyDictionary()
+
+
 def _adasum(flats: list[torch.Tensor], numels: list[list[int]], comm: Communicator) -> None:
-    """Adasum every fused buffer in place, all in flight together."""
-    adasum = Adasum(comm)
-    reductions = [adasum.reduction(flat, sizes, tag=i) for i, (flat, sizes) in enumerate(zip(flats, numels))]
+    """Adasum every fused buffer in place, all in flight together (node-path reductions kept for the next call)."""
+    kept = _KEPT.get(comm)
+    if kept is None:
+        kept = _KEPT[comm] = _KeptAdasum(comm)
+    adasum = kept.adasum
+    reductions = [kept.reduction(i, flat, sizes) for i, (flat, sizes) in enumerate(zip(flats, numels))]
     try:
         for reduction in reductions:
             adasum.start(reduction)
@@ -88,4 +128,7 @@ def _adasum(flats: list[torch.Tensor], numels: list[list[int]], comm: Communicat
             adasum.finish(reduction)
     finally:
         for reduction in reductions:
-            reduction.free()
+            if reduction.node is None:
+                reduction.free()
+            elif not reduction.done:  # a failed call: never started again (its window goes with MPI)
+                kept.reductions = {k: r for k, r in kept.reductions.items() if r is not reduction}

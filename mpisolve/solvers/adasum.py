@@ -62,7 +62,9 @@ class DeltaBuckets:
         self.buckets: list[Bucket] = []
         self.starts: list[FusedBuffer] = []
         for i, members in enumerate(plan_buckets(params, bucket_bytes)):
-            bucket = Bucket(i, [params[j] for j in members], extra=GradientBuckets.TALLY if i == 0 else 0)
+            extra = GradientBuckets.TALLY if i == 0 else 0
+            bucket = Bucket(i, [params[j] for j in members], extra=extra)
+            self._keep_in_node_storage(bucket, extra)
             self.buckets.append(bucket)
             self.starts.append(
                 FusedBuffer([p.shape for p in bucket.params], bucket.buffer.flat.dtype, bucket.buffer.flat.device)
@@ -71,6 +73,18 @@ class DeltaBuckets:
         # The tally rides in the wire buffer itself: a half-precision buffer would round it.
         first = self.buckets[0]
         self._tally = first.wire[first.buffer.numel :]
+
+    def _keep_in_node_storage(self, bucket: Bucket, extra: int) -> None:
+        """Lay a CPU bucket reduced in its own dtype over node-shared storage where Adasum's
+        node path applies: the deltas are packed where node partners read them, and the result
+        is read where it lands (no copy in or out; :meth:`.AdasumReduction.wait_writable`)."""
+        flat = bucket.buffer.flat
+        if flat.device.type != "cpu" or bucket.wire is not flat:
+            return  # half precision travels in a float32 twin: the message path's copy stays
+        storage = self.reducer.storage(flat.numel(), flat.dtype)
+        if storage is not None:
+            bucket.buffer = bucket.result = FusedBuffer(bucket.buffer.shapes, flat.dtype, extra=extra, flat=storage)
+            bucket.wire = storage
 
     @torch.no_grad()
     def begin(self) -> None:
@@ -81,6 +95,7 @@ class DeltaBuckets:
     def reduce(self, local_samples: int, contributes: bool = True) -> Reduction:
         """Combine the deltas of the step just taken (zero where this rank does not contribute)."""
         for bucket, start in zip(self.buckets, self.starts):
+            self.reducer.wait_writable(bucket)
             bucket.buffer.pack(bucket.params)
             bucket.buffer.flat[: start.numel].sub_(start.flat)  # the delta, in the buffer MPI reads
             bucket.to_wire()
