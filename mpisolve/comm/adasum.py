@@ -56,7 +56,7 @@ from ..kernels.adasum import segment_combine, segment_stats, warm_up_cpu
 from .buckets import Bucket
 from .communicator import Communicator, Posting, mpi_buffer
 from .device import Stager
-from .shm import _CACHE_LINE, _FLAG_STRIDE, NodeGroup, _free_window, _padded, _shared_window, node_group, takes
+from .shm import CACHE_LINE, FLAG_STRIDE, NodeGroup, free_window, node_group, padded, shared_window, takes
 
 
 class AdasumTopology:
@@ -194,10 +194,10 @@ class _NodeBuffers:
         self.comm = group.comm
         self.local_rank = group.local_rank
         ranks = group.local_size
-        row = _padded(numel * torch.empty(0, dtype=dtype).element_size())
-        flags = ranks * _CACHE_LINE
-        self.win, memory = _shared_window(group, flags + ranks * row, flags, "node-shared Adasum buffers")
-        self._progress = memory[:flags].view(torch.int64).numpy()[::_FLAG_STRIDE]
+        row = padded(numel * torch.empty(0, dtype=dtype).element_size())
+        flags = ranks * CACHE_LINE
+        self.win, memory = shared_window(group, flags + ranks * row, flags, "node-shared Adasum buffers")
+        self._progress = memory[:flags].view(torch.int64).numpy()[::FLAG_STRIDE]
         rows = memory[flags:].view(dtype).view(ranks, -1)
         #: Every local rank's slot: its working copy of the buffer.
         self.slots = [rows[r, :numel] for r in range(ranks)]
@@ -216,7 +216,7 @@ class _NodeBuffers:
         return [int(v) for v in self._progress]
 
     def free(self) -> None:
-        _free_window(self.comm, self.win)
+        free_window(self.comm, self.win)
 
 
 class _Progress:

@@ -52,7 +52,7 @@ from mpi4py import MPI
 
 from ..kernels.slots import host_rows, slot_sum
 from .communicator import Communicator, PersistentAllreduce, mpi_buffer
-from .windows import shard_bounds
+from .windows import CACHE_LINE, shard_bounds
 
 if TYPE_CHECKING:
     from .buckets import Bucket
@@ -63,17 +63,17 @@ LATENCY_MAX_BYTES = 64 * 1024
 #: Element types a node-shared sum takes; half precision is summed in float32.
 NODE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
-_CACHE_LINE = 64
-_FLAG_STRIDE = _CACHE_LINE // 8  # int64 counters, one per cache line
+FLAG_STRIDE = CACHE_LINE // 8  # int64 counters, one per cache line
 
 _GROUPS: weakref.WeakKeyDictionary[Communicator, NodeGroup | None] = weakref.WeakKeyDictionary()
 
 
-def _padded(nbytes: int) -> int:
-    return -(-nbytes // _CACHE_LINE) * _CACHE_LINE
+def padded(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole cache lines (a window's regions never share one)."""
+    return -(-nbytes // CACHE_LINE) * CACHE_LINE
 
 
-def _shared_window(group: NodeGroup, total: int, zeroed: int, what: str) -> tuple[MPI.Win, torch.Tensor]:
+def shared_window(group: NodeGroup, total: int, zeroed: int, what: str) -> tuple[MPI.Win, torch.Tensor]:
     """A node-shared window of ``total`` bytes (collective over the node), its first ``zeroed``
     bytes zeroed before any rank reads them, locked for load/store access; and its bytes."""
     comm = group.comm
@@ -89,8 +89,8 @@ def _shared_window(group: NodeGroup, total: int, zeroed: int, what: str) -> tupl
     return win, memory
 
 
-def _free_window(comm: Communicator, win: MPI.Win) -> None:
-    """Release a window of :func:`_shared_window` (collective over the node)."""
+def free_window(comm: Communicator, win: MPI.Win) -> None:
+    """Release a window of :func:`shared_window` (collective over the node)."""
     if win == MPI.WIN_NULL:
         return
     with comm.blocking("MPI_Win_unlock_all"):
@@ -210,16 +210,16 @@ class NodeAllreduce:
         itemsize = torch.empty(0, dtype=dtype).element_size()
         ranks = group.local_size
         self.latency = numel * itemsize <= LATENCY_MAX_BYTES
-        row = _padded(numel * itemsize)
-        tally_row = _padded(tally * 8)
-        flags_bytes = 2 * ranks * _CACHE_LINE
-        result_bytes = 0 if self.latency else row + (_padded(numel * 4) if self.half else 0)
+        row = padded(numel * itemsize)
+        tally_row = padded(tally * 8)
+        flags_bytes = 2 * ranks * CACHE_LINE
+        result_bytes = 0 if self.latency else row + (padded(numel * 4) if self.half else 0)
         slots_end = flags_bytes + ranks * row
         tally_end = slots_end + ranks * tally_row
-        self.win, memory = _shared_window(group, tally_end + result_bytes, flags_bytes, "node-shared window")
+        self.win, memory = shared_window(group, tally_end + result_bytes, flags_bytes, "node-shared window")
         flags = memory[:flags_bytes].view(torch.int64).numpy()
-        self._arrived = flags[: ranks * _FLAG_STRIDE : _FLAG_STRIDE]
-        self._done = flags[ranks * _FLAG_STRIDE :: _FLAG_STRIDE]
+        self._arrived = flags[: ranks * FLAG_STRIDE : FLAG_STRIDE]
+        self._done = flags[ranks * FLAG_STRIDE :: FLAG_STRIDE]
         self._me = group.local_rank
         slots = memory[flags_bytes:slots_end].view(dtype).view(ranks, -1)
         self.slot = slots[self._me, :numel]
@@ -344,7 +344,7 @@ class NodeAllreduce:
 
     def free(self) -> None:
         """Release the window (collective over the node)."""
-        _free_window(self.comm, self.win)
+        free_window(self.comm, self.win)
 
 
 def _reached(counters: np.ndarray, seq: int) -> bool:
@@ -436,9 +436,9 @@ class NodeRelease:
     def __init__(self, group: NodeGroup) -> None:
         self.comm = group.comm
         self.local_rank = group.local_rank
-        nbytes = group.local_size * _CACHE_LINE
-        self.win, memory = _shared_window(group, nbytes, nbytes, "node-shared release counters")
-        self._counters = memory.view(torch.int64).numpy()[::_FLAG_STRIDE]
+        nbytes = group.local_size * CACHE_LINE
+        self.win, memory = shared_window(group, nbytes, nbytes, "node-shared release counters")
+        self._counters = memory.view(torch.int64).numpy()[::FLAG_STRIDE]
         self._seq = 0
 
     def release(self, what: str) -> None:
@@ -455,7 +455,7 @@ class NodeRelease:
         return True
 
     def free(self) -> None:
-        _free_window(self.comm, self.win)
+        free_window(self.comm, self.win)
 
 
 class NodeSumReducer:

@@ -74,7 +74,7 @@ PROGRESS_MODES: tuple[str, ...] = ("thread", "mpich", "none")
 
 #: Default size of one RMA operation: large float accumulates are not hardware atomics.
 CHUNK_BYTES = 1 << 20
-_CACHE_LINE = 64
+CACHE_LINE = 64
 
 #: ``fn(center_slice, start, stop)``: change ``center_slice`` (elements start:stop) in place (a result is ignored).
 UpdateFn = Callable[[torch.Tensor, int, int], object]
@@ -98,7 +98,7 @@ def shard_bounds(numel: int, size: int, layout: str, itemsize: int) -> list[tupl
     """
     if layout == "server":
         return [(0, numel) if r == 0 else (numel, numel) for r in range(size)]
-    align = max(1, _CACHE_LINE // itemsize)
+    align = max(1, CACHE_LINE // itemsize)
     per = -(-numel // size)
     per = -(-per // align) * align
     return [(min(r * per, numel), min((r + 1) * per, numel)) for r in range(size)]
