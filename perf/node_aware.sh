@@ -2,13 +2,14 @@
 # docs/studies/node-aware.md: node-shared gradient buckets and the hierarchical allreduce.
 # Each rank count's benches run in one hold of ${PERF_LOCK} (exclusive, when set), so nothing
 # else shares the cores while they measure. -> perf/results/node_aware/*.json, *.csv
-# (bash perf/node_aware.sh [n2|n4|n8|2x2|2x3] runs one step alone.)
+# (bash perf/node_aware.sh [n2|n4|n8|2x2|2x3|adasum] runs one step alone.)
 #   1. bench allreduce on ResNet-18's gradients at 2, 4, 8 ranks on one node: node-shared
 #      buckets, the same buckets on MPI's path, MPICH's contiguous Allreduce, gloo;
 #   2. bench sweep 4 KiB - 64 MiB at 2, 4, 8 ranks (mpi, bucketed, sum);
 #   3. the emulated 2-node cluster (tests/cluster/fake-ssh), 2x2 and 2x3 ranks: the same two
 #      benches, the hierarchical path against flat MPI;
-#   4. bench step at 4 ranks: the allreduce solver's training step against DDP on gloo, MLP and ResNet-18.
+#   4. bench step at 4 ranks: the allreduce solver's training step against DDP on gloo, MLP and ResNet-18;
+#   5. bench adasum --compare-paths at 2, 4, 8 ranks: Adasum on the node path against its message path.
 # Then perf/node_aware_model.py fits the performance model's node level to step 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +38,7 @@ sweep() {  # sweep NAME MPIEXEC-ARGS...
 }
 case "${1:-all}" in
     all)
-        for step in n4 n8 n2 2x2 2x3; do held "$step"; done
+        for step in n4 n8 n2 2x2 2x3 adasum; do held "$step"; done
         "$PY" perf/node_aware_model.py
         ;;
     n4)
@@ -49,6 +50,11 @@ case "${1:-all}" in
         n=${1#n}
         bench "allreduce_resnet18_n$n" -n "$n" -- allreduce --model resnet18 --compare-paths --repeats 20 --warmup 3
         sweep "sweep_n$n" -n "$n"
+        ;;
+    adasum)
+        for n in 2 4 8; do
+            bench "adasum_resnet18_n$n" -n "$n" -- adasum --model resnet18 --compare-paths --repeats 10 --warmup 2
+        done
         ;;
     2x2 | 2x3)
         k=${1#2x}
