@@ -302,6 +302,24 @@ def test_other_triggers_keep_ranks_in_lockstep(comm, trigger, options):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+def test_one_slow_round_does_not_move_the_split_a_lasting_change_does(comm):
+    """The split follows each rank's median speed over the last 3 rounds (no timing: speeds given)."""
+    model = net()
+    solver = mpisolve.make_solver(
+        "abs-sgd", model, torch.optim.SGD(model.parameters(), lr=LR), comm, measure_batches=1, progress="poll"
+    )
+    solver.local_batch_size(8, lambda k: k * 1e-3)  # equal speeds
+    assert solver.batch_sizes == [8, 8]
+    for speeds in ([100.0, 100.0], [100.0, 100.0], [100.0, 25.0]):  # rank 1's one slow round
+        solver._resplit(speeds)
+    assert solver.batch_sizes == [8, 8]
+    solver._resplit([100.0, 25.0])  # slow again: now the median
+    assert solver.batch_sizes == [13, 3]
+    solver.close()
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("mode", ["adaptive", "speed"])
 def test_adaptive_micro_batches_follow_speeds_that_move(comm, mode):
     """Rank 0 computes 4x slower than the others, then the last rank does: the adaptive split follows,
@@ -319,7 +337,7 @@ def test_adaptive_micro_batches_follow_speeds_that_move(comm, mode):
 
     n = solver.local_batch_size(8, lambda k: k * seconds_per_sample(False))
     before = list(solver.batch_sizes)
-    i, hiccup, sizes_before_the_move = 0, False, set()
+    i, hiccup, size_before_the_move = 0, False, None
     while solver.updates < 20:
         g = torch.Generator().manual_seed(i)
         x, y = torch.randn(n, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g)
@@ -333,7 +351,7 @@ def test_adaptive_micro_batches_follow_speeds_that_move(comm, mode):
         assert info.next_batch_size != n  # said only when this rank's size changes
         n = info.next_batch_size or n
         if solver.updates < 10:
-            sizes_before_the_move.add(solver.batch_sizes[last])
+            size_before_the_move = solver.batch_sizes[last]
         i += 1
     after = list(solver.batch_sizes)
     state = solver.state_dict()
@@ -343,8 +361,13 @@ def test_adaptive_micro_batches_follow_speeds_that_move(comm, mode):
     if mode == "speed":
         assert after == before
     else:
-        # The median of 3 rounds ignores the one slow round (ranks of one speed may trade a sample).
-        assert min(sizes_before_the_move) >= before[last] - 1, (sizes_before_the_move, before)
+        # The median of 3 rounds forgets the one slow round by the time the speeds move (ranks of one
+        # speed may trade a sample). Not asserted round by round: on shared cores the scheduler can
+        # slow a neighbouring round too, and the median then follows for a round or two.
+        assert size_before_the_move is not None and size_before_the_move >= before[last] - 1, (
+            size_before_the_move,
+            before,
+        )
         assert after[0] > after[last] and sum(after) == 8 * comm.size  # split again: synchronous SGD's batch
         resumed = mpisolve.make_solver("abs-sgd", net(), torch.optim.SGD(net().parameters(), lr=LR), comm)
         resumed.load_state_dict(state)
