@@ -56,7 +56,7 @@ from ..kernels.adasum import segment_combine, segment_stats, warm_up_cpu
 from .buckets import Bucket
 from .communicator import Communicator, Posting, mpi_buffer
 from .device import Stager
-from .shm import CACHE_LINE, FLAG_STRIDE, NodeGroup, free_window, node_group, padded, shared_window, takes
+from .shm import CACHE_LINE, NodeCounters, NodeGroup, free_window, node_group, padded, shared_window, takes
 
 
 class AdasumTopology:
@@ -185,9 +185,8 @@ class _NodeBuffers:
     """One reduction's node-shared memory: every local rank's working copy of the buffer and
     its progress counter (int64, a cache line each), in one ``MPI_Win_allocate_shared`` window.
 
-    A counter holds ``round * stride + phase``: monotonic, so a partner can wait for a
-    phase of this round without a barrier. Published after ``MPI_Win_sync`` (the slot's
-    writes before it are visible first), read before one (as :mod:`.shm`'s counters).
+    A counter (:class:`.shm.NodeCounters`) holds ``round * stride + phase``: monotonic, so a
+    partner can wait for a phase of this round without a barrier.
     """
 
     def __init__(self, group: NodeGroup, numel: int, dtype: torch.dtype) -> None:
@@ -197,23 +196,11 @@ class _NodeBuffers:
         row = padded(numel * torch.empty(0, dtype=dtype).element_size())
         flags = ranks * CACHE_LINE
         self.win, memory = shared_window(group, flags + ranks * row, flags, "node-shared Adasum buffers")
-        self._progress = memory[:flags].view(torch.int64).numpy()[::FLAG_STRIDE]
+        #: Every local rank's progress counter.
+        self.progress = NodeCounters(self.win, memory[:flags], group.local_rank)
         rows = memory[flags:].view(dtype).view(ranks, -1)
         #: Every local rank's slot: its working copy of the buffer.
         self.slots = [rows[r, :numel] for r in range(ranks)]
-
-    def publish(self, value: int) -> None:
-        self.win.Sync()
-        self._progress[self.local_rank] = value
-
-    def reached(self, local_rank: int, value: int) -> bool:
-        if self._progress[local_rank] < value:
-            return False
-        self.win.Sync()
-        return True
-
-    def progress(self) -> list[int]:
-        return [int(v) for v in self._progress]
 
     def free(self) -> None:
         free_window(self.comm, self.win)
@@ -236,7 +223,7 @@ class _Progress:
         node = self.reduction.node
         assert node is not None  # only node-path reductions wait for a counter
         target = self.reduction.mark(self.phase, previous=self.previous)
-        return target == 0 or node.reached(self.local_rank, target)
+        return target == 0 or node.progress.reached(target, rank=self.local_rank)
 
     def wait(self, what: str | None = None) -> None:
         """Nothing left after a true :meth:`test`."""
@@ -459,7 +446,7 @@ class AdasumReduction:
 
     def _publish(self, phase: int) -> None:
         assert self.node is not None
-        self.node.publish(self.mark(phase))
+        self.node.progress.publish(self.mark(phase))
 
     def _then(self, work: Callable[[], None] | None, phase: int) -> Callable[[], None] | None:
         """``work``, then (on the node path) this rank's progress published as ``phase``."""
@@ -592,7 +579,7 @@ class AdasumReduction:
             self.topology.comm.wait_for(self.writable, lambda: f"{what} (node progress {self.node_progress()})")
 
     def node_progress(self) -> list[int]:
-        return [] if self.node is None else self.node.progress()
+        return [] if self.node is None else self.node.progress.tolist()
 
     # ------------------------------------------------------------- driving
     @property

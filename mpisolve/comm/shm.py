@@ -46,7 +46,6 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
-import numpy as np
 import torch
 from mpi4py import MPI
 
@@ -97,6 +96,38 @@ def free_window(comm: Communicator, win: MPI.Win) -> None:
         win.Unlock_all()
     with comm.blocking("MPI_Win_free"):
         win.Free()
+
+
+class NodeCounters:
+    """One int64 counter per local rank, each in its own cache line of a node-shared window.
+
+    A rank publishes a value (:meth:`publish`) after ``MPI_Win_sync`` (what it wrote before is visible
+    first); :meth:`reached` checks counters and, when they have reached a value, runs
+    ``MPI_Win_sync`` (what is read after is what was written before they were bumped): MPI's
+    unified-model rule for load/store on a shared window, a memory barrier on the CPU.
+    ``memory``: the counters' ``local_size * CACHE_LINE`` bytes of ``win``, zeroed.
+    """
+
+    def __init__(self, win: MPI.Win, memory: torch.Tensor, local_rank: int) -> None:
+        self.win = win
+        self.local_rank = local_rank
+        self._values = memory.view(torch.int64).numpy()[::FLAG_STRIDE]
+
+    def publish(self, value: int) -> None:
+        """Set this rank's counter to ``value``."""
+        self.win.Sync()
+        self._values[self.local_rank] = value
+
+    def reached(self, value: int, rank: int | None = None) -> bool:
+        """Whether every local rank's counter (``rank``'s alone, if given) has reached ``value``."""
+        values = self._values.tolist() if rank is None else [int(self._values[rank])]
+        if not all(v >= value for v in values):
+            return False
+        self.win.Sync()
+        return True
+
+    def tolist(self) -> list[int]:
+        return [int(v) for v in self._values]
 
 
 class NodeGroup:
@@ -217,9 +248,9 @@ class NodeAllreduce:
         slots_end = flags_bytes + ranks * row
         tally_end = slots_end + ranks * tally_row
         self.win, memory = shared_window(group, tally_end + result_bytes, flags_bytes, "node-shared window")
-        flags = memory[:flags_bytes].view(torch.int64).numpy()
-        self._arrived = flags[: ranks * FLAG_STRIDE : FLAG_STRIDE]
-        self._done = flags[ranks * FLAG_STRIDE :: FLAG_STRIDE]
+        half_flags = ranks * CACHE_LINE
+        self._arrived = NodeCounters(self.win, memory[:half_flags], group.local_rank)
+        self._done = NodeCounters(self.win, memory[half_flags:flags_bytes], group.local_rank)
         self._me = group.local_rank
         slots = memory[flags_bytes:slots_end].view(dtype).view(ranks, -1)
         self.slot = slots[self._me, :numel]
@@ -254,8 +285,7 @@ class NodeAllreduce:
             if self.stage != "idle":
                 raise RuntimeError("a node-shared sum was started again before its round completed")
             self._seq += 1
-            self.win.Sync()
-            self._arrived[self._me] = self._seq
+            self._arrived.publish(self._seq)
             self.stage = "arrived"
             if self.group.cross is not None:
                 self.group.unposted.append(self)
@@ -273,10 +303,7 @@ class NodeAllreduce:
 
     def writable(self) -> bool:
         """Whether no local rank still reads this rank's slot (it may be written for the next round)."""
-        if not _reached(self._done, self._seq):
-            return False
-        self.win.Sync()
-        return True
+        return self._done.reached(self._seq)
 
     def wait_writable(self, what: str = "node-shared slot reuse") -> None:
         """Wait until :meth:`writable` (before writing the slot for the next round)."""
@@ -290,14 +317,13 @@ class NodeAllreduce:
 
     def reduce_if_ready(self) -> None:
         """Once every local rank has arrived: sum the slots over this rank's share (stage "reduced")."""
-        if self.stage != "arrived" or not _reached(self._arrived, self._seq):
+        if self.stage != "arrived" or not self._arrived.reached(self._seq):
             return
-        self.win.Sync()
         self._sum()
         if self._sum_tally is not None:
             self._sum_tally()
         if self.latency:  # done reading the slots; the result is this rank's own
-            self._publish()
+            self._done.publish(self._seq)
         self.stage = "reduced"
 
     def post(self) -> None:
@@ -323,9 +349,8 @@ class NodeAllreduce:
                 self._acc_share.mul_(self.scale)
             self._finish_share()
         if self.stage == "published":
-            if not _reached(self._done, self._seq):
+            if not self._done.reached(self._seq):
                 return False
-            self.win.Sync()
             self.stage = "idle"
         return self.stage == "idle"
 
@@ -335,21 +360,12 @@ class NodeAllreduce:
         if self.latency:
             self.stage = "idle"
         else:
-            self._publish()
+            self._done.publish(self._seq)
             self.stage = "published"
-
-    def _publish(self) -> None:
-        self.win.Sync()
-        self._done[self._me] = self._seq
 
     def free(self) -> None:
         """Release the window (collective over the node)."""
         free_window(self.comm, self.win)
-
-
-def _reached(counters: np.ndarray, seq: int) -> bool:
-    """Whether every local rank's counter has reached ``seq``."""
-    return all(c >= seq for c in counters.tolist())
 
 
 class NodePersistentAllreduce:
@@ -435,24 +451,17 @@ class NodeRelease:
 
     def __init__(self, group: NodeGroup) -> None:
         self.comm = group.comm
-        self.local_rank = group.local_rank
         nbytes = group.local_size * CACHE_LINE
         self.win, memory = shared_window(group, nbytes, nbytes, "node-shared release counters")
-        self._counters = memory.view(torch.int64).numpy()[::FLAG_STRIDE]
+        self._counters = NodeCounters(self.win, memory, group.local_rank)
         self._seq = 0
 
     def release(self, what: str) -> None:
         """This rank is done with the round; return once every local rank is."""
         self._seq += 1
-        self.win.Sync()
-        self._counters[self.local_rank] = self._seq
-        self.comm.wait_for(self._all_released, lambda: f"{what} (released {self._counters.tolist()}, {self._seq})")
-
-    def _all_released(self) -> bool:
-        if not _reached(self._counters, self._seq):
-            return False
-        self.win.Sync()
-        return True
+        self._counters.publish(self._seq)
+        seq, counters = self._seq, self._counters
+        self.comm.wait_for(lambda: counters.reached(seq), lambda: f"{what} (released {counters.tolist()}, {seq})")
 
     def free(self) -> None:
         free_window(self.comm, self.win)
