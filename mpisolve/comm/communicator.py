@@ -192,8 +192,10 @@ class Communicator:
         self._children: list[Communicator] = []
         self._on_free: list[Callable[[], None]] = []
         self._blocking: BlockingCall | None = None
-        #: Checks run between the polls of every wait here and on communicators split from
-        #: this one; a check ends the wait by raising (a solver's: another rank reached close()).
+        #: Callables run between the polls of every wait here and on communicators split from
+        #: this one: a check ends the wait by raising (a solver's: another rank reached close()),
+        #: or moves along work other ranks wait for (abs-sgd's node-shared round, which moves
+        #: only when its rank tests it).
         self.interrupts: list[Callable[[], None]] = []
         # Operations started and not yet posted, in start order (see start()).
         self._queued: deque[Posting] = deque()
