@@ -27,6 +27,7 @@ from llvmlite import ir  # type: ignore[import-untyped]
 from numba import njit, types
 from numba.extending import intrinsic
 
+from .counters import publish, reached_within
 from .dispatch import BenchCase
 
 #: Elements per block: one block of the output (float32: 8 KB) stays in L1 while every row is added into it.
@@ -104,6 +105,64 @@ def _sum_half(slots: np.ndarray, start: int, stop: int, out: np.ndarray, scale: 
                 acc[j] *= factor
 
 
+@njit(nogil=True, cache=True)
+def _arrive(
+    source: np.ndarray,
+    slot: np.ndarray,
+    tally: np.ndarray,
+    tally_slot: np.ndarray,
+    counters: np.ndarray,
+    index: int,
+    seq: int,
+) -> None:
+    for j in range(source.shape[0]):
+        slot[j] = source[j]
+    for j in range(tally.shape[0]):
+        tally_slot[j] = tally[j]
+    publish(counters, index, seq)
+
+
+@njit(nogil=True, cache=True)
+def _round_float(
+    counters: np.ndarray,
+    rows: np.ndarray,
+    start: int,
+    stop: int,
+    out: np.ndarray,
+    scale: float,
+    tally_rows: np.ndarray,
+    tally_out: np.ndarray,
+    seq: int,
+    polls: int,
+) -> bool:
+    if not reached_within(counters, seq, polls):
+        return False
+    _sum_float(rows, start, stop, out, scale)
+    _sum_float(tally_rows, 0, tally_out.shape[0], tally_out, 1.0)
+    return True
+
+
+@njit(nogil=True, cache=True)
+def _round_half(
+    counters: np.ndarray,
+    rows: np.ndarray,
+    start: int,
+    stop: int,
+    out: np.ndarray,
+    scale: float,
+    brain: bool,
+    tally_rows: np.ndarray,
+    tally_out: np.ndarray,
+    seq: int,
+    polls: int,
+) -> bool:
+    if not reached_within(counters, seq, polls):
+        return False
+    _sum_half(rows, start, stop, out, scale, brain)
+    _sum_float(tally_rows, 0, tally_out.shape[0], tally_out, 1.0)
+    return True
+
+
 def host_rows(slots: torch.Tensor) -> np.ndarray:
     """The numpy view :func:`slot_sum` takes of a 2-D CPU tensor of slots (half as raw uint16)."""
     if slots.dtype in (torch.float16, torch.bfloat16):
@@ -121,15 +180,58 @@ def slot_sum(
     else the rows' dtype. The arguments are checked once, here: a round calls the result
     (which allocates nothing) with no check of its own.
     """
+    _check_sum(rows, start, stop, out)
+    if rows.dtype == np.uint16:
+        return functools.partial(_sum_half, rows, start, stop, out, scale, brain)
+    return functools.partial(_sum_float, rows, start, stop, out, scale)
+
+
+def _check_sum(rows: np.ndarray, start: int, stop: int, out: np.ndarray) -> None:
     if not 0 <= start <= stop <= min(rows.shape[1], out.shape[0]):
         raise ValueError(f"range {start}:{stop} is outside rows of {rows.shape[1]} / out of {out.shape[0]} elements")
     if rows.dtype == np.uint16:
         if out.dtype != np.float32:
             raise TypeError(f"half rows sum into float32, got out of {out.dtype}")
-        return functools.partial(_sum_half, rows, start, stop, out, scale, brain)
-    if out.dtype != rows.dtype:
+    elif out.dtype != rows.dtype:
         raise TypeError(f"rows of {rows.dtype} sum into {rows.dtype}, got out of {out.dtype}")
-    return functools.partial(_sum_float, rows, start, stop, out, scale)
+
+
+def round_sum(
+    counters: np.ndarray,
+    rows: np.ndarray,
+    start: int,
+    stop: int,
+    out: np.ndarray,
+    scale: float = 1.0,
+    *,
+    brain: bool = False,
+    tally_rows: np.ndarray,
+    tally_out: np.ndarray,
+) -> Callable[[int, int], bool]:
+    """A call ``(seq, polls) -> bool`` that, once every counter has reached ``seq`` (acquire
+    order, checked up to ``polls`` more times: :func:`mpisolve.kernels.counters.reached_within`),
+    does :func:`slot_sum`'s sum and sums the float64 ``tally_rows`` (ranks, >= t) into
+    ``tally_out`` (t), unscaled, and returns True; else returns False, having done nothing.
+    One compiled call for a round's wait and sums; checked once, here."""
+    _check_sum(rows, start, stop, out)
+    if tally_rows.dtype != np.float64 or tally_out.dtype != np.float64 or tally_rows.shape[1] < tally_out.shape[0]:
+        raise TypeError(f"a tally is float64 rows of at least {tally_out.shape[0]} elements into float64")
+    if rows.dtype == np.uint16:
+        return functools.partial(_round_half, counters, rows, start, stop, out, scale, brain, tally_rows, tally_out)
+    return functools.partial(_round_float, counters, rows, start, stop, out, scale, tally_rows, tally_out)
+
+
+def arrival(
+    source: np.ndarray, slot: np.ndarray, tally: np.ndarray, tally_slot: np.ndarray, counters: np.ndarray, index: int
+) -> Callable[[int], None]:
+    """A call ``(seq)`` copying ``source`` into ``slot`` and ``tally`` into ``tally_slot``, then
+    publishing ``counters[index] = seq`` (release order: :func:`mpisolve.kernels.counters.publish`).
+    One compiled call for a round's start; checked once, here."""
+    if source.shape != slot.shape or source.dtype != slot.dtype:
+        raise ValueError(f"cannot copy {source.dtype}{source.shape} into {slot.dtype}{slot.shape}")
+    if tally.shape != tally_slot.shape or tally.dtype != tally_slot.dtype:
+        raise ValueError(f"cannot copy a tally of {tally.dtype}{tally.shape} into {tally_slot.dtype}{tally_slot.shape}")
+    return functools.partial(_arrive, source, slot, tally, tally_slot, counters, index)
 
 
 def bench_cases(numel: int) -> list[BenchCase]:

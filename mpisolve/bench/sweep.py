@@ -14,6 +14,8 @@ and each operation:
 
 Each operation's result is checked once per size before it is timed, against the exact
 reduction of known inputs (for Adasum, orthogonal ones, whose Adasum is their sum). The
+operations of one size are timed in turn within each repeat, so that load from outside
+falls on all of them alike and their ratios hold. The
 latency is the median over repeats of the slowest rank's time for one call; the
 bandwidths are nccl-tests': ``algbw = bytes / time`` and
 ``busbw = algbw * 2(n-1)/n`` (the bytes each rank's links carry in a ring allreduce).
@@ -35,7 +37,7 @@ from ..comm.buckets import GradientBuckets
 from ..comm.collectives import REDUCE_OPS, allreduce
 from ..comm.communicator import Communicator, mpi_buffer
 from ..options import InputError
-from . import median_seconds, write_csv
+from . import interleaved_medians, write_csv
 
 #: Operations every mpisolve has; "adasum" joins when the functional collective offers it.
 BASE_OPS = ("mpi", "sum", "average", "bucketed")
@@ -171,13 +173,16 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     rows = []
     for nbytes in sizes:
         repeats = args.small_repeats if nbytes <= SMALL_BYTES else args.repeats
-        for op in ops:
-            case = make_case(op, nbytes // ELEMENT_BYTES, comm)
-            try:
-                check(case, op, comm)
-                seconds = median_seconds(case.run, comm, repeats, args.warmup)
-            finally:
+        cases: dict[str, Case] = {}
+        try:
+            for op in ops:
+                cases[op] = make_case(op, nbytes // ELEMENT_BYTES, comm)
+                check(cases[op], op, comm)
+            timings = interleaved_medians({op: case.run for op, case in cases.items()}, comm, repeats, args.warmup)
+        finally:
+            for case in cases.values():
                 case.close()
+        for op, seconds in timings.items():
             algbw = nbytes / seconds / 1e9
             rows.append(
                 {

@@ -197,7 +197,7 @@ class _NodeBuffers:
         flags = ranks * CACHE_LINE
         self.win, memory = shared_window(group, flags + ranks * row, flags, "node-shared Adasum buffers")
         #: Every local rank's progress counter.
-        self.progress = NodeCounters(self.win, memory[:flags], group.local_rank)
+        self.progress = NodeCounters(memory[:flags], group.local_rank)
         rows = memory[flags:].view(dtype).view(ranks, -1)
         #: Every local rank's slot: its working copy of the buffer.
         self.slots = [rows[r, :numel] for r in range(ranks)]

@@ -132,7 +132,8 @@ class Bucket:
 
     ``buffer`` is where backward writes; ``result`` where the reduced gradients lie after
     ``finish``: the same buffer, except for node-shared buckets (``node``: the
-    :class:`NodeSumReducer` giving the storage), whose sum is read in place from the window.
+    :class:`NodeSumReducer` giving the storage) on the bandwidth path, whose sum is read in
+    place from the window (``shared``).
     """
 
     def __init__(
@@ -147,14 +148,16 @@ class Bucket:
             wire = wire_dtype(dtype)
             # Half-precision gradients are reduced through a float32 twin of the buffer.
             self.wire = self.buffer.flat if wire == dtype else torch.zeros_like(self.buffer.flat, dtype=wire)
-            self.result = self.buffer
         else:
             numel = sum(s.numel() for s in shapes) + extra
             self.buffer = FusedBuffer(shapes, dtype, extra=extra, flat=node.allocate(numel, dtype))
             self.wire = self.buffer.flat  # the node-shared kernel reads half precision as it is
+        self.result = self.buffer
+        if node is not None and node.shared(index):
             self.result = FusedBuffer(shapes, dtype, extra=extra, flat=node.result(index))
+        #: Whether the result is a sum the node's ranks share (read in place, written by none).
+        self.shared = self.result is not self.buffer
         self.pending = len(params)
-        self.launched = False
 
     def to_wire(self) -> None:
         if self.wire is not self.buffer.flat:
@@ -209,7 +212,10 @@ class SumReducer:
             self._inflight = [r for r in self._inflight if not r.test()]
 
     def finish(self, bucket: Bucket) -> None:
-        self.requests[bucket.index].wait(f"gradient allreduce of bucket {bucket.index}")
+        req = self.requests[bucket.index]
+        req.wait(f"gradient allreduce of bucket {bucket.index}")
+        if req in self._inflight:  # started by finish itself: no progress() has dropped it
+            self._inflight.remove(req)
 
     def close(self) -> None:
         for req in self.requests.values():
@@ -378,10 +384,14 @@ class GradientBuckets:
             # float32, which holds any realistic count exactly, where bfloat16 would round it past 256.
             self._tally_in = self._tally_out = first.wire[first.buffer.numel :]
         else:
-            self._tally_in, self._tally_out = self.node.tally_slot, self.node.tally_result
-        # This rank's tally, set through its numpy view (no tensor indexing) and copied in with one copy.
-        self._tally = torch.zeros(self.TALLY, dtype=torch.float64)
+            self._tally_in, self._tally_out = self.node.tally_input, self.node.tally_result
+        # This rank's tally, written through a numpy view (no tensor indexing): of the tally's own
+        # memory where that is the host's, else of a staging tensor copied in with one copy.
+        on_host = self._tally_in.device.type == "cpu"
+        self._tally = self._tally_in if on_host else torch.zeros(self.TALLY, dtype=torch.float64)
         self._tally_host = self._tally.numpy()
+        self._local_samples = 0  # this step's, as the tally is summed in place
+        self._tally_out_host = self._tally_out.numpy() if on_host else None
         self.samples = samples
         self._generation = 0  # this step's number: a parameter reported in it carries it
         self._reported = [-1] * len(self._view_of)
@@ -396,8 +406,10 @@ class GradientBuckets:
         self._writable = [True] * len(self.buckets)
         #: Whether the gradients are views of the node-shared sums (else of this rank's slots).
         self._in_window = False
-        if self.node is not None:
-            self._hooks += [p.register_hook(functools.partial(self._before_accumulate, p)) for p in self.params]
+        # Gradients that are views of shared sums after a step are pointed back at their bucket before backward.
+        self._shared_buckets = any(bucket.shared for bucket in self.buckets)
+        shared = [p for bucket in self.buckets if bucket.shared for p in bucket.params]
+        self._hooks += [p.register_hook(functools.partial(self._before_accumulate, p)) for p in shared]
 
     @property
     def in_flight(self) -> bool:
@@ -406,7 +418,7 @@ class GradientBuckets:
 
     # ------------------------------------------------------------------ hooks
     def _before_accumulate(self, param: torch.nn.Parameter, grad: torch.Tensor) -> None:
-        """Node-shared buckets: make the slot writable and ``param.grad`` its view before autograd adds into it."""
+        """Shared sums: make the bucket writable and ``param.grad`` its view before autograd adds into it."""
         i = self._slot[id(param)]
         self._claim(self._bucket_of[i])
         view = self._view_of[i]
@@ -456,13 +468,14 @@ class GradientBuckets:
         bucket.to_wire()
         if bucket.index == 0:
             withheld = self._withheld
-            self._tally_host[0] = 0 if withheld or self.samples is None else self.samples()
+            self._local_samples = 0 if withheld or self.samples is None else self.samples()
+            self._tally_host[0] = self._local_samples
             self._tally_host[1] = 0 if withheld else 1
-            self._tally_in.copy_(self._tally)
+            if self._tally is not self._tally_in:
+                self._tally_in.copy_(self._tally)
         if self.weighted and self.node is not None:  # this rank's slot weighed by its samples (MPI's path: the reducer)
-            bucket.buffer.flat.mul_(float(self._tally_host[0]))
+            bucket.buffer.flat.mul_(float(self._local_samples))
         self.reducer.start(bucket)
-        bucket.launched = True
 
     def _start_ready(self) -> None:
         while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
@@ -536,35 +549,39 @@ class GradientBuckets:
             self._next += 1
         for bucket in self.buckets:
             self.reducer.finish(bucket)
-        samples, ranks = (int(round(v)) for v in self._tally_out.tolist())
+        tally = (self._tally_out if self._tally_out_host is None else self._tally_out_host).tolist()
+        samples, ranks = int(round(tally[0])), int(round(tally[1]))
         if self.node is None:
             scale = 1.0 / ranks if self.average and ranks > 0 else None
             for bucket in self.buckets:
                 bucket.from_wire(scale)
             return Reduction(samples, ranks)
-        self._writable = [False] * len(self.buckets)  # local ranks may still be reading this round's slots
+        if self._shared_buckets:  # local ranks may still be reading this round's slots, the buckets' storage
+            self._writable = [not bucket.shared for bucket in self.buckets]
         if self.weighted:
             self._own(1.0 / samples if samples > 0 else 0.0)  # sum_r n_r g_r, divided by the samples
         elif self.average and 0 < ranks < self.comm.size:
             self._own(self.comm.size / ranks)  # the sum was scaled by 1 / size: make it 1 / ranks
         elif self.shared_result:
             for bucket in self.buckets:
-                for p, view in zip(bucket.params, bucket.result.views):
-                    p.grad = view
-            self._in_window = True
+                if bucket.shared:
+                    for p, view in zip(bucket.params, bucket.result.views):
+                        p.grad = view
+                    self._in_window = True
         else:
             self._own()
         return Reduction(samples, ranks)
 
     def _own(self, rescale: float | None = None) -> None:
-        """Node-shared buckets: the sums copied into this rank's slots (times ``rescale``), the gradients there."""
+        """Node-shared buckets: the shared sums copied into this rank's storage, every sum times ``rescale``."""
         for bucket in self.buckets:
-            self._claim(bucket)
-            bucket.buffer.flat.copy_(bucket.result.flat)
+            if bucket.shared:
+                self._claim(bucket)
+                bucket.buffer.flat.copy_(bucket.result.flat)
+                for p, view in zip(bucket.params, bucket.buffer.views):
+                    p.grad = view
             if rescale is not None:
                 bucket.buffer.flat.mul_(rescale)
-            for p, view in zip(bucket.params, bucket.buffer.views):
-                p.grad = view
         self._in_window = False
 
     def reduced(self) -> list[torch.Tensor]:
@@ -599,7 +616,6 @@ class GradientBuckets:
             self.node.release()
         for bucket in self.buckets:
             bucket.pending = len(bucket.params)
-            bucket.launched = False
         self._next = 0
         self._generation += 1
         self._reduced = None

@@ -7,30 +7,30 @@ talks to the others' local rank ``i``, so every rank's network link carries a sl
 
 A :class:`NodeAllreduce` is one persistent sum of ``numel`` elements. Its memory is one
 ``MPI_Win_allocate_shared`` window holding, for each local rank, a *slot* (the rank's
-input: a bucket's gradients are written there by backward itself), the *flags*, and on the
-bandwidth path the *result*. A round:
+input), the *counters*, and on the bandwidth path the *result*. A round:
 
-1. ``start``: this rank's slot is final: it bumps its ``arrived`` counter.
+1. ``start``: this rank's input is final: it bumps its ``arrived`` counter.
 2. Once every local rank has arrived (their counters, no barrier), either
-   - **bandwidth path**: this rank sums the slots over its own share of the elements into
+   - **bandwidth path**: the input is the slot itself (a bucket's gradients are written
+     there by backward). This rank sums the slots over its own share of the elements into
      the node-shared result (:func:`mpisolve.kernels.slots.slot_sum`), allreduces that
      share over the cross communicator when there are several nodes, and bumps its
      ``done`` counter; the round is complete when every local rank is done, and the whole
-     result is read in place by every local rank; or
-   - **latency path** (at most :data:`LATENCY_MAX_BYTES`): this rank sums every slot over
-     the whole range into its own private result, bumps ``done`` (it has finished reading
-     the slots) and, with several nodes, allreduces its result over the cross
-     communicator. One flag-synchronised pass, no wait for the others to finish.
-3. A slot may be written again (the next backward, the next copy in) once every local rank
-   is done with this round: :meth:`NodeAllreduce.wait_writable`, immediate on the
-   bandwidth path, where completion already implies it.
+     result is read in place by every local rank. A slot may be written again once every
+     local rank is done (:meth:`NodeAllreduce.wait_writable`; completion implies it); or
+   - **latency path** (at most :data:`LATENCY_MAX_BYTES`): the input is this rank's own
+     memory, copied at ``start`` into one of two slots, alternating by round. This rank
+     sums that round's slots over the whole range back into its input, in place, and with
+     several nodes allreduces it over the cross communicator. One counter-synchronised
+     pass: no rank waits for another to finish reading, since a rank that completed round
+     ``n + 1`` saw every local rank arrive at it, so all have finished reading round
+     ``n``'s slots, the ones round ``n + 2`` writes.
 
-Counters are int64 in their own cache lines; a counter is bumped after ``MPI_Win_sync``
-(the data written before it is visible first) and read before one (the data read after it
-is the data written before it): MPI's unified-model rule for load/store on a shared window,
-a memory barrier on the CPU. Every wait goes through :meth:`Communicator.wait_for`, with
-its watchdog. Inter-node collectives are posted in the order rounds were started
-(:meth:`NodeGroup.post_ready`), so every rank posts them in the same order.
+Counters are int64 in their own cache lines (:class:`NodeCounters`), published with
+release order and read with acquire order. Every wait goes through
+:meth:`Communicator.wait_for`, with its watchdog. Inter-node collectives are posted in the
+order rounds were started (:meth:`NodeGroup.post_ready`), so every rank posts them in the
+same order.
 
 The node-aware path applies to CPU floating-point buffers that MPI takes directly (not
 staged: ``MPISOLVE_STAGE=1`` emulates a GPU's path) on a communicator with more than one
@@ -49,7 +49,8 @@ from typing import TYPE_CHECKING, cast
 import torch
 from mpi4py import MPI
 
-from ..kernels.slots import host_rows, slot_sum
+from ..kernels import counters
+from ..kernels.slots import arrival, host_rows, round_sum
 from .communicator import Communicator, PersistentAllreduce, mpi_buffer
 from .windows import CACHE_LINE, shard_bounds
 
@@ -58,6 +59,10 @@ if TYPE_CHECKING:
 
 #: Buffers of at most this many bytes take the latency path (docs/studies/node-aware.md).
 LATENCY_MAX_BYTES = 64 * 1024
+
+#: How many more times a wait checks the local ranks' counters in compiled code, between two
+#: polls of its watchdogged loop, under the "spin" wait policy (a few microseconds to tens).
+SPIN_POLLS = 1000
 
 #: Element types a node-shared sum takes; half precision is summed in float32.
 NODE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -101,33 +106,31 @@ def free_window(comm: Communicator, win: MPI.Win) -> None:
 class NodeCounters:
     """One int64 counter per local rank, each in its own cache line of a node-shared window.
 
-    A rank publishes a value (:meth:`publish`) after ``MPI_Win_sync`` (what it wrote before is visible
-    first); :meth:`reached` checks counters and, when they have reached a value, runs
-    ``MPI_Win_sync`` (what is read after is what was written before they were bumped): MPI's
-    unified-model rule for load/store on a shared window, a memory barrier on the CPU.
-    ``memory``: the counters' ``local_size * CACHE_LINE`` bytes of ``win``, zeroed.
+    A rank publishes a value (:meth:`publish`) after what it wrote before; :meth:`reached`
+    checks counters, and what is read after a true answer is what was written before they
+    were set: release and acquire order (:mod:`mpisolve.kernels.counters`), the memory
+    barrier ``MPI_Win_sync`` gives load/store access in MPI's unified model, without a
+    call into MPI. ``memory``: the counters' ``local_size * CACHE_LINE`` bytes of a
+    node-shared window, zeroed.
     """
 
-    def __init__(self, win: MPI.Win, memory: torch.Tensor, local_rank: int) -> None:
-        self.win = win
+    def __init__(self, memory: torch.Tensor, local_rank: int) -> None:
         self.local_rank = local_rank
-        self._values = memory.view(torch.int64).numpy()[::FLAG_STRIDE]
+        #: The counters, as the kernels of :mod:`mpisolve.kernels.counters` take them.
+        self.values = memory.view(torch.int64).numpy()[::FLAG_STRIDE]
 
     def publish(self, value: int) -> None:
         """Set this rank's counter to ``value``."""
-        self.win.Sync()
-        self._values[self.local_rank] = value
+        counters.publish(self.values, self.local_rank, value)
 
     def reached(self, value: int, rank: int | None = None) -> bool:
         """Whether every local rank's counter (``rank``'s alone, if given) has reached ``value``."""
-        values = self._values.tolist() if rank is None else [int(self._values[rank])]
-        if not all(v >= value for v in values):
-            return False
-        self.win.Sync()
-        return True
+        if rank is None:
+            return bool(counters.reached(self.values, value))
+        return bool(counters.reached_one(self.values, rank, value))
 
     def tolist(self) -> list[int]:
-        return [int(v) for v in self._values]
+        return [int(v) for v in self.values]
 
 
 class NodeGroup:
@@ -215,14 +218,18 @@ def takes(comm: Communicator, tensor: torch.Tensor) -> bool:
 class NodeAllreduce:
     """One persistent node-aware sum of ``numel`` elements of ``dtype`` (collective to build and free).
 
-    ``slot``: this rank's input (write it, then :meth:`start`); ``result``: the sum (shared
-    by the node's ranks on the bandwidth path: read it, never write it), valid from
-    completion until the next round is started. ``scale`` multiplies every result.
+    ``input``: where this rank writes its input before :meth:`start` (on the bandwidth
+    path its slot in the window, writable once :meth:`writable`; on the latency path its
+    own memory, copied in at ``start``). ``result``: the sum, valid from completion until
+    the next round is started (on the bandwidth path shared by the node's ranks: read it,
+    never write it; on the latency path ``input`` itself, summed in place). ``scale``
+    multiplies every result.
 
     ``tally``: float64 elements summed in the same round, unscaled and exact whatever
     ``dtype`` and ``scale`` (a step's sample count beside its first gradient bucket, at
-    no round of its own): this rank writes ``tally_slot`` before :meth:`start` and every
-    rank reads the whole sum in its own ``tally_result``.
+    no round of its own): this rank writes ``tally_input`` before :meth:`start` and every
+    rank reads the whole sum in its own ``tally_result`` (on the latency path the same
+    tensor, summed in place).
     """
 
     def __init__(self, group: NodeGroup, numel: int, dtype: torch.dtype, *, scale: float = 1.0, tally: int = 0) -> None:
@@ -241,27 +248,30 @@ class NodeAllreduce:
         itemsize = torch.empty(0, dtype=dtype).element_size()
         ranks = group.local_size
         self.latency = numel * itemsize <= LATENCY_MAX_BYTES
+        copies = 2 if self.latency else 1  # the latency path's slots alternate by round
         row = padded(numel * itemsize)
         tally_row = padded(tally * 8)
         flags_bytes = 2 * ranks * CACHE_LINE
         result_bytes = 0 if self.latency else row + (padded(numel * 4) if self.half else 0)
-        slots_end = flags_bytes + ranks * row
-        tally_end = slots_end + ranks * tally_row
+        slots_end = flags_bytes + ranks * copies * row
+        tally_end = slots_end + ranks * copies * tally_row
         self.win, memory = shared_window(group, tally_end + result_bytes, flags_bytes, "node-shared window")
         half_flags = ranks * CACHE_LINE
-        self._arrived = NodeCounters(self.win, memory[:half_flags], group.local_rank)
-        self._done = NodeCounters(self.win, memory[half_flags:flags_bytes], group.local_rank)
+        self._arrived = NodeCounters(memory[:half_flags], group.local_rank)
+        self._done = NodeCounters(memory[half_flags:flags_bytes], group.local_rank)
         self._me = group.local_rank
-        slots = memory[flags_bytes:slots_end].view(dtype).view(ranks, -1)
-        self.slot = slots[self._me, :numel]
-        tally_rows = memory[slots_end:tally_end].view(torch.float64).view(ranks, tally_row // 8)
-        self.tally_slot = tally_rows[self._me, :tally]
-        self.tally_result = torch.zeros(tally, dtype=torch.float64)
+        # Slots by copy, then local rank: one copy's rows are one (ranks, m) matrix for the kernel.
+        slots = memory[flags_bytes:slots_end].view(dtype).view(copies, ranks, -1)
+        tally_rows = memory[slots_end:tally_end].view(torch.float64).view(copies, ranks, tally_row // 8)
         if self.latency:
-            self.result = torch.zeros(numel, dtype=dtype)
+            self.input = self.result = torch.zeros(numel, dtype=dtype)
+            self.tally_input = self.tally_result = torch.zeros(tally, dtype=torch.float64)
             acc = torch.zeros(numel, dtype=torch.float32) if self.half else self.result
             self.share = (0, numel)
         else:
+            self.input = slots[0, self._me, :numel]
+            self.tally_input = tally_rows[0, self._me, :tally]
+            self.tally_result = torch.zeros(tally, dtype=torch.float64)
             self.result = memory[tally_end : tally_end + numel * itemsize].view(dtype)
             half_acc = memory[tally_end + row : tally_end + row + numel * 4]
             acc = half_acc.view(torch.float32) if self.half else self.result
@@ -269,10 +279,39 @@ class NodeAllreduce:
         lo, hi = self.share
         self._acc_share = acc[lo:hi]
         self._result_share = self.result[lo:hi]
-        # The round's kernels, checked once: this rank's share of the slots, and the whole tally.
+        # Each copy's kernels, checked once. A round's start: the latency path's copy in
+        # (raw bytes) and arrival. Its sum, once every local rank has arrived: this rank's
+        # share of the slots, and the whole tally.
+        arrived = self._arrived.values
+        self._arrivals = [
+            arrival(
+                host_rows(self.input),
+                host_rows(slots[c, self._me, :numel]),
+                self.tally_input.numpy(),
+                tally_rows[c, self._me, :tally].numpy(),
+                arrived,
+                self._me,
+            )
+            for c in range(copies)
+            if self.latency
+        ]
         scale = self.scale if group.cross is None else 1.0  # across nodes: scaled once the nodes' sums are in
-        self._sum = slot_sum(host_rows(slots), lo, hi, acc.numpy(), scale, brain=dtype == torch.bfloat16)
-        self._sum_tally = slot_sum(tally_rows.numpy(), 0, tally, self.tally_result.numpy()) if tally else None
+        self._sums = [
+            round_sum(
+                arrived,
+                host_rows(slots[c]),
+                lo,
+                hi,
+                acc.numpy(),
+                scale,
+                brain=dtype == torch.bfloat16,
+                tally_rows=tally_rows[c].numpy(),
+                tally_out=self.tally_result.numpy(),
+            )
+            for c in range(copies)
+        ]
+        self._tally = tally
+        self._polls = SPIN_POLLS if self.comm.wait_policy == "spin" else 0
         self._seq = 0
         #: idle -> arrived -> reduced -> (internode ->) published (bandwidth path) -> idle.
         self.stage = "idle"
@@ -280,63 +319,60 @@ class NodeAllreduce:
 
     # ----------------------------------------------------------------- round
     def start(self) -> None:
-        """This rank's slot holds its input: take part in a new round (local; never blocks)."""
+        """This rank's input is final: take part in a new round (local; never blocks)."""
         with self.group.lock:
             if self.stage != "idle":
                 raise RuntimeError("a node-shared sum was started again before its round completed")
             self._seq += 1
-            self._arrived.publish(self._seq)
+            if self.latency:
+                self._arrivals[self._seq % 2](self._seq)
+            else:
+                self._arrived.publish(self._seq)
             self.stage = "arrived"
             if self.group.cross is not None:
                 self.group.unposted.append(self)
-            self._advance()
+            self._advance(0)
 
-    def test(self) -> bool:
-        """Drive the round as far as it can go now; True once this rank's result is complete."""
+    def test(self, polls: int = 0) -> bool:
+        """Drive the round as far as it can go now (checking the arrivals up to ``polls`` more
+        times); True once this rank's result is complete."""
         if self.stage == "idle":
             return True
         with self.group.lock:
-            return self._advance()
+            return self._advance(polls)
 
     def wait(self, what: str = "node-shared allreduce") -> None:
-        self.comm.wait_for(self.test, lambda: f"{what} ({self.where()})")
+        self.comm.wait_for(lambda: self.test(self._polls), lambda: f"{what} ({self.where()})")
 
     def writable(self) -> bool:
-        """Whether no local rank still reads this rank's slot (it may be written for the next round)."""
-        return self._done.reached(self._seq)
+        """Whether ``input`` may be written for the next round (on the bandwidth path: no local rank still reads it)."""
+        return self.latency or self._done.reached(self._seq)
 
     def wait_writable(self, what: str = "node-shared slot reuse") -> None:
-        """Wait until :meth:`writable` (before writing the slot for the next round)."""
+        """Wait until :meth:`writable` (before writing ``input`` for the next round)."""
         self.comm.wait_for(self.writable, lambda: f"{what} ({self.where()})")
 
     def where(self) -> str:
-        return (
-            f"round {self._seq}, stage {self.stage}; local ranks arrived {self._arrived.tolist()}, "
-            f"done {self._done.tolist()}"
-        )
+        done = "" if self.latency else f", done {self._done.tolist()}"
+        return f"round {self._seq}, stage {self.stage}; local ranks arrived {self._arrived.tolist()}{done}"
 
-    def reduce_if_ready(self) -> None:
-        """Once every local rank has arrived: sum the slots over this rank's share (stage "reduced")."""
-        if self.stage != "arrived" or not self._arrived.reached(self._seq):
-            return
-        self._sum()
-        if self._sum_tally is not None:
-            self._sum_tally()
-        if self.latency:  # done reading the slots; the result is this rank's own
-            self._done.publish(self._seq)
-        self.stage = "reduced"
+    def reduce_if_ready(self, polls: int = 0) -> None:
+        """Once every local rank has arrived (checked up to ``polls`` more times): sum the slots
+        over this rank's share (stage "reduced")."""
+        if self.stage == "arrived" and self._sums[self._seq % len(self._sums)](self._seq, polls):
+            self.stage = "reduced"
 
     def post(self) -> None:
         """Start the inter-node sums of this share and the tally (in start order: :meth:`NodeGroup.post_ready`)."""
         assert self.group.cross is not None
         cross = self.group.cross.comm
         self._requests = [cross.Iallreduce(MPI.IN_PLACE, mpi_buffer(self._acc_share), MPI.SUM)]
-        if self._sum_tally is not None:
+        if self._tally:
             self._requests.append(cross.Iallreduce(MPI.IN_PLACE, mpi_buffer(self.tally_result), MPI.SUM))
         self.stage = "internode"
 
-    def _advance(self) -> bool:
-        self.reduce_if_ready()
+    def _advance(self, polls: int) -> bool:
+        self.reduce_if_ready(polls)
         if self.stage == "reduced":
             if self.group.cross is None:
                 self._finish_share()
@@ -371,9 +407,9 @@ class NodeAllreduce:
 class NodePersistentAllreduce:
     """:class:`PersistentAllreduce`'s interface over a :class:`NodeAllreduce`, for any CPU tensor.
 
-    The tensor is copied into this rank's slot at ``start`` and the sum back into it at
-    ``wait`` (callers that can let their data live in the slot use :class:`NodeAllreduce`
-    directly and copy nothing).
+    The tensor is copied into the operation's input at ``start`` and the sum back into it at
+    ``wait`` (callers that can let their data live in the input use :class:`NodeAllreduce`
+    directly).
     """
 
     kind = "node-shared allreduce"
@@ -384,16 +420,16 @@ class NodePersistentAllreduce:
         self._flat = tensor.view(-1)
         self.op = NodeAllreduce(group, tensor.numel(), tensor.dtype)
         self._unread = False  # a round completed whose sum is not in the tensor yet
-        self._joined = True  # this round's input is in the slot and the round started
+        self._joined = True  # this round's input is in the operation's and the round started
 
     def start(self) -> None:
-        """Start a round (never blocks: while a local rank still reads the slot, the copy in waits for a test)."""
+        """Start a round (never blocks: while a local rank still reads the input, the copy in waits for a test)."""
         self._unread, self._joined = True, False
         self._join()
 
     def _join(self) -> None:
         if not self._joined and self.op.writable():
-            self.op.slot.copy_(self._flat)  # the tensor is the operation's until it completes, as MPI's
+            self.op.input.copy_(self._flat)  # the tensor is the operation's until it completes, as MPI's
             self.op.start()
             self._joined = True
 
@@ -433,7 +469,7 @@ def sum_once(comm: Communicator, flats: Sequence[torch.Tensor], what: str) -> bo
         return False  # two buffers alike in one call: MPI's path (one window each would be kept)
     for op, flat in zip(ops, flats):
         op.wait_writable()
-        op.slot.copy_(flat.view(-1))
+        op.input.copy_(flat.view(-1))
         op.start()
     comm.wait_for(lambda: all([op.test() for op in ops]), what)
     for op, flat in zip(ops, flats):
@@ -453,7 +489,7 @@ class NodeRelease:
         self.comm = group.comm
         nbytes = group.local_size * CACHE_LINE
         self.win, memory = shared_window(group, nbytes, nbytes, "node-shared release counters")
-        self._counters = NodeCounters(self.win, memory, group.local_rank)
+        self._counters = NodeCounters(memory, group.local_rank)
         self._seq = 0
 
     def release(self, what: str) -> None:
@@ -470,16 +506,16 @@ class NodeRelease:
 class NodeSumReducer:
     """Gradient buckets summed in node-shared memory (a ``BucketReducer`` that also holds their storage).
 
-    :meth:`allocate` gives a bucket its flat storage: this rank's slot of a
+    :meth:`allocate` gives a bucket its flat storage: the input of a
     :class:`NodeAllreduce`, which backward writes directly; ``start``, ``progress`` and
     ``finish`` drive the rounds in bucket order (a bucket is reduced as soon as every local
     rank has written it, while backward goes on); the sum, scaled by ``scale``, is in
     :meth:`result` (shared by the node's ranks on the bandwidth path: read it in place,
-    never write it). The step's ``tally`` (``tally`` float64 elements: counts the sum must
-    hold exactly whatever the buckets' dtype and ``scale``) rides in the first bucket's
-    round, unscaled (:attr:`tally_slot`, :attr:`tally_result`). :meth:`release` ends a step
-    whose shared results were read in place: no rank writes them before every local rank
-    has stepped.
+    never write it; on the latency path the bucket's own storage). The step's ``tally``
+    (``tally`` float64 elements: counts the sum must hold exactly whatever the buckets'
+    dtype and ``scale``) rides in the first bucket's round, unscaled (:attr:`tally_input`,
+    :attr:`tally_result`). :meth:`release` ends a step whose shared results were read in
+    place: no rank writes them before every local rank has stepped.
     """
 
     def __init__(self, group: NodeGroup, scale: float, tally: int) -> None:
@@ -493,18 +529,18 @@ class NodeSumReducer:
         self._shared = False
 
     def allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """Storage for the next bucket (collective): its slot, zeroed; the first bucket's round carries the tally."""
+        """Storage for the next bucket (collective): its round's input, zeroed; the first round carries the tally."""
         op = NodeAllreduce(self.group, numel, dtype, scale=self.scale, tally=0 if self.ops else self.tally)
-        op.slot.zero_()
-        op.tally_slot.zero_()
+        op.input.zero_()
+        op.tally_input.zero_()
         self.ops.append(op)
         self._shared = self._shared or not op.latency
-        return op.slot
+        return op.input
 
     @property
-    def tally_slot(self) -> torch.Tensor:
+    def tally_input(self) -> torch.Tensor:
         """This rank's tally, written before the first bucket starts."""
-        return self.ops[0].tally_slot
+        return self.ops[0].tally_input
 
     @property
     def tally_result(self) -> torch.Tensor:
@@ -512,10 +548,15 @@ class NodeSumReducer:
         return self.ops[0].tally_result
 
     def result(self, index: int) -> torch.Tensor:
+        """Where bucket ``index``'s sum lies: the window's shared sum (bandwidth path), else its input, in place."""
         return self.ops[index].result
 
+    def shared(self, index: int) -> bool:
+        """Whether bucket ``index``'s sum is shared by the node's ranks (read in place, written by none)."""
+        return not self.ops[index].latency
+
     def wait_writable(self, index: int) -> None:
-        """Wait until no local rank still reads bucket ``index``'s slot (the first bucket's: and its tally)."""
+        """Wait until bucket ``index``'s input may be written (the first bucket's: and its tally)."""
         self.ops[index].wait_writable(f"gradient bucket {index} slot reuse")
 
     def prepare(self, bucket: Bucket) -> None:
@@ -531,7 +572,11 @@ class NodeSumReducer:
             self._inflight = [op for op in self._inflight if not op.test()]
 
     def finish(self, bucket: Bucket) -> None:
-        self.ops[bucket.index].wait(f"node-shared gradient sum of bucket {bucket.index}")
+        op = self.ops[bucket.index]
+        if not op.test():
+            op.wait(f"node-shared gradient sum of bucket {bucket.index}")
+        if op in self._inflight:  # started by finish itself: no progress() has dropped it
+            self._inflight.remove(op)
 
     def release(self) -> None:
         """The step that read the shared sums is over on this rank; wait for the node's other ranks.

@@ -49,7 +49,7 @@ def test_hierarchical_sums_equal_mpi_allreduce(comm):
             comm.wait(comm.comm.Iallreduce(MPI.IN_PLACE, mpi_buffer(want), MPI.SUM), "reference")
             wants.append(want)
             op.wait_writable()
-            op.slot.copy_(mine)
+            op.input.copy_(mine)
             op.start()
         for op, want in zip(ops[::-1], wants[::-1]):  # completed in another order than started
             op.wait()

@@ -56,9 +56,9 @@ def test_sums_equal_the_ordered_reference_round_after_round(dtype):
     for round_ in range(3):
         for op in ops:
             op.wait_writable()
-            op.slot.copy_(rank_input(comm.rank, round_, op.numel, dtype))
-            op.tally_slot.copy_(
-                torch.tensor([comm.rank + 1, 2.0**40 + round_], dtype=torch.float64)[: op.tally_slot.numel()]
+            op.input.copy_(rank_input(comm.rank, round_, op.numel, dtype))
+            op.tally_input.copy_(
+                torch.tensor([comm.rank + 1, 2.0**40 + round_], dtype=torch.float64)[: op.tally_input.numel()]
             )
             op.start()
         for op in ops[::-1]:  # completed in another order than started
@@ -101,8 +101,13 @@ def mean_grads(comm: Communicator, x: torch.Tensor, model: nn.Module) -> list[to
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.cluster
 @ALL_SIZES
-@pytest.mark.parametrize("node_shm", [True, False])
-def test_gradient_buckets_read_the_sum_in_place_and_accumulate_on_it(node_shm):
+@pytest.mark.parametrize("path", ["latency", "bandwidth", "mpi"])
+def test_gradient_buckets_read_the_sum_in_place_and_accumulate_on_it(path, monkeypatch):
+    """Bandwidth-path sums are read where they lie in the window; latency-path and MPI's sums
+    land in the buckets themselves, in place."""
+    if path == "bandwidth":
+        monkeypatch.setattr(shm, "LATENCY_MAX_BYTES", 0)
+    node_shm = path != "mpi"
     comm = Communicator(node_shm=node_shm)
     torch.manual_seed(0)
     model, oracle_model = Net(), Net()
@@ -119,7 +124,7 @@ def test_gradient_buckets_read_the_sum_in_place_and_accumulate_on_it(node_shm):
     for bucket in grads.buckets:
         for p, view in zip(bucket.params, bucket.result.views):
             assert p.grad.data_ptr() == view.data_ptr()  # read where the sum lies
-        assert (bucket.result is bucket.buffer) != node_shm  # node-shared: the window's sum, not the slot
+        assert bucket.shared == (bucket.result is not bucket.buffer) == (path == "bandwidth")
     grads.rearm()
     # No zeroing: the next backward adds onto the averaged gradients, as on MPI's path.
     model(x + comm.rank).sum().backward()
@@ -245,7 +250,7 @@ def test_functional_allreduce_goes_through_the_node_windows():
 def test_a_rank_that_never_starts_trips_the_watchdog_and_the_round_still_completes():
     patient, comm = Communicator(), Communicator(timeout_s=0.5)
     op = NodeAllreduce(node_group(comm), 10, torch.float32)
-    op.slot.fill_(comm.rank)
+    op.input.fill_(comm.rank)
     late = comm.local_rank == 0
     if not late:
         op.start()
@@ -272,3 +277,49 @@ def test_falls_back_when_off_or_alone_on_the_node():
     grads = GradientBuckets(model.parameters(), alone, bucket_bytes=10**6)
     assert grads.node is None
     grads.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize("node_shm", [True, False])
+def test_steps_whose_buckets_finish_starts_leave_nothing_in_flight(node_shm):
+    """No backward, so ``finish`` starts every bucket and no hook's progress() drops them: the
+    reducer must, or its list of rounds in flight grows by one every step."""
+    comm = Communicator(node_shm=node_shm)
+    param = nn.Parameter(torch.zeros(10))
+    grads = GradientBuckets([param], comm, bucket_bytes=1000, average=True)
+    assert (grads.node is not None) == node_shm
+    for _ in range(3):
+        param.grad.fill_(float(comm.rank))
+        grads.finish()
+        assert torch.equal(param.grad, torch.full((10,), (comm.size - 1) / 2))
+        grads.rearm()
+    assert grads.reducer._inflight == []  # type: ignore[attr-defined]
+    grads.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+def test_a_latency_round_is_not_overwritten_by_ranks_that_run_ahead():
+    """Local rank 0 arrives first and sums late; the others complete each round as soon as
+    it has arrived and start the next at once, writing their inputs for it while rank 0
+    still has the last round's slots to read. Each round's sum must be that round's."""
+    import time
+
+    comm = Communicator()
+    op = NodeAllreduce(node_group(comm), 1000, torch.float32)
+    assert op.latency
+    summed = comm.node.allgather(comm.rank) if comm.nodes == 1 else range(comm.size)
+    for round_ in range(4):  # nothing in the loop synchronises the ranks but the rounds themselves
+        mine = torch.full((1000,), float(100 * round_ + comm.rank))
+        op.input.copy_(mine)
+        if comm.local_rank == 0:
+            op.start()
+            time.sleep(0.02)  # the others finish this round and start writing the next meanwhile
+        else:
+            time.sleep(0.002)  # rank 0 arrives first
+            op.start()
+        op.wait()
+        want = sum(100.0 * round_ + r for r in summed)
+        assert torch.equal(op.input, torch.full((1000,), want)), round_
+    op.free()

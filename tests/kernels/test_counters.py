@@ -1,0 +1,89 @@
+"""The shared-memory counters' kernels, and the round kernels built on them, on strided counters as in a window."""
+
+import numpy as np
+import pytest
+import torch
+
+from mpisolve.kernels import counters
+from mpisolve.kernels.slots import arrival, host_rows, round_sum
+
+STRIDE = 8  # one int64 counter per 64-byte cache line
+
+
+def strided(values: list[int]) -> np.ndarray:
+    memory = np.zeros(len(values) * STRIDE, dtype=np.int64)
+    view = memory[::STRIDE]
+    view[:] = values
+    return view
+
+
+def test_publish_sets_one_counter_and_reached_reads_every_one():
+    c = strided([0, 0, 0])
+    counters.publish(c, 1, 7)
+    assert c.base[STRIDE] == 7 and c.tolist() == [0, 7, 0]  # the counter's own cache line, nothing else
+    assert counters.reached(c, 0) and not counters.reached(c, 1)
+    assert counters.reached_one(c, 1, 7) and not counters.reached_one(c, 1, 8)
+    for i in (0, 2):
+        counters.publish(c, i, 9)
+    assert counters.reached(c, 7) and not counters.reached(c, 8)
+
+
+def test_a_bounded_spin_gives_up_after_its_polls():
+    c = strided([3, 2])
+    assert counters.reached_within(c, 2, 0) and counters.reached_within(c, 2, 5)
+    assert not counters.reached_within(c, 3, 1000)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_a_round_sums_only_once_every_rank_has_arrived(dtype):
+    ranks, numel = 3, 100
+    rows = (torch.arange(ranks * numel, dtype=torch.float32).view(ranks, numel) / 7).to(dtype)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    out = torch.full((numel,), -1.0, dtype=acc)
+    tally_rows = np.arange(ranks * 2, dtype=np.float64).reshape(ranks, 2)
+    tally_out = np.zeros(2)
+    c = strided([4, 4, 3])
+    run = round_sum(
+        c,
+        host_rows(rows),
+        10,
+        90,
+        out.numpy(),
+        0.5,
+        brain=dtype == torch.bfloat16,
+        tally_rows=tally_rows,
+        tally_out=tally_out,
+    )
+    assert not run(4, 3)  # rank 2 is a round behind: nothing summed
+    assert (out == -1).all() and (tally_out == 0).all()
+    counters.publish(c, 2, 4)
+    assert run(4, 0)
+    want = (rows.to(acc)[0] + rows.to(acc)[1] + rows.to(acc)[2]) * 0.5
+    assert torch.equal(out[10:90], want[10:90]) and (out[:10] == -1).all() and (out[90:] == -1).all()
+    assert tally_out.tolist() == tally_rows.sum(axis=0).tolist()  # unscaled
+
+
+def test_an_arrival_copies_in_then_publishes():
+    source, slot = np.arange(5, dtype=np.float32), np.zeros(5, dtype=np.float32)
+    tally, tally_slot = np.array([3.0, 1.0]), np.zeros(2)
+    c = strided([0, 0])
+    arrival(source, slot, tally, tally_slot, c, 1)(6)
+    assert slot.tolist() == source.tolist() and tally_slot.tolist() == [3.0, 1.0] and c.tolist() == [0, 6]
+
+
+def test_mismatched_arguments_are_named():
+    c = strided([0, 0])
+    with pytest.raises(ValueError, match="cannot copy float32"):
+        arrival(np.zeros(5, np.float32), np.zeros(4, np.float32), np.zeros(0), np.zeros(0), c, 0)
+    with pytest.raises(ValueError, match="cannot copy a tally"):
+        arrival(np.zeros(5, np.float32), np.zeros(5, np.float32), np.zeros(2), np.zeros(1), c, 0)
+    with pytest.raises(TypeError, match="tally is float64"):
+        round_sum(
+            c,
+            np.zeros((2, 5), np.float32),
+            0,
+            5,
+            np.zeros(5, np.float32),
+            tally_rows=np.zeros((2, 1)),
+            tally_out=np.zeros(2),
+        )
