@@ -10,6 +10,7 @@ the rest of the backward pass.
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -62,9 +63,20 @@ class FusedBuffer:
             flat = torch.zeros(total + extra, dtype=dtype, device=device)
         elif flat.dtype != dtype or flat.numel() < total + extra:
             raise ValueError(f"storage of {flat.numel()} {flat.dtype} cannot hold {total + extra} {dtype}")
-        self.flat = flat[: total + extra]
-        self.views = [self.flat[o : o + n].view(s) for o, n, s in zip(self.offsets, self.numels, self.shapes)]
-        self.extra = self.flat[total:]
+        self._lay_over(flat[: total + extra])
+
+    def _lay_over(self, flat: torch.Tensor) -> None:
+        self.flat = flat
+        self.views = [flat[o : o + n].view(s) for o, n, s in zip(self.offsets, self.numels, self.shapes)]
+        self.extra = flat[self.numel :]
+
+    def over(self, flat: torch.Tensor) -> FusedBuffer:
+        """The same layout over ``flat`` (as many elements as :attr:`flat`): a buffer whose views alias it."""
+        if flat.numel() != self.flat.numel():
+            raise ValueError(f"a layout of {self.flat.numel()} elements over {flat.numel()}")
+        other = copy.copy(self)
+        other._lay_over(flat)
+        return other
 
     def pack(self, tensors: Sequence[torch.Tensor]) -> None:
         """Copy ``tensors`` into their places in the flat buffer.
@@ -76,6 +88,9 @@ class FusedBuffer:
         """
         if [t.numel() for t in tensors] != self.numels:
             raise ValueError("pack needs tensors of the sizes the buffer was laid out for")
+        if len(tensors) == 1:  # one torch copy: as fast as the kernel's, without its setup
+            self.views[0].copy_(tensors[0])
+            return
         if self._fusable(tensors):
             from ..kernels.fused import pack
 
@@ -88,7 +103,7 @@ class FusedBuffer:
         """Copy the flat buffer's pieces into ``tensors`` (of the sizes laid out), as :meth:`pack` moves them."""
         if [t.numel() for t in tensors] != self.numels:
             raise ValueError("unpack needs tensors of the sizes the buffer was laid out for")
-        if self._fusable(tensors) and all(t.is_contiguous() for t in tensors):
+        if len(tensors) > 1 and self._fusable(tensors) and all(t.is_contiguous() for t in tensors):
             from ..kernels.fused import unpack
 
             unpack(self.flat, [t.detach() for t in tensors])

@@ -12,7 +12,7 @@ from .adasum import Adasum, AdasumReduction
 from .buckets import FusedBuffer, wire_dtype
 from .communicator import Communicator, Posting, as_communicator, mpi_buffer
 from .device import Stager
-from .shm import ONE_SHOT_KEPT, sum_once
+from .shm import ONE_SHOT_KEPT, kept_sums, sum_kept
 
 REDUCE_OPS = ("sum", "average", "adasum")
 
@@ -31,7 +31,8 @@ def allreduce(
     launch per 32 tensors on torch's current stream, and each buffer goes to MPI as
     ``comm.stager`` says (staged or directly, once the kernels that filled it are done).
     Sums of CPU tensors between ranks of one node go through node-shared memory where it
-    applies (:func:`.shm.sum_once`, which keeps a window per buffer size for the next call).
+    applies (:func:`.shm.kept_sums`: the tensors are fused straight into a window kept per buffer
+    size for the next call, and the sums copied out).
     ``op="adasum"`` combines each tensor by Adasum's rule instead (see
     :mod:`mpisolve.comm.adasum` for the order over any number of ranks; between ranks of
     one node it reads partners' pieces in node-shared memory where that applies, keeping
@@ -49,17 +50,25 @@ def allreduce(
     groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
     for i, t in enumerate(tensors):
         groups.setdefault((wire_dtype(t.dtype), t.device), []).append(i)
+    sizes = [sum(tensors[i].numel() for i in members) for members in groups.values()]
+    # Node-shared sums take their inputs where they lie (packed straight into the window), the results copied out.
+    node = None if op == "adasum" else kept_sums(comm, [(n, w, d) for n, (w, d) in zip(sizes, groups)])
     fused: list[tuple[list[int], FusedBuffer]] = []
-    for (wire, device), members in groups.items():
-        buf = FusedBuffer([tensors[i].shape for i in members], wire, device)
+    for k, ((wire, device), members) in enumerate(groups.items()):
+        flat = None if node is None else node[k].input
+        buf = FusedBuffer([tensors[i].shape for i in members], wire, device, flat=flat)
         buf.pack([tensors[i] for i in members])
         fused.append((members, buf))
+    what = f"allreduce of {len(tensors)} tensors"
     if op == "adasum":
         _adasum([buf.flat for _, buf in fused], [buf.numels for _, buf in fused], comm)
-    elif not sum_once(comm, [buf.flat for _, buf in fused], f"allreduce of {len(tensors)} tensors"):
+    elif node is not None:
+        sum_kept(comm, node, what)
+        fused = [(members, buf.over(kept.result.clone())) for (members, buf), kept in zip(fused, node)]
+    else:
         stagers = [comm.stager(buf.flat) for _, buf in fused]
         postings = [_start_sum(comm, stager) for stager in stagers]
-        comm.wait_posted(postings, f"allreduce of {len(tensors)} tensors")
+        comm.wait_posted(postings, what)
         for stager in stagers:
             stager.from_mpi()
     out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)

@@ -207,12 +207,12 @@ def node_group(comm: Communicator) -> NodeGroup | None:
 
 def takes(comm: Communicator, tensor: torch.Tensor) -> bool:
     """Whether a node-shared sum can reduce ``tensor``: a contiguous CPU float tensor ``comm`` does not stage."""
-    return (
-        tensor.device.type == "cpu"
-        and tensor.dtype in NODE_DTYPES
-        and tensor.is_contiguous()
-        and not comm.needs_staging(tensor)
-    )
+    return tensor.is_contiguous() and takes_layout(comm, tensor.dtype, tensor.device)
+
+
+def takes_layout(comm: Communicator, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a node-shared sum can reduce contiguous tensors of ``dtype`` on ``device``."""
+    return device.type == "cpu" and dtype in NODE_DTYPES and not comm.stage_all
 
 
 class NodeAllreduce:
@@ -456,25 +456,32 @@ def persistent_sum(comm: Communicator, tensor: torch.Tensor) -> PersistentAllred
     return comm.persistent_allreduce(tensor, "sum")
 
 
-def sum_once(comm: Communicator, flats: Sequence[torch.Tensor], what: str) -> bool:
-    """Sum each of ``flats`` in place over the node-aware path, all in flight together; False if it does not apply.
+def kept_sums(
+    comm: Communicator, buffers: Sequence[tuple[int, torch.dtype, torch.device]]
+) -> list[NodeAllreduce] | None:
+    """Node-shared sums for buffers of these sizes, dtypes and devices, their inputs writable; None
+    where the node-aware path does not apply (then nothing is kept).
 
-    Keeps one window per size and dtype for the next call (:meth:`NodeGroup.reusable`).
+    The caller writes each input, then :func:`sum_kept` sums them. One window per size and
+    dtype is kept for the next call (:meth:`NodeGroup.reusable`).
     """
     group = node_group(comm)
-    if group is None or not all(takes(comm, f) for f in flats):
-        return False
-    ops = [group.reusable(f.numel(), f.dtype) for f in flats]
-    if len({id(op) for op in ops}) < len(ops):
-        return False  # two buffers alike in one call: MPI's path (one window each would be kept)
-    for op, flat in zip(ops, flats):
+    if group is None or not all(takes_layout(comm, dtype, device) for _, dtype, device in buffers):
+        return None
+    if len({(numel, dtype) for numel, dtype, _ in buffers}) < len(buffers):
+        return None  # two buffers alike in one call: MPI's path (one window each would be kept)
+    ops = [group.reusable(numel, dtype) for numel, dtype, _ in buffers]
+    for op in ops:
         op.wait_writable()
-        op.input.copy_(flat.view(-1))
+    return ops
+
+
+def sum_kept(comm: Communicator, ops: Sequence[NodeAllreduce], what: str) -> None:
+    """Start every sum of :func:`kept_sums` (their inputs written) and complete them all."""
+    for op in ops:
         op.start()
-    comm.wait_for(lambda: all([op.test() for op in ops]), what)
-    for op, flat in zip(ops, flats):
-        flat.view(-1).copy_(op.result)
-    return True
+    if not all([op.test() for op in ops]):
+        comm.wait_for(lambda: all([op.test(op._polls) for op in ops]), what)
 
 
 class NodeRelease:
