@@ -22,6 +22,10 @@ import torch
 from .communicator import MPI_TYPES, Communicator, PersistentAllreduce
 from .shm import NodeSumReducer, node_group, takes
 
+#: A single tensor under this many bytes is packed by one torch copy: the fused kernel's fixed
+#: cost would lose there, and from a few MB on it copies faster (docs/studies/benchmarks.md).
+ONE_COPY_BYTES = 1 << 20
+
 #: float16 and bfloat16 have no MPI reduction type; they are reduced in float32.
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -39,8 +43,8 @@ class FusedBuffer:
     """Tensors of one dtype and device laid end to end; ``views[i]`` aliases tensor ``i``.
 
     ``extra`` adds that many trailing elements after the views (e.g. a sample count that
-    rides along with the gradients). ``flat``: lay the views over this (zeroed) memory of
-    at least that many elements instead of a new tensor (node-shared storage).
+    rides along with the gradients). ``flat``: lay the views over this memory of at least
+    that many elements instead of a new zeroed tensor (node-shared storage).
     """
 
     def __init__(
@@ -88,8 +92,8 @@ class FusedBuffer:
         """
         if [t.numel() for t in tensors] != self.numels:
             raise ValueError("pack needs tensors of the sizes the buffer was laid out for")
-        if len(tensors) == 1:  # one torch copy: as fast as the kernel's, without its setup
-            self.views[0].copy_(tensors[0])
+        if len(tensors) == 1 and tensors[0].numel() * tensors[0].element_size() < ONE_COPY_BYTES:
+            self.views[0].copy_(tensors[0].detach())
             return
         if self._fusable(tensors):
             from ..kernels.fused import pack
@@ -227,10 +231,9 @@ class SumReducer:
             self._inflight = [r for r in self._inflight if not r.test()]
 
     def finish(self, bucket: Bucket) -> None:
-        req = self.requests[bucket.index]
-        req.wait(f"gradient allreduce of bucket {bucket.index}")
-        if req in self._inflight:  # started by finish itself: no progress() has dropped it
-            self._inflight.remove(req)
+        self.requests[bucket.index].wait(f"gradient allreduce of bucket {bucket.index}")
+        if bucket.index == len(self.requests) - 1:  # buckets finish in order: the step's last
+            self._inflight.clear()
 
     def close(self) -> None:
         for req in self.requests.values():
@@ -323,22 +326,23 @@ class GradientBuckets:
     **Node-shared buckets**: with the default sum or ``weighted`` (not half precision:
     there sum_r n_r g_r would overflow before the division), CPU parameters MPI takes
     directly and more than one rank per node (:func:`.shm.node_group`; off with
-    ``Communicator(node_shm=False)`` or ``MPISOLVE_NODE_SHM=0``), each bucket lives in a
-    node-shared window (:class:`.shm.NodeSumReducer`): backward writes this rank's slot,
-    the node's ranks sum their shares as soon as all have written it (the average's
-    ``1 / ranks`` fused into the sum), nodes exchange by MPI, and the tally rides in the
-    first bucket's round in float64 rows of its own (exact whatever the gradients' dtype). After ``finish`` each
-    ``p.grad`` is a view of the sum in the window, read in place by the node's ranks; a
-    hook points it back at this rank's slot before the next backward accumulates into it
-    (copying the sum there when the gradient was not zeroed), and, where a bucket's sum is
-    shared (the bandwidth path), :meth:`rearm` waits until every local rank has stepped,
-    so that zeroing in place cannot reach a neighbour still reading the sum. Other writes
-    to the sum must not happen: ``finish(writable=True)`` (``synchronize``, a GradScaler's
-    unscale) gives each rank its own copy first, as do
-    ``shared_result=False`` (for solvers that change gradients in place, as K-FAC's
-    preconditioner does), a step some ranks withheld from (the average's divisor is
-    then the contributing ranks, not the one fused into the sum) and ``weighted`` (the
-    divisor, the global sample count, is known only with the sum).
+    ``Communicator(node_shm=False)`` or ``MPISOLVE_NODE_SHM=0``), each bucket is summed in
+    a node-shared window (:class:`.shm.NodeSumReducer`): the node's ranks sum as soon as
+    all have written the bucket (the average's ``1 / ranks`` fused into the sum), nodes
+    exchange by MPI, and the tally rides in the first bucket's round in float64 rows of
+    its own (exact whatever the gradients' dtype). A bucket of the latency path keeps its
+    own storage and its sum lands there, in place, as on MPI's path. A bucket of the
+    bandwidth path lives in the window, where backward writes this rank's slot; after
+    ``finish`` each of its ``p.grad`` is a view of the sum in the window, read in place by
+    the node's ranks; a hook points it back at the slot before the next backward
+    accumulates into it (copying the sum there when the gradient was not zeroed), and
+    :meth:`rearm` waits until every local rank has stepped, so that zeroing in place
+    cannot reach a neighbour still reading the sum. Other writes to a shared sum must not
+    happen: ``finish(writable=True)`` (``synchronize``, a GradScaler's unscale) gives each
+    rank its own copy first, as do ``shared_result=False`` (for solvers that change
+    gradients in place, as K-FAC's preconditioner does), a step some ranks withheld from
+    (the average's divisor is then the contributing ranks, not the one fused into the sum)
+    and ``weighted`` (the divisor, the global sample count, is known only with the sum).
 
     Arming and launching live here; where a bucket's storage lives and how it is
     reduced are :class:`Bucket`'s and the :class:`BucketReducer`'s.
@@ -417,9 +421,9 @@ class GradientBuckets:
         #: Whether backward brought a gradient since the last step (under no_sync too).
         self.backward_ran = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
-        #: Node-shared buckets whose slot no local rank still reads (free to write).
+        #: Buckets whose storage no local rank still reads (free to write: a shared sum's slot may be read).
         self._writable = [True] * len(self.buckets)
-        #: Whether the gradients are views of the node-shared sums (else of this rank's slots).
+        #: Whether some gradients are views of shared sums in the window (else all are their buckets').
         self._in_window = False
         # Gradients that are views of shared sums after a step are pointed back at their bucket before backward.
         self._shared_buckets = any(bucket.shared for bucket in self.buckets)
@@ -442,7 +446,7 @@ class GradientBuckets:
             param.grad = view
 
     def _claim(self, bucket: Bucket) -> None:
-        """Node-shared buckets: wait until no local rank still reads ``bucket``'s slot (before writing it)."""
+        """Shared sums: wait until no local rank still reads ``bucket``'s slot (before writing it)."""
         if not self._writable[bucket.index]:
             assert self.node is not None
             self.node.wait_writable(bucket.index)
@@ -488,7 +492,7 @@ class GradientBuckets:
             self._tally_host[1] = 0 if withheld else 1
             if self._tally is not self._tally_in:
                 self._tally_in.copy_(self._tally)
-        if self.weighted and self.node is not None:  # this rank's slot weighed by its samples (MPI's path: the reducer)
+        if self.weighted and self.node is not None:  # weighed by this rank's samples (MPI's path: by the reducer)
             bucket.buffer.flat.mul_(float(self._local_samples))
         self.reducer.start(bucket)
 
@@ -548,7 +552,7 @@ class GradientBuckets:
         Called again before :meth:`rearm`, it returns the same reduction without reducing
         again. ``writable``: the gradients are about to be changed in place before the step
         (clipping, a GradScaler's unscale): node-shared sums are copied into this rank's
-        own slots first (on MPI's path they are this rank's already).
+        own storage first (on MPI's path and the latency path they are this rank's already).
         """
         if self._reduced is None:
             self._reduced = self._reduce()

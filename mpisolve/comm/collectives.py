@@ -17,6 +17,7 @@ from .shm import ONE_SHOT_KEPT, kept_sums, sum_kept
 REDUCE_OPS = ("sum", "average", "adasum")
 
 
+@torch.no_grad()
 def allreduce(
     tensors: Sequence[torch.Tensor],
     op: str = "average",

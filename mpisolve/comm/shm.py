@@ -7,7 +7,8 @@ talks to the others' local rank ``i``, so every rank's network link carries a sl
 
 A :class:`NodeAllreduce` is one persistent sum of ``numel`` elements. Its memory is one
 ``MPI_Win_allocate_shared`` window holding, for each local rank, a *slot* (the rank's
-input), the *counters*, and on the bandwidth path the *result*. A round:
+input; two on the latency path), its *counters*, and on the bandwidth path the *result*.
+A round:
 
 1. ``start``: this rank's input is final: it bumps its ``arrived`` counter.
 2. Once every local rank has arrived (their counters, no barrier), either
@@ -229,10 +230,22 @@ class NodeAllreduce:
     ``dtype`` and ``scale`` (a step's sample count beside its first gradient bucket, at
     no round of its own): this rank writes ``tally_input`` before :meth:`start` and every
     rank reads the whole sum in its own ``tally_result`` (on the latency path the same
-    tensor, summed in place).
+    tensor, summed in place). ``storage``: on the latency path, the tensor (contiguous,
+    ``numel`` elements of ``dtype``) to be the input and the result instead of memory of
+    the operation's own, so a caller's tensor is summed in place with no copy of its own;
+    unused on the bandwidth path.
     """
 
-    def __init__(self, group: NodeGroup, numel: int, dtype: torch.dtype, *, scale: float = 1.0, tally: int = 0) -> None:
+    def __init__(
+        self,
+        group: NodeGroup,
+        numel: int,
+        dtype: torch.dtype,
+        *,
+        scale: float = 1.0,
+        tally: int = 0,
+        storage: torch.Tensor | None = None,
+    ) -> None:
         if dtype not in NODE_DTYPES:
             raise TypeError(f"a node-shared sum takes {', '.join(map(str, NODE_DTYPES))}; got {dtype}")
         if numel < 1:
@@ -248,23 +261,28 @@ class NodeAllreduce:
         itemsize = torch.empty(0, dtype=dtype).element_size()
         ranks = group.local_size
         self.latency = numel * itemsize <= LATENCY_MAX_BYTES
-        copies = 2 if self.latency else 1  # the latency path's slots alternate by round
+        # The latency path's slots alternate by round and it has no "done" counters.
+        self._copies = copies = 2 if self.latency else 1
         row = padded(numel * itemsize)
         tally_row = padded(tally * 8)
-        flags_bytes = 2 * ranks * CACHE_LINE
+        counters_bytes = ranks * CACHE_LINE
+        flags_bytes = (1 if self.latency else 2) * counters_bytes
         result_bytes = 0 if self.latency else row + (padded(numel * 4) if self.half else 0)
         slots_end = flags_bytes + ranks * copies * row
         tally_end = slots_end + ranks * copies * tally_row
         self.win, memory = shared_window(group, tally_end + result_bytes, flags_bytes, "node-shared window")
-        half_flags = ranks * CACHE_LINE
-        self._arrived = NodeCounters(memory[:half_flags], group.local_rank)
-        self._done = NodeCounters(memory[half_flags:flags_bytes], group.local_rank)
+        self._arrived = NodeCounters(memory[:counters_bytes], group.local_rank)
+        self._done = None if self.latency else NodeCounters(memory[counters_bytes:flags_bytes], group.local_rank)
         self._me = group.local_rank
         # Slots by copy, then local rank: one copy's rows are one (ranks, m) matrix for the kernel.
         slots = memory[flags_bytes:slots_end].view(dtype).view(copies, ranks, -1)
         tally_rows = memory[slots_end:tally_end].view(torch.float64).view(copies, ranks, tally_row // 8)
         if self.latency:
-            self.input = self.result = torch.zeros(numel, dtype=dtype)
+            if storage is not None and (
+                storage.dtype != dtype or storage.numel() != numel or not takes(group.comm, storage)
+            ):
+                raise ValueError(f"storage must be a contiguous CPU tensor of {numel} {dtype}")
+            self.input = self.result = torch.zeros(numel, dtype=dtype) if storage is None else storage.view(-1)
             self.tally_input = self.tally_result = torch.zeros(tally, dtype=torch.float64)
             acc = torch.zeros(numel, dtype=torch.float32) if self.half else self.result
             self.share = (0, numel)
@@ -283,18 +301,21 @@ class NodeAllreduce:
         # (raw bytes) and arrival. Its sum, once every local rank has arrived: this rank's
         # share of the slots, and the whole tally.
         arrived = self._arrived.values
-        self._arrivals = [
-            arrival(
-                host_rows(self.input),
-                host_rows(slots[c, self._me, :numel]),
-                self.tally_input.numpy(),
-                tally_rows[c, self._me, :tally].numpy(),
-                arrived,
-                self._me,
-            )
-            for c in range(copies)
+        self._arrivals = (
+            [
+                arrival(
+                    host_rows(self.input),
+                    host_rows(slots[c, self._me, :numel]),
+                    self.tally_input.numpy(),
+                    tally_rows[c, self._me, :tally].numpy(),
+                    arrived,
+                    self._me,
+                )
+                for c in range(copies)
+            ]
             if self.latency
-        ]
+            else []
+        )
         scale = self.scale if group.cross is None else 1.0  # across nodes: scaled once the nodes' sums are in
         self._sums = [
             round_sum(
@@ -325,7 +346,7 @@ class NodeAllreduce:
                 raise RuntimeError("a node-shared sum was started again before its round completed")
             self._seq += 1
             if self.latency:
-                self._arrivals[self._seq % 2](self._seq)
+                self._arrivals[self._seq % self._copies](self._seq)
             else:
                 self._arrived.publish(self._seq)
             self.stage = "arrived"
@@ -341,25 +362,30 @@ class NodeAllreduce:
         with self.group.lock:
             return self._advance(polls)
 
+    def poll(self) -> bool:
+        """:meth:`test` for a wait: under the "spin" wait policy it checks the arrivals up to
+        :data:`SPIN_POLLS` more times in compiled code."""
+        return self.test(self._polls)
+
     def wait(self, what: str = "node-shared allreduce") -> None:
-        self.comm.wait_for(lambda: self.test(self._polls), lambda: f"{what} ({self.where()})")
+        self.comm.wait_for(self.poll, lambda: f"{what} ({self.where()})")
 
     def writable(self) -> bool:
         """Whether ``input`` may be written for the next round (on the bandwidth path: no local rank still reads it)."""
-        return self.latency or self._done.reached(self._seq)
+        return self._done is None or self._done.reached(self._seq)
 
     def wait_writable(self, what: str = "node-shared slot reuse") -> None:
         """Wait until :meth:`writable` (before writing ``input`` for the next round)."""
         self.comm.wait_for(self.writable, lambda: f"{what} ({self.where()})")
 
     def where(self) -> str:
-        done = "" if self.latency else f", done {self._done.tolist()}"
+        done = "" if self._done is None else f", done {self._done.tolist()}"
         return f"round {self._seq}, stage {self.stage}; local ranks arrived {self._arrived.tolist()}{done}"
 
     def reduce_if_ready(self, polls: int = 0) -> None:
         """Once every local rank has arrived (checked up to ``polls`` more times): sum the slots
         over this rank's share (stage "reduced")."""
-        if self.stage == "arrived" and self._sums[self._seq % len(self._sums)](self._seq, polls):
+        if self.stage == "arrived" and self._sums[self._seq % self._copies](self._seq, polls):
             self.stage = "reduced"
 
     def post(self) -> None:
@@ -385,6 +411,7 @@ class NodeAllreduce:
                 self._acc_share.mul_(self.scale)
             self._finish_share()
         if self.stage == "published":
+            assert self._done is not None  # the bandwidth path's stage
             if not self._done.reached(self._seq):
                 return False
             self.stage = "idle"
@@ -393,7 +420,7 @@ class NodeAllreduce:
     def _finish_share(self) -> None:
         if self.half:
             self._result_share.copy_(self._acc_share)  # rounded to half once, from the float32 sum
-        if self.latency:
+        if self._done is None:
             self.stage = "idle"
         else:
             self._done.publish(self._seq)
@@ -405,11 +432,11 @@ class NodeAllreduce:
 
 
 class NodePersistentAllreduce:
-    """:class:`PersistentAllreduce`'s interface over a :class:`NodeAllreduce`, for any CPU tensor.
+    """:class:`PersistentAllreduce`'s interface over a :class:`NodeAllreduce`, for a contiguous CPU tensor.
 
-    The tensor is copied into the operation's input at ``start`` and the sum back into it at
-    ``wait`` (callers that can let their data live in the input use :class:`NodeAllreduce`
-    directly).
+    On the latency path the tensor is the operation's storage, summed in place; on the
+    bandwidth path it is copied into this rank's slot at ``start`` and the sum back into it
+    at ``wait``. Either way the tensor is the operation's until it completes, as MPI's.
     """
 
     kind = "node-shared allreduce"
@@ -418,18 +445,20 @@ class NodePersistentAllreduce:
         self.comm = group.comm
         self.tensor = tensor
         self._flat = tensor.view(-1)
-        self.op = NodeAllreduce(group, tensor.numel(), tensor.dtype)
+        self.op = NodeAllreduce(group, tensor.numel(), tensor.dtype, storage=self._flat)
+        self._copies = self.op.input is not self._flat
         self._unread = False  # a round completed whose sum is not in the tensor yet
         self._joined = True  # this round's input is in the operation's and the round started
 
     def start(self) -> None:
-        """Start a round (never blocks: while a local rank still reads the input, the copy in waits for a test)."""
-        self._unread, self._joined = True, False
+        """Start a round (never blocks: while a local rank still reads the slot, the copy in waits for a test)."""
+        self._unread, self._joined = self._copies, False
         self._join()
 
     def _join(self) -> None:
         if not self._joined and self.op.writable():
-            self.op.input.copy_(self._flat)  # the tensor is the operation's until it completes, as MPI's
+            if self._copies:
+                self.op.input.copy_(self._flat)
             self.op.start()
             self._joined = True
 
@@ -437,9 +466,13 @@ class NodePersistentAllreduce:
         self._join()
         return self._joined and self.op.test()
 
+    def _poll(self) -> bool:
+        self._join()
+        return self._joined and self.op.poll()
+
     def wait(self, what: str | None = None) -> None:
         """Complete the round and bring its sum into the tensor (once: as MPI's wait, a no-op after that)."""
-        self.comm.wait_for(self.test, lambda: f"{what or self.kind} ({self.op.where()})")
+        self.comm.wait_for(self._poll, lambda: f"{what or self.kind} ({self.op.where()})")
         if self._unread:
             self._flat.copy_(self.op.result)
             self._unread = False
@@ -480,8 +513,7 @@ def sum_kept(comm: Communicator, ops: Sequence[NodeAllreduce], what: str) -> Non
     """Start every sum of :func:`kept_sums` (their inputs written) and complete them all."""
     for op in ops:
         op.start()
-    if not all([op.test() for op in ops]):
-        comm.wait_for(lambda: all([op.test(op._polls) for op in ops]), what)
+    comm.wait_for(lambda: all([op.poll() for op in ops]), what)
 
 
 class NodeRelease:
@@ -580,10 +612,10 @@ class NodeSumReducer:
 
     def finish(self, bucket: Bucket) -> None:
         op = self.ops[bucket.index]
-        if not op.test():
+        if not op.test():  # tested first: the message is made only for a wait
             op.wait(f"node-shared gradient sum of bucket {bucket.index}")
-        if op in self._inflight:  # started by finish itself: no progress() has dropped it
-            self._inflight.remove(op)
+        if bucket.index == len(self.ops) - 1:  # buckets finish in order: the step's last
+            self._inflight.clear()
 
     def release(self) -> None:
         """The step that read the shared sums is over on this rank; wait for the node's other ranks.

@@ -67,3 +67,23 @@ def test_an_mpi4py_communicator_is_wrapped_once_and_freed_with_it():
     sub.Free()  # frees what the wrapper made, on every rank
     splits = [c for c in made.values() if c is not None]
     assert wrapper.node == MPI.COMM_NULL and all(c.comm == MPI.COMM_NULL for c in splits)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("node_shm", [True, False])
+@pytest.mark.parametrize("op", ["sum", "average", "adasum"])
+@pytest.mark.parametrize("count", [1, 2])
+def test_parameters_that_require_grad_are_reduced_as_plain_tensors(op, node_shm, count):
+    """A model's parameters go in as they are: the results carry no autograd graph, and
+    neither does any memory kept for the next call."""
+    comm = Communicator(node_shm=node_shm)
+    params = [torch.nn.Parameter(torch.full((4, 3), float(comm.rank))), torch.nn.Parameter(torch.ones(5))][:count]
+    wants = [torch.full((4, 3), float(sum(range(comm.size)))), torch.full((5,), float(comm.size))][:count]
+    for _ in range(2):  # the second call reuses what the first kept
+        out = mpisolve.allreduce(params, op=op, comm=comm)
+        assert not any(t.requires_grad for t in out) and all(t.grad_fn is None for t in out)
+        if op != "adasum":  # Adasum of these (not orthogonal) inputs is not their sum
+            for got, want in zip(out, wants):
+                torch.testing.assert_close(got, want if op == "sum" else want / comm.size)
+    comm.free()

@@ -43,7 +43,7 @@ def oracle(comm: Communicator, round_: int, numel: int, dtype: torch.dtype, scal
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.cluster
 @ALL_SIZES
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_sums_equal_the_ordered_reference_round_after_round(dtype):
     comm = Communicator()
     group = node_group(comm)
@@ -159,16 +159,19 @@ def test_a_step_waits_for_the_nodes_ranks_only_where_its_sums_are_shared(bandwid
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
-def test_weighted_buckets_give_the_sample_weighted_mean_in_each_ranks_own_copy(monkeypatch):
-    """lb-bsp's sum_r n_r g_r / sum_r n_r on the bandwidth path, against the same mean made
-    here from every rank's gradients; the result is each rank's own copy, so the step ends
-    without the node-wide wait."""
-    monkeypatch.setattr(shm, "LATENCY_MAX_BYTES", 0)
+@pytest.mark.parametrize("bandwidth", [False, True], ids=["latency", "bandwidth"])
+def test_weighted_buckets_give_the_sample_weighted_mean_in_each_ranks_own_copy(bandwidth, monkeypatch):
+    """lb-bsp's sum_r n_r g_r / sum_r n_r, against the same mean made here from every
+    rank's gradients; the result is each rank's own copy, so the step ends without the
+    node-wide wait. On the latency path the tally is summed in place, in the tensor this
+    rank's sample count was written to."""
+    if bandwidth:
+        monkeypatch.setattr(shm, "LATENCY_MAX_BYTES", 0)
     comm = Communicator()
     samples = [3 + 2 * r for r in range(comm.size)]
     param = nn.Parameter(torch.zeros(50))
     grads = GradientBuckets([param], comm, bucket_bytes=1000, samples=lambda: samples[comm.rank], weighted=True)
-    assert grads.node is not None and not grads.node.ops[0].latency
+    assert grads.node is not None and grads.node.ops[0].latency != bandwidth
     mine = [torch.linspace(-1, 1, 50) * (r + 1) for r in range(comm.size)]
     want = sum(n * g for n, g in zip(samples, mine)) / sum(samples)
     for _ in range(2):
