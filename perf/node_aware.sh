@@ -34,7 +34,7 @@ bench() {  # bench NAME MPIEXEC-ARGS... -- BENCH-ARGS...
 sweep() {  # sweep NAME MPIEXEC-ARGS...
     local name=$1; shift
     bench "$name" "$@" -- sweep --ops mpi,bucketed,sum --min-bytes 4K --max-bytes 64M --factor 4 \
-        --repeats 10 --small-repeats 200 --csv "$OUT/$name.csv"
+        --repeats 30 --small-repeats 200 --csv "$OUT/$name.csv"
 }
 case "${1:-all}" in
     all)
