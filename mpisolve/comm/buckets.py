@@ -92,7 +92,7 @@ class FusedBuffer:
         """
         if [t.numel() for t in tensors] != self.numels:
             raise ValueError("pack needs tensors of the sizes the buffer was laid out for")
-        if len(tensors) == 1 and tensors[0].numel() * tensors[0].element_size() < ONE_COPY_BYTES:
+        if self._one_small(tensors):
             self.views[0].copy_(tensors[0].detach())
             return
         if self._fusable(tensors):
@@ -107,7 +107,7 @@ class FusedBuffer:
         """Copy the flat buffer's pieces into ``tensors`` (of the sizes laid out), as :meth:`pack` moves them."""
         if [t.numel() for t in tensors] != self.numels:
             raise ValueError("unpack needs tensors of the sizes the buffer was laid out for")
-        if len(tensors) > 1 and self._fusable(tensors) and all(t.is_contiguous() for t in tensors):
+        if not self._one_small(tensors) and self._fusable(tensors) and all(t.is_contiguous() for t in tensors):
             from ..kernels.fused import unpack
 
             unpack(self.flat, [t.detach() for t in tensors])
@@ -115,6 +115,11 @@ class FusedBuffer:
             return
         for view, t in zip(self.views, tensors):
             t.detach().copy_(view)
+
+    @staticmethod
+    def _one_small(tensors: Sequence[torch.Tensor]) -> bool:
+        """Whether ``tensors`` is one tensor under :data:`ONE_COPY_BYTES` (moved by one torch copy)."""
+        return len(tensors) == 1 and tensors[0].numel() * tensors[0].element_size() < ONE_COPY_BYTES
 
     def _fusable(self, tensors: Sequence[torch.Tensor]) -> bool:
         """Whether the fused kernel moves ``tensors``: all of the buffer's dtype and device."""

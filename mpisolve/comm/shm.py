@@ -331,7 +331,6 @@ class NodeAllreduce:
             )
             for c in range(copies)
         ]
-        self._tally = tally
         self._polls = SPIN_POLLS if self.comm.wait_policy == "spin" else 0
         self._seq = 0
         #: idle -> arrived -> reduced -> (internode ->) published (bandwidth path) -> idle.
@@ -393,7 +392,7 @@ class NodeAllreduce:
         assert self.group.cross is not None
         cross = self.group.cross.comm
         self._requests = [cross.Iallreduce(MPI.IN_PLACE, mpi_buffer(self._acc_share), MPI.SUM)]
-        if self._tally:
+        if self.tally_result.numel():
             self._requests.append(cross.Iallreduce(MPI.IN_PLACE, mpi_buffer(self.tally_result), MPI.SUM))
         self.stage = "internode"
 
@@ -446,18 +445,18 @@ class NodePersistentAllreduce:
         self.tensor = tensor
         self._flat = tensor.view(-1)
         self.op = NodeAllreduce(group, tensor.numel(), tensor.dtype, storage=self._flat)
-        self._copies = self.op.input is not self._flat
+        self._via_slot = self.op.input is not self._flat  # the bandwidth path: copied in and out
         self._unread = False  # a round completed whose sum is not in the tensor yet
         self._joined = True  # this round's input is in the operation's and the round started
 
     def start(self) -> None:
         """Start a round (never blocks: while a local rank still reads the slot, the copy in waits for a test)."""
-        self._unread, self._joined = self._copies, False
+        self._unread, self._joined = self._via_slot, False
         self._join()
 
     def _join(self) -> None:
         if not self._joined and self.op.writable():
-            if self._copies:
+            if self._via_slot:
                 self.op.input.copy_(self._flat)
             self.op.start()
             self._joined = True

@@ -4,6 +4,8 @@ Also run on the emulated 2-node cluster (``make test-cluster``, marker ``cluster
 the same sums go hierarchically: the node's sum, then MPI between the nodes.
 """
 
+import time
+
 import pytest
 import torch
 from mpi4py import MPI
@@ -307,8 +309,6 @@ def test_a_latency_round_is_not_overwritten_by_ranks_that_run_ahead():
     """Local rank 0 arrives first and sums late; the others complete each round as soon as
     it has arrived and start the next at once, writing their inputs for it while rank 0
     still has the last round's slots to read. Each round's sum must be that round's."""
-    import time
-
     comm = Communicator()
     op = NodeAllreduce(node_group(comm), 1000, torch.float32)
     assert op.latency
