@@ -12,7 +12,7 @@ more ranks, with its communication. ``--ddp`` also times the step with
 ``plain_over_ddp``. ``--device cuda`` runs them on this rank's GPU (several ranks may share
 one), each time including the wait for the GPU work it queued. ``--node-shm off`` keeps
 the solver's sums on MPI's path where node-shared memory would apply (``node_shm`` says
-whether the solver's gradient buckets were node-shared).
+whether the solver's sums ran in node-shared memory: :attr:`Solver.node_shared`).
 """
 
 from __future__ import annotations
@@ -73,8 +73,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     plain_model, plain_optimizer = model_and_optimizer()
     model, optimizer = model_and_optimizer()
     solver = make_solver(args.solver, model, optimizer, Communicator(comm.comm, node_shm=args.node_shm == "on"))
-    grads = getattr(solver, "grads", None)
-    node_shm = grads is not None and grads.node is not None
+    node_shm = solver.node_shared
 
     def plain() -> None:
         plain_optimizer.zero_grad()

@@ -705,6 +705,11 @@ class AdasumReducer:
         self.adasum = Adasum(comm)
         self.reductions: dict[int, AdasumReduction] = {}
 
+    @property
+    def node_shared(self) -> bool:
+        """Whether any bucket's reduction takes the node path (node-shared slots)."""
+        return any(r.node is not None for r in self.reductions.values())
+
     def prepare(self, bucket: Bucket) -> None:
         self.reductions[bucket.index] = self.adasum.reduction(bucket.wire, bucket.buffer.numels, tag=bucket.index)
 

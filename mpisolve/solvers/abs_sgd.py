@@ -499,6 +499,10 @@ class ABSSGD(Solver):
         self._known_done = True
 
     # --------------------------------------------------------------- lifecycle
+    @property
+    def node_shared(self) -> bool:
+        return self._drives_waits
+
     def close(self) -> None:
         """Collective: complete every round in flight, keep the ranks' models equal, free MPI resources.
 

@@ -139,16 +139,14 @@ class AdasumSolver(Solver):
         self.grads: GradientBuckets | None = None
         self.deltas: DeltaBuckets | None = None
         if self.options.mode == "gradient":
+            self._reducer = AdasumReducer(self.comm)
             self.grads = GradientBuckets(
-                self.params,
-                self.comm,
-                bucket_bytes=bucket_bytes,
-                reducer=AdasumReducer(self.comm),
-                samples=self.samples_seen,
+                self.params, self.comm, bucket_bytes=bucket_bytes, reducer=self._reducer, samples=self.samples_seen
             )
         else:
             # Reverse registration order, as gradient buckets: roughly the order backward ends.
             self.deltas = DeltaBuckets(self.params[::-1], self.comm, bucket_bytes=bucket_bytes)
+            self._reducer = self.deltas.reducer
         #: Delta mode: this step's agreement that every rank's local gradients are finite (None: not yet).
         self._all_finite: bool | None = None
         self._withheld = False
@@ -213,6 +211,10 @@ class AdasumSolver(Solver):
         finally:
             self._withheld = False
         return self._active_ranks > 0
+
+    @property
+    def node_shared(self) -> bool:
+        return self._reducer.node_shared
 
     def close(self) -> None:
         if not self.closed:

@@ -213,6 +213,11 @@ class Solver(ABC):
         if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
             self._samples += args[0].shape[0]
 
+    @property
+    def node_shared(self) -> bool:
+        """Whether this rank's sums run in node-shared memory (:mod:`mpisolve.comm.shm`), not by MPI alone."""
+        return False
+
     def samples_seen(self) -> int:
         """Samples the training forward passes (with grad enabled) have seen since the last step."""
         return self._samples
@@ -489,6 +494,10 @@ class BucketSolver(Solver):
     uneven inputs and closing are the buckets' (``allreduce``, ``lb-bsp``, ``kfac``)."""
 
     grads: GradientBuckets
+
+    @property
+    def node_shared(self) -> bool:
+        return self.grads.node is not None
 
     def zero_grad(self) -> None:
         self.grads.zero_()

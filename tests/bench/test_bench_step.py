@@ -7,13 +7,14 @@ import pytest
 import torch
 from mpi4py import MPI
 
+import mpisolve
 from mpisolve.bench import bench_device
 from mpisolve.cli import main
 from mpisolve.comm.communicator import Communicator
 from mpisolve.options import CollectiveInputError
 
 
-@pytest.mark.parametrize("solver", ["allreduce", "async-msgd", "kfac"])  # async-msgd: its own momentum
+@pytest.mark.parametrize("solver", mpisolve.solvers())  # async-msgd, async-measgd: their own momentum
 def test_bench_step_times_every_solver_against_plain_pytorch(solver, capsys):
     argv = ["bench", "step", "--solver", solver, "--model", "mlp", "--batch", "4", "--repeats", "1", "--warmup", "1"]
     assert main(argv) == 0
@@ -21,6 +22,19 @@ def test_bench_step_times_every_solver_against_plain_pytorch(solver, capsys):
     assert result["solver"] == solver and result["device"] == "cpu" and result["ranks"] == 1
     assert result["solver_s"] > 0 and result["plain_s"] > 0
     assert result["solver_over_plain"] == result["solver_s"] / result["plain_s"]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize("solver", ["abs-sgd", "adasum", "allreduce", "easgd"])
+@pytest.mark.parametrize("node_shm", ["on", "off"])
+def test_bench_step_says_whether_the_solvers_sums_were_node_shared(solver, node_shm, capsys):
+    argv = ["bench", "step", "--solver", solver, "--model", "mlp", "--batch", "4", "--repeats", "1", "--warmup", "0"]
+    assert main([*argv, "--node-shm", node_shm]) == 0
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        result = json.loads(capsys.readouterr().out)
+        # easgd averages whole models through MPI: it has no node-shared path.
+        assert result["node_shm"] is (node_shm == "on" and solver != "easgd")
 
 
 def test_bench_step_refuses_an_unknown_solver(capsys):
