@@ -565,13 +565,17 @@ class PersistentCollective:
     def __init__(self, comm: Communicator, tensor: torch.Tensor) -> None:
         self.comm = comm
         self.tensor = tensor
-        self.stager = comm.stager(tensor)
-        self._spec = mpi_buffer(self.stager.memory)
-        self._persistent: MPI.Prequest | None
-        try:
-            self._persistent = self._init()
-        except NotImplementedError:
-            self._persistent = None
+        #: One rank, staging not forced: an in-place collective leaves the buffer as it is, so
+        #: nothing is staged and MPI is never called (a GPU tensor is not copied to the host).
+        self.alone = comm.size == 1 and not comm.stage_all
+        self.stager = Stager(tensor) if self.alone else comm.stager(tensor)
+        self._persistent: MPI.Prequest | None = None
+        if not self.alone:
+            self._spec = mpi_buffer(self.stager.memory)
+            try:
+                self._persistent = self._init()
+            except NotImplementedError:
+                self._persistent = None
         self.posting = Posting([self.stager], self._post_start)
 
     def _init(self) -> MPI.Prequest:
@@ -588,6 +592,8 @@ class PersistentCollective:
 
     def start(self) -> None:
         """Start the collective on the tensor's current values (posted once they are ready)."""
+        if self.alone:
+            return  # complete already: the posting stays posted, its request null
         self.stager.to_mpi()
         self.comm.start(self.posting)
 

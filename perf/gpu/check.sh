@@ -9,7 +9,7 @@
 # OUT (default perf/results/gpu) receives check.log (everything printed) and results.jsonl
 # (every bench's JSON line, tagged with its step). DEVICE=cpu runs the same steps on the CPU
 # (a dry run of the script itself; the gpu-marked tests then skip), MODEL=mlp a smaller model
-than ResNet-18.
+# than ResNet-18.
 set -u
 PYTHON=${PYTHON:-python3}
 MPIEXEC=${MPIEXEC:-$(dirname "$(command -v "$PYTHON")")/mpiexec}
@@ -66,19 +66,18 @@ step allreduce-vs-gloo-2ranks 180 env MPISOLVE_CUDA_AWARE=0 "${MPI2[@]}" -m mpis
 
 # The tests: the gpu-marked ones (serial, then two ranks sharing the GPU) and the kernels'
 # tests, which run their numba.cuda kernels on the device when one is present.
-step tests-gpu 300 "$PYTHON" "${PYTEST[@]}" -m "gpu and not mpi" tests
-step tests-kernels 300 "$PYTHON" "${PYTEST[@]}" -m "not mpi" tests/kernels
-step tests-2ranks 300 "${MPI2[@]}" "${PYTEST[@]}" --with-mpi -m "mpi and gpu" tests
+step tests-gpu 120 "$PYTHON" "${PYTEST[@]}" -m "gpu and not mpi" tests
+step tests-gpu-2ranks 150 "${MPI2[@]}" "${PYTEST[@]}" --with-mpi -m "mpi and gpu" tests
+step tests-kernels 150 "$PYTHON" "${PYTEST[@]}" -m "not mpi" tests/kernels
 
-# Every solver's ResNet-18 step on one GPU, then with two ranks sharing it.
-step every-solver-1rank 300 "$PYTHON" -m mpi4py perf/gpu/every_solver.py --model "$MODEL" --device "$DEVICE" \
-    --repeats 5 --warmup 2
-step every-solver-2ranks 300 "${MPI2[@]}" perf/gpu/every_solver.py --model "$MODEL" --device "$DEVICE" \
-    --repeats 5 --warmup 2
+# Every solver's step with two ranks sharing the GPU, then on one GPU alone.
+SOLVERS=(-m perf.gpu.every_solver --model "$MODEL" --device "$DEVICE" --repeats 5 --warmup 2)
+step every-solver-2ranks 150 "${MPI2[@]}" "${SOLVERS[@]}"
+step every-solver-1rank 150 "$PYTHON" -m mpi4py "${SOLVERS[@]}"
 
 # The benches on device tensors.
-step bench-adasum 180 "${MPI2[@]}" -m mpisolve bench adasum --model "$MODEL" --device "$DEVICE" --repeats 10
-step bench-kfac 180 "${MPI2[@]}" -m mpisolve bench kfac --model "$MODEL" --device "$DEVICE" --repeats 5
-step bench-kernels 180 "$PYTHON" -m mpisolve bench kernels --device "$DEVICE" --repeats 10
+step bench-adasum 90 "${MPI2[@]}" -m mpisolve bench adasum --model "$MODEL" --device "$DEVICE" --repeats 10
+step bench-kfac 90 "${MPI2[@]}" -m mpisolve bench kfac --model mlp --device "$DEVICE" --repeats 5
+step bench-kernels 90 "$PYTHON" -m mpisolve bench kernels --device "$DEVICE" --repeats 10
 
 printf '%s\n' "${SUMMARY[@]}" | tee -a "$LOG"

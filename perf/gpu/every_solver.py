@@ -1,9 +1,9 @@
 """Every registered solver's training step, one after another in one process.
 
-``python -m mpi4py perf/gpu/every_solver.py [bench step options]`` (under ``mpiexec -n N``
-for N ranks) runs ``mpisolve bench step --solver NAME`` for each registered solver: rank 0
-prints each one's JSON line; a solver that fails prints its error as a JSON line and the
-next one runs. ``perf/gpu/check.sh`` runs it on one GPU at one rank and with two ranks
+``python -m mpi4py -m perf.gpu.every_solver [bench step options]``, from the repository
+root (under ``mpiexec -n N`` for N ranks), runs ``mpisolve bench step --solver NAME`` for
+each registered solver: rank 0 prints each one's JSON line; a solver that fails prints its
+error as a JSON line and the next one runs. ``perf/gpu/check.sh`` runs it on one GPU at one rank and with two ranks
 sharing it.
 """
 

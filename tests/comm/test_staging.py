@@ -198,6 +198,40 @@ def test_a_persistent_collective_started_late_is_posted_by_its_wait():
     reduction.free()
 
 
+def test_one_ranks_persistent_collectives_call_no_mpi_and_stage_nothing():
+    # Over one rank an in-place sum or broadcast leaves the buffer as it is: no request is
+    # made or posted, no host twin taken (a GPU model's steps copy nothing to the host);
+    # forced staging (the staged path's test double) keeps the whole path.
+    t = torch.arange(4.0)
+    for req in (PersistentAllreduce(Communicator(MPI.COMM_SELF), t), Communicator(MPI.COMM_SELF).persistent_bcast(t)):
+        assert req.alone and req._persistent is None and req.stager.host is None
+        for _ in range(2):
+            req.start()
+            assert req.test()
+            req.wait()
+            assert req.posting.request == MPI.REQUEST_NULL and t.tolist() == [0.0, 1.0, 2.0, 3.0]
+        req.free()
+    staged = PersistentAllreduce(Communicator(MPI.COMM_SELF, stage_all=True), t)
+    assert not staged.alone and staged.stager.host is not None
+    staged.start()
+    staged.wait()
+    assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
+    staged.free()
+
+
+@pytest.mark.gpu
+def test_one_ranks_gpu_buckets_are_not_staged():
+    comm = Communicator(MPI.COMM_SELF, cuda_aware=False)
+    model = torch.nn.Linear(5, 3).cuda()
+    grads = GradientBuckets(model.parameters(), comm, bucket_bytes=1 << 20, samples=lambda: 4)
+    model(torch.ones(4, 5, device="cuda")).sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    assert grads.finish().samples == 4
+    assert all(torch.equal(p.grad, e) for p, e in zip(model.parameters(), expected))
+    assert all(r.stager.host is None for r in grads.reducer.requests.values())
+    grads.close()
+
+
 # ------------------------------------------------------------------ real GPU
 @pytest.mark.gpu
 @pytest.mark.mpi(min_size=2)
