@@ -6,6 +6,7 @@
 #
 #   PYTHON=.venv/bin/python bash perf/gpu/check.sh [OUT]
 #
+# Write-up and figures: docs/studies/gpu.md
 # OUT (default perf/results/gpu) receives check.log (everything printed) and results.jsonl
 # (every bench's JSON line, tagged with its step). DEVICE=cpu runs the same steps on the CPU
 # (a dry run of the script itself; the gpu-marked tests then skip), MODEL=mlp a smaller model
