@@ -26,6 +26,9 @@ from .shm import NodeSumReducer, node_group, takes
 #: cost would lose there, and from a few MB on it copies faster (docs/studies/benchmarks.md).
 ONE_COPY_BYTES = 1 << 20
 
+#: Distinct step tallies a :class:`GradientBuckets` keeps as made :class:`Reduction`s (cleared when full).
+MAX_KEPT_REDUCTIONS = 256
+
 #: float16 and bfloat16 have no MPI reduction type; they are reduced in float32.
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -409,13 +412,15 @@ class GradientBuckets:
             self._tally_in = self._tally_out = first.wire[first.buffer.numel :]
         else:
             self._tally_in, self._tally_out = self.node.tally_input, self.node.tally_result
-        # This rank's tally, written through a numpy view (no tensor indexing): of the tally's own
-        # memory where that is the host's, else of a staging tensor copied in with one copy.
+        # This rank's tally, written through a memoryview (no tensor or numpy indexing): of the
+        # tally's own memory where that is the host's, else of a staging tensor copied in with one copy.
         on_host = self._tally_in.device.type == "cpu"
         self._tally = self._tally_in if on_host else torch.zeros(self.TALLY, dtype=torch.float64)
-        self._tally_host = self._tally.numpy()
+        self._tally_host = memoryview(self._tally.numpy())
         self._local_samples = 0  # this step's, as the tally is summed in place
-        self._tally_out_host = self._tally_out.numpy() if on_host else None
+        self._tally_out_host = memoryview(self._tally_out.numpy()) if on_host else None
+        #: Reductions by their summed tally: most steps repeat one, and making one costs more than finding it.
+        self._reductions: dict[tuple[float, float], Reduction] = {}
         self.samples = samples
         self._generation = 0  # this step's number: a parameter reported in it carries it
         self._reported = [-1] * len(self._view_of)
@@ -573,13 +578,13 @@ class GradientBuckets:
             self._next += 1
         for bucket in self.buckets:
             self.reducer.finish(bucket)
-        tally = (self._tally_out if self._tally_out_host is None else self._tally_out_host).tolist()
-        samples, ranks = int(round(tally[0])), int(round(tally[1]))
+        reduction = self._tally_reduction()
+        samples, ranks = reduction.samples, reduction.ranks
         if self.node is None:
             scale = 1.0 / ranks if self.average and ranks > 0 else None
             for bucket in self.buckets:
                 bucket.from_wire(scale)
-            return Reduction(samples, ranks)
+            return reduction
         if self._shared_buckets:  # local ranks may still be reading this round's slots, the buckets' storage
             self._writable = [not bucket.shared for bucket in self.buckets]
         if self.weighted:
@@ -594,7 +599,18 @@ class GradientBuckets:
                     self._in_window = True
         else:
             self._own()
-        return Reduction(samples, ranks)
+        return reduction
+
+    def _tally_reduction(self) -> Reduction:
+        """The summed tally (exact whole numbers in float64) as this step's :class:`Reduction`."""
+        tally = self._tally_out.tolist() if self._tally_out_host is None else self._tally_out_host
+        key = (tally[0], tally[1])
+        reduction = self._reductions.get(key)
+        if reduction is None:
+            if len(self._reductions) >= MAX_KEPT_REDUCTIONS:  # sample counts that vary step to step
+                self._reductions.clear()
+            reduction = self._reductions[key] = Reduction(int(round(key[0])), int(round(key[1])))
+        return reduction
 
     def _own(self, rescale: float | None = None) -> None:
         """Node-shared buckets: the shared sums copied into this rank's storage, every sum times ``rescale``."""
@@ -619,11 +635,12 @@ class GradientBuckets:
         for p, view in zip(bucket.params, bucket.buffer.views):
             if self._reported[self._slot[id(p)]] == self._generation:
                 continue
-            if p.grad is None:
+            grad = p.grad
+            if grad is None:
                 self._claim(bucket)
                 view.zero_()
                 p.grad = view
-            elif p.grad.data_ptr() != view.data_ptr():
+            elif grad is not view and grad.data_ptr() != view.data_ptr():
                 self._claim(bucket)
                 view.copy_(p.grad)
                 p.grad = view

@@ -304,6 +304,27 @@ def test_steps_whose_buckets_finish_starts_leave_nothing_in_flight(node_shm):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize("node_shm", [True, False])
+def test_every_steps_reduction_counts_that_steps_samples(node_shm, monkeypatch):
+    # Reductions are kept by tally: one seen before is reused, a new one made, and a step
+    # whose count is new (more kinds than are kept) still gets its own count.
+    monkeypatch.setattr("mpisolve.comm.buckets.MAX_KEPT_REDUCTIONS", 4)
+    comm = Communicator(node_shm=node_shm)
+    param = nn.Parameter(torch.zeros(10))
+    counts = [3, 5, 3, 7, 8, 9, 11, 3, 5]
+    grads = GradientBuckets([param], comm, bucket_bytes=1000, samples=lambda: counts[step] * (comm.rank + 1))
+    seen = []
+    for step in range(len(counts)):
+        reduction = grads.finish()
+        assert (reduction.samples, reduction.ranks) == (counts[step] * comm.size * (comm.size + 1) // 2, comm.size)
+        seen.append(reduction)
+        grads.rearm()
+    assert seen[2] is seen[0] and len(grads._reductions) <= 4
+    grads.close()
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
 def test_a_latency_round_is_not_overwritten_by_ranks_that_run_ahead():
     """Local rank 0 arrives first and sums late; the others complete each round as soon as
