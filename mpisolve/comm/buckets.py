@@ -416,9 +416,9 @@ class GradientBuckets:
         # tally's own memory where that is the host's, else of a staging tensor copied in with one copy.
         on_host = self._tally_in.device.type == "cpu"
         self._tally = self._tally_in if on_host else torch.zeros(self.TALLY, dtype=torch.float64)
-        self._tally_host = memoryview(self._tally.numpy())
+        self._tally_host = self._tally.numpy().data
         self._local_samples = 0  # this step's, as the tally is summed in place
-        self._tally_out_host = memoryview(self._tally_out.numpy()) if on_host else None
+        self._tally_out_host = self._tally_out.numpy().data if on_host else None
         #: Reductions by their summed tally: most steps repeat one, and making one costs more than finding it.
         self._reductions: dict[tuple[float, float], Reduction] = {}
         self.samples = samples
@@ -642,7 +642,7 @@ class GradientBuckets:
                 p.grad = view
             elif grad is not view and grad.data_ptr() != view.data_ptr():
                 self._claim(bucket)
-                view.copy_(p.grad)
+                view.copy_(grad)
                 p.grad = view
 
     def rearm(self) -> None:
