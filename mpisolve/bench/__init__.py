@@ -105,15 +105,14 @@ def interleaved_medians(
     for _ in range(warmup):
         for fn in fns.values():
             fn()
-    # Asked once, outside the timings (it takes microseconds): fns that use the GPU have initialised CUDA by now.
-    on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             comm.barrier()
             start = time.perf_counter()
             fn()
-            if on_gpu:
+            # is_initialized(), not is_available() (microseconds): a GPU used by fn is initialised by now.
+            if torch.cuda.is_initialized():
                 torch.cuda.synchronize()  # the GPU work fn queued is part of its time
             times[name].append(comm.reduce_scalar(time.perf_counter() - start, op="max"))
     return {name: statistics.median(t) for name, t in times.items()}

@@ -602,7 +602,8 @@ class GradientBuckets:
         return reduction
 
     def _tally_reduction(self) -> Reduction:
-        """The summed tally (exact whole numbers in float64) as this step's :class:`Reduction`."""
+        """The summed tally as this step's :class:`Reduction` (whole numbers: float64 on the node path,
+        the wire's dtype on MPI's)."""
         tally = self._tally_out.tolist() if self._tally_out_host is None else self._tally_out_host
         key = (tally[0], tally[1])
         reduction = self._reductions.get(key)

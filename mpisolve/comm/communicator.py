@@ -557,7 +557,8 @@ class PersistentCollective:
     :meth:`start` queues the copy and posts once the data is ready, without blocking;
     :meth:`test` says whether it has completed; :meth:`wait` completes it and brings the
     result into the tensor. A staged result reaches the tensor only through :meth:`wait`
-    (at once after a true :meth:`test`), on the waiting thread's current stream.
+    (at once after a true :meth:`test`), on the waiting thread's current stream. Over one
+    rank (``alone``) the collective is the buffer as it is: nothing is staged or posted.
     """
 
     kind = "collective"  # names the operation for the watchdog
@@ -566,7 +567,7 @@ class PersistentCollective:
         self.comm = comm
         self.tensor = tensor
         #: One rank, staging not forced: an in-place collective leaves the buffer as it is, so
-        #: nothing is staged and MPI is never called (a GPU tensor is not copied to the host).
+        #: nothing is staged and no MPI operation is posted (a GPU tensor is not copied to the host).
         self.alone = comm.size == 1 and not comm.stage_all
         self.stager = Stager(tensor) if self.alone else comm.stager(tensor)
         self._persistent: MPI.Prequest | None = None
@@ -639,6 +640,10 @@ class PersistentBcast(PersistentCollective):
     kind = "broadcast"
 
     def __init__(self, comm: Communicator, tensor: torch.Tensor, root: int = 0) -> None:
+        if not 0 <= root < comm.size:
+            raise ValueError(
+                f"a broadcast's root must be a rank of the communicator (0 to {comm.size - 1}), got {root}"
+            )
         self.root = root
         super().__init__(comm, tensor)
 

@@ -215,7 +215,7 @@ class Solver(ABC):
 
     @property
     def node_shared(self) -> bool:
-        """Whether this rank's sums run in node-shared memory (:mod:`mpisolve.comm.shm`), not by MPI alone."""
+        """Whether this rank's gradient sums run in node-shared memory (:mod:`mpisolve.comm.shm`), not by MPI alone."""
         return False
 
     def samples_seen(self) -> int:

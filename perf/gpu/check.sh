@@ -48,13 +48,13 @@ for line in sys.stdin:
 PYTEST=(-m pytest -q -p no:cacheprovider --timeout=240 --timeout-method=thread)
 MPI2=("$MPIEXEC" -n 2 "$PYTHON" -m mpi4py)
 
-environment() {
-    nvidia-smi || true
-    "$PYTHON" -c 'import torch, mpi4py, numba, mpisolve; from mpi4py import MPI
+environment() {  # each command under its own limit (a step that is a function runs without one)
+    timeout 30 nvidia-smi || true
+    timeout 60 "$PYTHON" -c 'import torch, mpi4py, numba, mpisolve; from mpi4py import MPI
 print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name())
 print("numba", numba.__version__, "mpi4py", mpi4py.__version__, MPI.Get_library_version().splitlines()[0])
 print("mpisolve", mpisolve.__version__)'
-    "${MPI2[@]}" -c 'import mpisolve; c = mpisolve.init(); print(c.rank, c.device, c.cuda_aware, c.cuda_aware_source)'
+    timeout 60 "${MPI2[@]}" -c 'import mpisolve; c = mpisolve.init(); print(c.rank, c.device, c.cuda_aware, c.cuda_aware_source)'
 }
 step environment 120 environment
 

@@ -68,9 +68,12 @@ def test_benches_run_on_a_gpu(argv, capsys):
 
 
 def test_interleaved_medians_time_only_the_functions(monkeypatch):
-    # Whether to wait for the GPU is asked once, after the warm-up, not inside every timing
-    # (torch.cuda.is_available() alone takes microseconds: a 4 KiB allreduce's order).
-    comm, asked, calls = Communicator(MPI.COMM_SELF), [], []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append(1) or False)
-    timings = interleaved_medians({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, comm, 5, 2)
-    assert calls == ["a", "b"] * 7 and set(timings) == {"a", "b"} and len(asked) == 1
+    # Whether to wait for the GPU is is_initialized() (nanoseconds), asked after each call,
+    # warm-up or not; never is_available() (microseconds: a 4 KiB allreduce's order).
+    comm, asked, synced, calls = Communicator(MPI.COMM_SELF), [], [], []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append(1) or True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: synced.append(calls[-1]))
+    timings = interleaved_medians({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, comm, 5, 0)
+    assert calls == ["a", "b"] * 5 and set(timings) == {"a", "b"}
+    assert synced == calls and asked == []

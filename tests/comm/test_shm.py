@@ -308,16 +308,21 @@ def test_steps_whose_buckets_finish_starts_leave_nothing_in_flight(node_shm):
 @pytest.mark.parametrize("node_shm", [True, False])
 def test_every_steps_reduction_counts_that_steps_samples(node_shm, monkeypatch):
     # Reductions are kept by tally: one seen before is reused, a new one made, and a step
-    # whose count is new (more kinds than are kept) still gets its own count.
+    # whose count is new (more kinds than are kept) still gets its own count; in the steps
+    # marked, the last rank withholds (it counts neither its samples nor itself).
     monkeypatch.setattr("mpisolve.comm.buckets.MAX_KEPT_REDUCTIONS", 4)
     comm = Communicator(node_shm=node_shm)
     param = nn.Parameter(torch.zeros(10))
-    counts = [3, 5, 3, 7, 8, 9, 11, 3, 5]
+    counts = [3, 5, 3, 7, 8, 9, 11, 3, 5, 3]
+    withheld = {3, 9}
     grads = GradientBuckets([param], comm, bucket_bytes=1000, samples=lambda: counts[step] * (comm.rank + 1))
     seen = []
     for step in range(len(counts)):
+        if step in withheld and comm.rank == comm.size - 1:
+            grads.withhold()
         reduction = grads.finish()
-        assert (reduction.samples, reduction.ranks) == (counts[step] * comm.size * (comm.size + 1) // 2, comm.size)
+        ranks = comm.size - 1 if step in withheld else comm.size
+        assert (reduction.samples, reduction.ranks) == (counts[step] * ranks * (ranks + 1) // 2, ranks)
         seen.append(reduction)
         grads.rearm()
     assert seen[2] is seen[0] and len(grads._reductions) <= 4

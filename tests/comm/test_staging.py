@@ -202,8 +202,8 @@ def test_one_ranks_persistent_collectives_call_no_mpi_and_stage_nothing():
     # Over one rank an in-place sum or broadcast leaves the buffer as it is: no request is
     # made or posted, no host twin taken (a GPU model's steps copy nothing to the host);
     # forced staging (the staged path's test double) keeps the whole path.
-    t = torch.arange(4.0)
-    for req in (PersistentAllreduce(Communicator(MPI.COMM_SELF), t), Communicator(MPI.COMM_SELF).persistent_bcast(t)):
+    t, alone = torch.arange(4.0), Communicator(MPI.COMM_SELF, stage_all=False)
+    for req in (PersistentAllreduce(alone, t), alone.persistent_bcast(t)):
         assert req.alone and req._persistent is None and req.stager.host is None
         for _ in range(2):
             req.start()
@@ -217,11 +217,13 @@ def test_one_ranks_persistent_collectives_call_no_mpi_and_stage_nothing():
     staged.wait()
     assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
     staged.free()
+    with pytest.raises(ValueError, match="root must be a rank of the communicator"):
+        alone.persistent_bcast(t, root=1)
 
 
 @pytest.mark.gpu
 def test_one_ranks_gpu_buckets_are_not_staged():
-    comm = Communicator(MPI.COMM_SELF, cuda_aware=False)
+    comm = Communicator(MPI.COMM_SELF, cuda_aware=False, stage_all=False)
     model = torch.nn.Linear(5, 3).cuda()
     grads = GradientBuckets(model.parameters(), comm, bucket_bytes=1 << 20, samples=lambda: 4)
     model(torch.ones(4, 5, device="cuda")).sum().backward()
