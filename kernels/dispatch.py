@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -39,6 +40,24 @@ def by_device(cpu: Callable[..., Any], gpu: str) -> Callable[..., Any]:
     dispatch.__name__ = getattr(cpu, "__name__", "kernel")
     dispatch.__doc__ = cpu.__doc__
     return dispatch
+
+
+def bind(kernel: Any, *fixed: Any, per_call: tuple[Any, ...] = ()) -> Callable[..., Any]:
+    """``kernel`` (a Numba CPU function) with its leading arguments ``fixed``, called past the dispatcher.
+
+    A call through Numba's dispatcher types every argument each time (a few hundred
+    nanoseconds, plus tens per array): more than a small round's whole work on a hot path
+    that calls one kernel with the same arrays every time. Here the overload for the
+    types of ``fixed`` and ``per_call`` (the Numba types of the arguments given at each
+    call) is compiled, or loaded from Numba's cache, once; the call goes straight to its
+    compiled wrapper, which only unboxes. Each call's arguments must be of the
+    ``per_call`` types (a Python int for ``int64``): nothing checks them again.
+    """
+    import numba
+
+    signature = tuple(numba.typeof(a) for a in fixed) + tuple(per_call)
+    kernel.compile(signature)
+    return functools.partial(kernel.overloads[signature].entry_point, *fixed)
 
 
 def _tensors(args: tuple[Any, ...]) -> list[torch.Tensor]:

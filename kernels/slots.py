@@ -17,18 +17,18 @@ There is no GPU twin: node-shared windows hold host memory only.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from llvmlite import ir  # type: ignore[import-untyped]
 from numba import njit, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from .counters import publish, reached_within
-from .dispatch import BenchCase
+from .dispatch import BenchCase, bind
 
 #: Elements per block: one block of the output (float32: 8 KB) stays in L1 while every row is added into it.
 BLOCK = 2048
@@ -105,45 +105,29 @@ def _sum_half(slots: np.ndarray, start: int, stop: int, out: np.ndarray, scale: 
                 acc[j] *= factor
 
 
-@njit(nogil=True, cache=True)
-def _arrive(
-    source: np.ndarray,
-    slot: np.ndarray,
-    tally: np.ndarray,
-    tally_slot: np.ndarray,
-    counters: np.ndarray,
-    index: int,
-    seq: int,
-) -> None:
-    for j in range(source.shape[0]):
-        slot[j] = source[j]
-    for j in range(tally.shape[0]):
-        tally_slot[j] = tally[j]
-    publish(counters, index, seq)
+def _sum_rows(slots: np.ndarray, start: int, stop: int, out: np.ndarray, scale: float, brain: bool) -> None:
+    """:func:`_sum_half` for rows of half-precision patterns, else :func:`_sum_float` (chosen when compiled)."""
+    raise NotImplementedError("compiled code only")
+
+
+@overload(_sum_rows, jit_options={"nogil": True})
+def _sum_rows_by_dtype(slots: Any, start: Any, stop: Any, out: Any, scale: Any, brain: Any) -> Any:  # noqa: ARG001
+    # The implementations' parameters must be annotated as these are: Numba compares the signatures.
+    if slots.dtype == types.uint16:
+
+        def half(slots: Any, start: Any, stop: Any, out: Any, scale: Any, brain: Any) -> Any:
+            _sum_half(slots, start, stop, out, scale, brain)
+
+        return half
+
+    def full(slots: Any, start: Any, stop: Any, out: Any, scale: Any, brain: Any) -> Any:  # noqa: ARG001
+        _sum_float(slots, start, stop, out, scale)
+
+    return full
 
 
 @njit(nogil=True, cache=True)
-def _round_float(
-    counters: np.ndarray,
-    rows: np.ndarray,
-    start: int,
-    stop: int,
-    out: np.ndarray,
-    scale: float,
-    tally_rows: np.ndarray,
-    tally_out: np.ndarray,
-    seq: int,
-    polls: int,
-) -> bool:
-    if not reached_within(counters, seq, polls):
-        return False
-    _sum_float(rows, start, stop, out, scale)
-    _sum_float(tally_rows, 0, tally_out.shape[0], tally_out, 1.0)
-    return True
-
-
-@njit(nogil=True, cache=True)
-def _round_half(
+def _round(
     counters: np.ndarray,
     rows: np.ndarray,
     start: int,
@@ -158,9 +142,35 @@ def _round_half(
 ) -> bool:
     if not reached_within(counters, seq, polls):
         return False
-    _sum_half(rows, start, stop, out, scale, brain)
+    _sum_rows(rows, start, stop, out, scale, brain)
     _sum_float(tally_rows, 0, tally_out.shape[0], tally_out, 1.0)
     return True
+
+
+@njit(nogil=True, cache=True)
+def _arrive(
+    source: np.ndarray,
+    slot: np.ndarray,
+    tally: np.ndarray,
+    tally_slot: np.ndarray,
+    index: int,
+    counters: np.ndarray,
+    rows: np.ndarray,
+    start: int,
+    stop: int,
+    out: np.ndarray,
+    scale: float,
+    brain: bool,
+    tally_rows: np.ndarray,
+    tally_out: np.ndarray,
+    seq: int,
+) -> bool:
+    for j in range(source.shape[0]):
+        slot[j] = source[j]
+    for j in range(tally.shape[0]):
+        tally_slot[j] = tally[j]
+    publish(counters, index, seq)
+    return _round(counters, rows, start, stop, out, scale, brain, tally_rows, tally_out, seq, 0)
 
 
 def host_rows(slots: torch.Tensor) -> np.ndarray:
@@ -182,8 +192,8 @@ def slot_sum(
     """
     _check_sum(rows, start, stop, out)
     if rows.dtype == np.uint16:
-        return functools.partial(_sum_half, rows, start, stop, out, scale, brain)
-    return functools.partial(_sum_float, rows, start, stop, out, scale)
+        return bind(_sum_half, rows, int(start), int(stop), out, float(scale), bool(brain))
+    return bind(_sum_float, rows, int(start), int(stop), out, float(scale))
 
 
 def _check_sum(rows: np.ndarray, start: int, stop: int, out: np.ndarray) -> None:
@@ -196,42 +206,67 @@ def _check_sum(rows: np.ndarray, start: int, stop: int, out: np.ndarray) -> None
         raise TypeError(f"rows of {rows.dtype} sum into {rows.dtype}, got out of {out.dtype}")
 
 
-def round_sum(
-    counters: np.ndarray,
-    rows: np.ndarray,
-    start: int,
-    stop: int,
-    out: np.ndarray,
-    scale: float = 1.0,
-    *,
-    brain: bool = False,
-    tally_rows: np.ndarray,
-    tally_out: np.ndarray,
-) -> Callable[[int, int], bool]:
-    """A call ``(seq, polls) -> bool`` that, once every counter has reached ``seq`` (acquire
-    order, checked up to ``polls`` more times: :func:`mpisolve.kernels.counters.reached_within`),
-    does :func:`slot_sum`'s sum and sums the float64 ``tally_rows`` (ranks, >= t) into
-    ``tally_out`` (t), unscaled, and returns True; else returns False, having done nothing.
-    One compiled call for a round's wait and sums; checked once, here."""
-    _check_sum(rows, start, stop, out)
-    if tally_rows.dtype != np.float64 or tally_out.dtype != np.float64 or tally_rows.shape[1] < tally_out.shape[0]:
-        raise TypeError(f"a tally is float64 rows of at least {tally_out.shape[0]} elements into float64")
-    if rows.dtype == np.uint16:
-        return functools.partial(_round_half, counters, rows, start, stop, out, scale, brain, tally_rows, tally_out)
-    return functools.partial(_round_float, counters, rows, start, stop, out, scale, tally_rows, tally_out)
+@dataclass(frozen=True)
+class SlotRound:
+    """One round's sum over a node's slots, checked once, here (its calls check nothing).
+
+    Once every one of ``counters`` has reached the round's number (acquire order:
+    :mod:`mpisolve.kernels.counters`), ``out[start:stop] = scale * sum over r of
+    rows[r, start:stop]``, as :func:`slot_sum` (``rows`` from :func:`host_rows`, ``out``
+    float32 for half rows, ``brain`` for bfloat16 patterns), and the float64
+    ``tally_rows`` (ranks, >= t) are summed into ``tally_out`` (t), unscaled.
+    """
+
+    counters: np.ndarray
+    rows: np.ndarray
+    start: int
+    stop: int
+    out: np.ndarray
+    tally_rows: np.ndarray
+    tally_out: np.ndarray
+    scale: float = 1.0
+    brain: bool = False
+
+    def __post_init__(self) -> None:
+        _check_sum(self.rows, self.start, self.stop, self.out)
+        tally_rows, tally_out = self.tally_rows, self.tally_out
+        if tally_rows.dtype != np.float64 or tally_out.dtype != np.float64 or tally_rows.shape[1] < tally_out.shape[0]:
+            raise TypeError(f"a tally is float64 rows of at least {tally_out.shape[0]} elements into float64")
+
+    def arguments(self) -> tuple[Any, ...]:
+        """The round's arguments as the compiled calls take them."""
+        return (
+            self.counters,
+            self.rows,
+            int(self.start),
+            int(self.stop),
+            self.out,
+            float(self.scale),
+            bool(self.brain),
+            self.tally_rows,
+            self.tally_out,
+        )
+
+
+def round_sum(sums: SlotRound) -> Callable[[int, int], bool]:
+    """A call ``(seq, polls) -> bool``: if every counter has reached ``seq`` (checked up to
+    ``polls`` more times: :func:`mpisolve.kernels.counters.reached_within`), the round's sums,
+    and True; else False, having done nothing. One compiled call for a round's wait and sums."""
+    return bind(_round, *sums.arguments(), per_call=(types.int64, types.int64))
 
 
 def arrival(
-    source: np.ndarray, slot: np.ndarray, tally: np.ndarray, tally_slot: np.ndarray, counters: np.ndarray, index: int
-) -> Callable[[int], None]:
-    """A call ``(seq)`` copying ``source`` into ``slot`` and ``tally`` into ``tally_slot``, then
-    publishing ``counters[index] = seq`` (release order: :func:`mpisolve.kernels.counters.publish`).
-    One compiled call for a round's start; checked once, here."""
+    source: np.ndarray, slot: np.ndarray, tally: np.ndarray, tally_slot: np.ndarray, index: int, sums: SlotRound
+) -> Callable[[int], bool]:
+    """A call ``(seq) -> bool`` starting a round: copy ``source`` into ``slot`` and ``tally``
+    into ``tally_slot``, publish ``sums.counters[index] = seq`` (release order:
+    :func:`mpisolve.kernels.counters.publish`), then :func:`round_sum`'s call with no more
+    polls (the rank that arrives last sums at once). One compiled call; checked once, here."""
     if source.shape != slot.shape or source.dtype != slot.dtype:
         raise ValueError(f"cannot copy {source.dtype}{source.shape} into {slot.dtype}{slot.shape}")
     if tally.shape != tally_slot.shape or tally.dtype != tally_slot.dtype:
         raise ValueError(f"cannot copy a tally of {tally.dtype}{tally.shape} into {tally_slot.dtype}{tally_slot.shape}")
-    return functools.partial(_arrive, source, slot, tally, tally_slot, counters, index)
+    return bind(_arrive, source, slot, tally, tally_slot, int(index), *sums.arguments(), per_call=(types.int64,))
 
 
 def bench_cases(numel: int) -> list[BenchCase]:

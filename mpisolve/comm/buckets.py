@@ -395,11 +395,15 @@ class GradientBuckets:
         self._slot: dict[int, int] = {}  # id(param) -> its index in the two lists below
         self._bucket_of: list[Bucket] = []
         self._view_of: list[torch.Tensor] = []
+        #: Each bucket's (index in the lists above, parameter, its view).
+        self._members: list[list[tuple[int, torch.nn.Parameter, torch.Tensor]]] = []
         for i, members in enumerate(plan_buckets(ordered, bucket_bytes)):
             extra = self.TALLY if i == 0 and self.node is None else 0
             bucket = Bucket(i, [ordered[j] for j in members], extra=extra, node=self.node)
             self.buckets.append(bucket)
+            self._members.append([])
             for p, view in zip(bucket.params, bucket.buffer.views):
+                self._members[-1].append((len(self._view_of), p, view))
                 self._slot[id(p)] = len(self._view_of)
                 self._bucket_of.append(bucket)
                 self._view_of.append(view)
@@ -439,6 +443,10 @@ class GradientBuckets:
         self._shared_buckets = any(bucket.shared for bucket in self.buckets)
         shared = [p for bucket in self.buckets if bucket.shared for p in bucket.params]
         self._hooks += [p.register_hook(functools.partial(self._before_accumulate, p)) for p in shared]
+        # A step whose shared sums were read in place ends waiting for the node's other ranks
+        # (weighted: each rank stepped on its own copy).
+        release_shared = self.node is not None and self._shared_buckets and shared_result and not weighted
+        self._release = self.node.release if release_shared and self.node is not None else None
 
     @property
     def in_flight(self) -> bool:
@@ -564,15 +572,17 @@ class GradientBuckets:
         (clipping, a GradScaler's unscale): node-shared sums are copied into this rank's
         own storage first (on MPI's path and the latency path they are this rank's already).
         """
-        if self._reduced is None:
-            self._reduced = self._reduce()
+        reduced = self._reduced
+        if reduced is None:
+            reduced = self._reduced = self._reduce()
         if writable and self._in_window:
             self._own()
-        return self._reduced
+        return reduced
 
     def _reduce(self) -> Reduction:
         for bucket in self.buckets[self._next :]:
-            self._take_unreported(bucket)
+            if bucket.pending:
+                self._take_unreported(bucket)
         while self._next < len(self.buckets):
             self._start(self.buckets[self._next])
             self._next += 1
@@ -633,15 +643,18 @@ class GradientBuckets:
         """Gradients backward did not bring this step into the bucket: None counts as zero."""
         if self._withheld:
             return
-        for p, view in zip(bucket.params, bucket.buffer.views):
-            if self._reported[self._slot[id(p)]] == self._generation:
+        reported, generation = self._reported, self._generation
+        for i, p, view in self._members[bucket.index]:
+            if reported[i] == generation:
                 continue
             grad = p.grad
+            if grad is view:
+                continue
             if grad is None:
                 self._claim(bucket)
                 view.zero_()
                 p.grad = view
-            elif grad is not view and grad.data_ptr() != view.data_ptr():
+            elif grad.data_ptr() != view.data_ptr():
                 self._claim(bucket)
                 view.copy_(grad)
                 p.grad = view
@@ -652,10 +665,10 @@ class GradientBuckets:
         Node-shared buckets whose sums may be read in place: first wait until every local
         rank has stepped (collective over the node; :meth:`.shm.NodeSumReducer.release`).
         """
-        if self.in_flight:
+        if self._next and self._reduced is None:  # in flight
             raise RuntimeError("mpisolve: buckets rearmed while their reduction is in flight")
-        if self.node is not None and self.shared_result and not self.weighted:  # weighted: each rank's own copy
-            self.node.release()
+        if self._release is not None:
+            self._release()
         for bucket in self.buckets:
             bucket.pending = len(bucket.params)
         self._next = 0

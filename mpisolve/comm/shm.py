@@ -51,7 +51,7 @@ import torch
 from mpi4py import MPI
 
 from ..kernels import counters
-from ..kernels.slots import arrival, host_rows, round_sum
+from ..kernels.slots import SlotRound, arrival, host_rows, round_sum
 from .communicator import Communicator, PersistentAllreduce, mpi_buffer
 from .windows import CACHE_LINE, shard_bounds
 
@@ -297,10 +297,25 @@ class NodeAllreduce:
         lo, hi = self.share
         self._acc_share = acc[lo:hi]
         self._result_share = self.result[lo:hi]
-        # Each copy's kernels, checked once. A round's start: the latency path's copy in
-        # (raw bytes) and arrival. Its sum, once every local rank has arrived: this rank's
-        # share of the slots, and the whole tally.
-        arrived = self._arrived.values
+        # Each copy's round, its kernels checked once: the sum, once every local rank has arrived,
+        # of this rank's share of the slots and of the whole tally; on the latency path also the
+        # round's start (the copy in of raw bytes, the arrival, and one try at the sum).
+        scale = self.scale if group.cross is None else 1.0  # across nodes: scaled once the nodes' sums are in
+        rounds = [
+            SlotRound(
+                self._arrived.values,
+                host_rows(slots[c]),
+                lo,
+                hi,
+                acc.numpy(),
+                tally_rows[c].numpy(),
+                self.tally_result.numpy(),
+                scale,
+                brain=dtype == torch.bfloat16,
+            )
+            for c in range(copies)
+        ]
+        self._sums = [round_sum(r) for r in rounds]
         self._arrivals = (
             [
                 arrival(
@@ -308,29 +323,14 @@ class NodeAllreduce:
                     host_rows(slots[c, self._me, :numel]),
                     self.tally_input.numpy(),
                     tally_rows[c, self._me, :tally].numpy(),
-                    arrived,
                     self._me,
+                    r,
                 )
-                for c in range(copies)
+                for c, r in enumerate(rounds)
             ]
             if self.latency
             else []
         )
-        scale = self.scale if group.cross is None else 1.0  # across nodes: scaled once the nodes' sums are in
-        self._sums = [
-            round_sum(
-                arrived,
-                host_rows(slots[c]),
-                lo,
-                hi,
-                acc.numpy(),
-                scale,
-                brain=dtype == torch.bfloat16,
-                tally_rows=tally_rows[c].numpy(),
-                tally_out=self.tally_result.numpy(),
-            )
-            for c in range(copies)
-        ]
         self._polls = SPIN_POLLS if self.comm.wait_policy == "spin" else 0
         self._seq = 0
         #: idle -> arrived -> reduced -> (internode ->) published (bandwidth path) -> idle.
@@ -344,11 +344,12 @@ class NodeAllreduce:
             if self.stage != "idle":
                 raise RuntimeError("a node-shared sum was started again before its round completed")
             self._seq += 1
-            if self.latency:
-                self._arrivals[self._seq % self._copies](self._seq)
+            if self.latency:  # copied in and arrived; the last local rank to arrive sums at once
+                summed = self._arrivals[self._seq % self._copies](self._seq)
             else:
                 self._arrived.publish(self._seq)
-            self.stage = "arrived"
+                summed = False
+            self.stage = "reduced" if summed else "arrived"
             if self.group.cross is not None:
                 self.group.unposted.append(self)
             self._advance(0)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mpisolve.kernels import counters
-from mpisolve.kernels.slots import arrival, host_rows, round_sum
+from mpisolve.kernels.slots import SlotRound, arrival, host_rows, round_sum
 
 STRIDE = 8  # one int64 counter per 64-byte cache line
 
@@ -44,15 +44,7 @@ def test_a_round_sums_only_once_every_rank_has_arrived(dtype):
     tally_out = np.zeros(2)
     c = strided([4, 4, 3])
     run = round_sum(
-        c,
-        host_rows(rows),
-        10,
-        90,
-        out.numpy(),
-        0.5,
-        brain=dtype == torch.bfloat16,
-        tally_rows=tally_rows,
-        tally_out=tally_out,
+        SlotRound(c, host_rows(rows), 10, 90, out.numpy(), tally_rows, tally_out, 0.5, brain=dtype == torch.bfloat16)
     )
     assert not run(4, 3)  # rank 2 is a round behind: nothing summed
     assert (out == -1).all() and (tally_out == 0).all()
@@ -63,27 +55,27 @@ def test_a_round_sums_only_once_every_rank_has_arrived(dtype):
     assert tally_out.tolist() == tally_rows.sum(axis=0).tolist()  # unscaled
 
 
-def test_an_arrival_copies_in_then_publishes():
-    source, slot = np.arange(5, dtype=np.float32), np.zeros(5, dtype=np.float32)
-    tally, tally_slot = np.array([3.0, 1.0]), np.zeros(2)
+def test_an_arrival_copies_in_publishes_and_sums_only_if_it_came_last():
+    rows, tally_rows = np.zeros((2, 5), np.float32), np.zeros((2, 2))
+    out, tally_out = np.full(5, -1.0, np.float32), np.zeros(2)
     c = strided([0, 0])
-    arrival(source, slot, tally, tally_slot, c, 1)(6)
-    assert slot.tolist() == source.tolist() and tally_slot.tolist() == [3.0, 1.0] and c.tolist() == [0, 6]
+    sums = SlotRound(c, rows, 0, 5, out, tally_rows, tally_out)
+    source, tally = np.arange(5, dtype=np.float32), np.array([3.0, 1.0])
+    assert not arrival(source, rows[1], tally, tally_rows[1], 1, sums)(6)  # rank 0 has not arrived
+    assert rows[1].tolist() == source.tolist() and tally_rows[1].tolist() == [3.0, 1.0] and c.tolist() == [0, 6]
+    assert (out == -1).all() and (tally_out == 0).all()
+    assert arrival(source * 10, rows[0], tally, tally_rows[0], 0, sums)(6)  # the last to arrive sums
+    assert c.tolist() == [6, 6] and out.tolist() == (source * 11).tolist() and tally_out.tolist() == [6.0, 2.0]
 
 
 def test_mismatched_arguments_are_named():
     c = strided([0, 0])
+    sums = SlotRound(c, np.zeros((2, 5), np.float32), 0, 5, np.zeros(5, np.float32), np.zeros((2, 0)), np.zeros(0))
     with pytest.raises(ValueError, match="cannot copy float32"):
-        arrival(np.zeros(5, np.float32), np.zeros(4, np.float32), np.zeros(0), np.zeros(0), c, 0)
+        arrival(np.zeros(5, np.float32), np.zeros(4, np.float32), np.zeros(0), np.zeros(0), 0, sums)
     with pytest.raises(ValueError, match="cannot copy a tally"):
-        arrival(np.zeros(5, np.float32), np.zeros(5, np.float32), np.zeros(2), np.zeros(1), c, 0)
+        arrival(np.zeros(5, np.float32), np.zeros(5, np.float32), np.zeros(2), np.zeros(1), 0, sums)
     with pytest.raises(TypeError, match="tally is float64"):
-        round_sum(
-            c,
-            np.zeros((2, 5), np.float32),
-            0,
-            5,
-            np.zeros(5, np.float32),
-            tally_rows=np.zeros((2, 1)),
-            tally_out=np.zeros(2),
-        )
+        SlotRound(c, np.zeros((2, 5), np.float32), 0, 5, np.zeros(5, np.float32), np.zeros((2, 1)), np.zeros(2))
+    with pytest.raises(ValueError, match="outside rows"):
+        SlotRound(c, np.zeros((2, 5), np.float32), 0, 6, np.zeros(5, np.float32), np.zeros((2, 0)), np.zeros(0))
