@@ -10,7 +10,6 @@ the rest of the backward pass.
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -76,14 +75,6 @@ class FusedBuffer:
         self.flat = flat
         self.views = [flat[o : o + n].view(s) for o, n, s in zip(self.offsets, self.numels, self.shapes)]
         self.extra = flat[self.numel :]
-
-    def over(self, flat: torch.Tensor) -> FusedBuffer:
-        """The same layout over ``flat`` (as many elements as :attr:`flat`): a buffer whose views alias it."""
-        if flat.numel() != self.flat.numel():
-            raise ValueError(f"a layout of {self.flat.numel()} elements over {flat.numel()}")
-        other = copy.copy(self)
-        other._lay_over(flat)
-        return other
 
     def pack(self, tensors: Sequence[torch.Tensor]) -> None:
         """Copy ``tensors`` into their places in the flat buffer.

@@ -54,31 +54,47 @@ def allreduce(
     sizes = [sum(tensors[i].numel() for i in members) for members in groups.values()]
     # Node-shared sums take their inputs where they lie (packed straight into the window), the results copied out.
     node = None if op == "adasum" else kept_sums(comm, [(n, w, d) for n, (w, d) in zip(sizes, groups)])
-    fused: list[tuple[list[int], FusedBuffer]] = []
-    for k, ((wire, device), members) in enumerate(groups.items()):
-        flat = None if node is None else node[k].input
-        buf = FusedBuffer([tensors[i].shape for i in members], wire, device, flat=flat)
-        buf.pack([tensors[i] for i in members])
-        fused.append((members, buf))
+    flats = [
+        _packed([tensors[i] for i in members], wire, device, None if node is None else node[k].input)
+        for k, ((wire, device), members) in enumerate(groups.items())
+    ]
+    numels = [[tensors[i].numel() for i in members] for members in groups.values()]
     what = f"allreduce of {len(tensors)} tensors"
     if op == "adasum":
-        _adasum([buf.flat for _, buf in fused], [buf.numels for _, buf in fused], comm)
+        _adasum(flats, numels, comm)
     elif node is not None:
         sum_kept(comm, node, what)
-        fused = [(members, buf.over(kept.result.clone())) for (members, buf), kept in zip(fused, node)]
+        flats = [kept.result.clone() for kept in node]  # the window is the next call's
     else:
-        stagers = [comm.stager(buf.flat) for _, buf in fused]
+        stagers = [comm.stager(flat) for flat in flats]
         postings = [_start_sum(comm, stager) for stager in stagers]
         comm.wait_posted(postings, what)
         for stager in stagers:
             stager.from_mpi()
     out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
-    for members, buf in fused:
+    for members, flat, sizes in zip(groups.values(), flats, numels):
         if op == "average":
-            buf.flat.div_(comm.size)
-        for i, view in zip(members, buf.views):
+            flat.div_(comm.size)
+        pieces = [flat] if len(members) == 1 else flat.split(sizes)
+        for i, piece in zip(members, pieces):
+            view = piece.view(tensors[i].shape)
             out[i] = view if view.dtype == tensors[i].dtype else view.to(tensors[i].dtype)
     return out
+
+
+def _packed(
+    tensors: list[torch.Tensor], dtype: torch.dtype, device: torch.device, flat: torch.Tensor | None
+) -> torch.Tensor:
+    """``tensors`` end to end in ``flat`` (as many elements; else a new tensor) of ``dtype`` on
+    ``device``: one copy (and cast) for a single tensor, a :class:`FusedBuffer`'s pack for several."""
+    if len(tensors) > 1:
+        buf = FusedBuffer([t.shape for t in tensors], dtype, device, flat=flat)
+        buf.pack(tensors)
+        return buf.flat
+    if flat is None:
+        flat = torch.empty(tensors[0].numel(), dtype=dtype, device=device)
+    flat.view(tensors[0].shape).copy_(tensors[0])
+    return flat
 
 
 def _start_sum(comm: Communicator, stager: Stager) -> Posting:

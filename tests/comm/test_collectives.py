@@ -87,3 +87,28 @@ def test_parameters_that_require_grad_are_reduced_as_plain_tensors(op, node_shm,
             for got, want in zip(out, wants):
                 torch.testing.assert_close(got, want if op == "sum" else want / comm.size)
     comm.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("node_shm", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["scalar", "contiguous", "transposed"])
+def test_one_tensor_alone_is_reduced_into_a_result_of_its_own(layout, dtype, node_shm):
+    """A single tensor (a loss, a metric) takes no fusing: each result is right, of the
+    input's shape and dtype, and stays so when the next call reuses what this one kept."""
+    comm = Communicator(node_shm=node_shm)
+
+    def mine(rank, call):
+        t = torch.arange(15, dtype=torch.float64).view(3, 5) * (rank + 1) + call
+        return {"scalar": t.sum(), "contiguous": t, "transposed": t.t()}[layout].to(dtype)
+
+    results = []
+    for call in range(2):
+        (got,) = mpisolve.allreduce([mine(comm.rank, call)], op="average", comm=comm)
+        results.append(got)
+    for call, got in enumerate(results):
+        want = sum(mine(r, call).double() for r in range(comm.size)) / comm.size
+        assert got.shape == want.shape and got.dtype == dtype
+        torch.testing.assert_close(got.double(), want, rtol=TOL[dtype], atol=TOL[dtype])
+    comm.free()
