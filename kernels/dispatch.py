@@ -1,4 +1,4 @@
-"""Choosing the CPU or GPU twin of a kernel by the device of the tensors it is given."""
+"""Calling kernels: the CPU or GPU twin by the device of the tensors given; a CPU kernel bound to its arrays."""
 
 from __future__ import annotations
 
@@ -50,14 +50,16 @@ def bind(kernel: Any, *fixed: Any, per_call: tuple[Any, ...] = ()) -> Callable[.
     that calls one kernel with the same arrays every time. Here the overload for the
     types of ``fixed`` and ``per_call`` (the Numba types of the arguments given at each
     call) is compiled, or loaded from Numba's cache, once; the call goes straight to its
-    compiled wrapper, which only unboxes. Each call's arguments must be of the
-    ``per_call`` types (a Python int for ``int64``): nothing checks them again.
+    compiled wrapper, which only unboxes. Nothing checks a call's arguments: each must be
+    of its ``per_call`` type (a scalar of another type is converted, a float to ``int64``
+    truncated; an array of another dtype or dimension would be misread), so bind scalars
+    per call, arrays up front. The callers check the bound arguments (e.g.
+    :class:`mpisolve.kernels.slots.SlotRound`).
     """
     import numba
 
     signature = tuple(numba.typeof(a) for a in fixed) + tuple(per_call)
-    kernel.compile(signature)
-    return functools.partial(kernel.overloads[signature].entry_point, *fixed)
+    return functools.partial(kernel.compile(signature), *fixed)
 
 
 def _tensors(args: tuple[Any, ...]) -> list[torch.Tensor]:

@@ -206,7 +206,7 @@ def _check_sum(rows: np.ndarray, start: int, stop: int, out: np.ndarray) -> None
         raise TypeError(f"rows of {rows.dtype} sum into {rows.dtype}, got out of {out.dtype}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SlotRound:
     """One round's sum over a node's slots, checked once, here (its calls check nothing).
 

@@ -69,12 +69,9 @@ class FusedBuffer:
             flat = torch.zeros(total + extra, dtype=dtype, device=device)
         elif flat.dtype != dtype or flat.numel() < total + extra:
             raise ValueError(f"storage of {flat.numel()} {flat.dtype} cannot hold {total + extra} {dtype}")
-        self._lay_over(flat[: total + extra])
-
-    def _lay_over(self, flat: torch.Tensor) -> None:
-        self.flat = flat
+        self.flat = flat = flat[: total + extra]
         self.views = [flat[o : o + n].view(s) for o, n, s in zip(self.offsets, self.numels, self.shapes)]
-        self.extra = flat[self.numel :]
+        self.extra = flat[total:]
 
     def pack(self, tensors: Sequence[torch.Tensor]) -> None:
         """Copy ``tensors`` into their places in the flat buffer.

@@ -9,7 +9,7 @@ import torch
 from mpi4py import MPI
 
 from .adasum import Adasum, AdasumReduction
-from .buckets import FusedBuffer, wire_dtype
+from .buckets import ONE_COPY_BYTES, FusedBuffer, wire_dtype
 from .communicator import Communicator, Posting, as_communicator, mpi_buffer
 from .device import Stager
 from .shm import ONE_SHOT_KEPT, kept_sums, sum_kept
@@ -72,10 +72,10 @@ def allreduce(
         for stager in stagers:
             stager.from_mpi()
     out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
-    for members, flat, sizes in zip(groups.values(), flats, numels):
+    for members, flat, counts in zip(groups.values(), flats, numels):
         if op == "average":
             flat.div_(comm.size)
-        pieces = [flat] if len(members) == 1 else flat.split(sizes)
+        pieces = [flat] if len(members) == 1 else flat.split(counts)
         for i, piece in zip(members, pieces):
             view = piece.view(tensors[i].shape)
             out[i] = view if view.dtype == tensors[i].dtype else view.to(tensors[i].dtype)
@@ -86,8 +86,9 @@ def _packed(
     tensors: list[torch.Tensor], dtype: torch.dtype, device: torch.device, flat: torch.Tensor | None
 ) -> torch.Tensor:
     """``tensors`` end to end in ``flat`` (as many elements; else a new tensor) of ``dtype`` on
-    ``device``: one copy (and cast) for a single tensor, a :class:`FusedBuffer`'s pack for several."""
-    if len(tensors) > 1:
+    ``device``: one small tensor by one copy (and cast), else by a :class:`FusedBuffer`'s pack
+    (whose fused kernel copies large buffers faster)."""
+    if len(tensors) > 1 or tensors[0].numel() * tensors[0].element_size() >= ONE_COPY_BYTES:
         buf = FusedBuffer([t.shape for t in tensors], dtype, device, flat=flat)
         buf.pack(tensors)
         return buf.flat

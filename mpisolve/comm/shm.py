@@ -10,7 +10,8 @@ A :class:`NodeAllreduce` is one persistent sum of ``numel`` elements. Its memory
 input; two on the latency path), its *counters*, and on the bandwidth path the *result*.
 A round:
 
-1. ``start``: this rank's input is final: it bumps its ``arrived`` counter.
+1. ``start``: this rank's input is final: it bumps its ``arrived`` counter (on the
+   latency path after copying the input in, and the last local rank to arrive sums at once).
 2. Once every local rank has arrived (their counters, no barrier), either
    - **bandwidth path**: the input is the slot itself (a bucket's gradients are written
      there by backward). This rank sums the slots over its own share of the elements into
@@ -333,7 +334,8 @@ class NodeAllreduce:
         )
         self._polls = SPIN_POLLS if self.comm.wait_policy == "spin" else 0
         self._seq = 0
-        #: idle -> arrived -> reduced -> (internode ->) published (bandwidth path) -> idle.
+        #: idle -> arrived -> reduced -> (internode ->) published (bandwidth path) -> idle; a latency
+        #: round's start goes straight to reduced (and on one node to idle) when this rank arrives last.
         self.stage = "idle"
         self._requests: list[MPI.Request] = []
 

@@ -93,13 +93,15 @@ def test_parameters_that_require_grad_are_reduced_as_plain_tensors(op, node_shm,
 @pytest.mark.ranks(2, 3)
 @pytest.mark.parametrize("node_shm", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("layout", ["scalar", "contiguous", "transposed"])
+@pytest.mark.parametrize("layout", ["scalar", "contiguous", "transposed", "large"])
 def test_one_tensor_alone_is_reduced_into_a_result_of_its_own(layout, dtype, node_shm):
     """A single tensor (a loss, a metric) takes no fusing: each result is right, of the
     input's shape and dtype, and stays so when the next call reuses what this one kept."""
     comm = Communicator(node_shm=node_shm)
 
     def mine(rank, call):
+        if layout == "large":  # over 1 MiB: packed by the fused kernel
+            return ((torch.arange(300_000, dtype=torch.float64) % 97) * (rank + 1) + call).to(dtype)
         t = torch.arange(15, dtype=torch.float64).view(3, 5) * (rank + 1) + call
         return {"scalar": t.sum(), "contiguous": t, "transposed": t.t()}[layout].to(dtype)
 
