@@ -383,15 +383,11 @@ class GradientBuckets:
         self._slot: dict[int, int] = {}  # id(param) -> its index in the two lists below
         self._bucket_of: list[Bucket] = []
         self._view_of: list[torch.Tensor] = []
-        #: Each bucket's (index in the lists above, parameter, its view).
-        self._members: list[list[tuple[int, torch.nn.Parameter, torch.Tensor]]] = []
         for i, members in enumerate(plan_buckets(ordered, bucket_bytes)):
             extra = self.TALLY if i == 0 and self.node is None else 0
             bucket = Bucket(i, [ordered[j] for j in members], extra=extra, node=self.node)
             self.buckets.append(bucket)
-            self._members.append([])
             for p, view in zip(bucket.params, bucket.buffer.views):
-                self._members[-1].append((len(self._view_of), p, view))
                 self._slot[id(p)] = len(self._view_of)
                 self._bucket_of.append(bucket)
                 self._view_of.append(view)
@@ -433,8 +429,7 @@ class GradientBuckets:
         self._hooks += [p.register_hook(functools.partial(self._before_accumulate, p)) for p in shared]
         # A step whose shared sums were read in place ends waiting for the node's other ranks
         # (weighted: each rank stepped on its own copy).
-        release_shared = self.node is not None and self._shared_buckets and shared_result and not weighted
-        self._release = self.node.release if release_shared and self.node is not None else None
+        self._release = self.node.release if self.node is not None and shared_result and not weighted else None
 
     @property
     def in_flight(self) -> bool:
@@ -632,7 +627,8 @@ class GradientBuckets:
         if self._withheld:
             return
         reported, generation = self._reported, self._generation
-        for i, p, view in self._members[bucket.index]:
+        first = self._slot[id(bucket.params[0])]  # a bucket's parameters are numbered in a row
+        for i, (p, view) in enumerate(zip(bucket.params, bucket.buffer.views), first):
             if reported[i] == generation:
                 continue
             grad = p.grad
