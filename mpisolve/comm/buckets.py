@@ -11,6 +11,7 @@ the rest of the backward pass.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Protocol
 import torch
 
 from .communicator import MPI_TYPES, Communicator, PersistentAllreduce
+from .readback import Readback, write_max_abs
 from .shm import NodeSumReducer, node_group, takes
 
 #: A single tensor under this many bytes is packed by one torch copy: the fused kernel's fixed
@@ -117,6 +119,41 @@ class FusedBuffer:
         return all(t.dtype == self.flat.dtype and t.device == self.flat.device for t in tensors)
 
 
+class HostTally:
+    """A few counts the host writes and reads, summed over the ranks with a flat buffer's allreduce.
+
+    The counts (samples, contributing ranks...) are host values, and the host needs their
+    sums: they must never be read back from a device. Beside a CPU buffer they ride at its
+    end (``wire``'s last ``size`` elements: one message). Beside a device buffer they travel
+    in a host buffer of their own, allreduced with it (:meth:`start` right after the
+    buffer's, :meth:`wait` with it), so the host reads them without waiting for the device.
+    Write and read them through :attr:`host` (a memoryview of their memory).
+    """
+
+    def __init__(self, comm: Communicator, wire: torch.Tensor, size: int) -> None:
+        if wire.device.type == "cpu":
+            self.values = wire[wire.numel() - size :]
+            self._own: PersistentAllreduce | None = None
+        else:
+            self.values = torch.zeros(size, dtype=torch.float64)
+            self._own = comm.persistent_allreduce(self.values)
+        self.host = self.values.numpy().data
+
+    def start(self) -> None:
+        """Start the counts' sum (beside a device buffer; riding ones go with its allreduce)."""
+        if self._own is not None:
+            self._own.start()
+
+    def wait(self, what: str) -> None:
+        """Complete the counts' sum (after the buffer's own wait)."""
+        if self._own is not None:
+            self._own.wait(what)
+
+    def free(self) -> None:
+        if self._own is not None:
+            self._own.free()
+
+
 def plan_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
     """Group tensor indices, in the given order, into buckets of one dtype and device.
 
@@ -172,16 +209,19 @@ class Bucket:
             self.result = FusedBuffer(shapes, dtype, extra=extra, flat=node.result(index))
         #: Whether the result is a sum the node's ranks share (read in place, written by none).
         self.shared = self.result is not self.buffer
+        #: The wire's gradient elements (without the trailing extra ones).
+        self.wire_values = self.wire[: self.buffer.numel]
         self.pending = len(params)
 
     def to_wire(self) -> None:
         if self.wire is not self.buffer.flat:
             self.wire.copy_(self.buffer.flat)
 
-    def from_wire(self, scale: float | None = None) -> None:
-        """Bring the reduced wire buffer back into the gradients, scaled by ``scale``."""
+    def from_wire(self, scale: torch.Tensor | None = None) -> None:
+        """Bring the reduced wire buffer back into the gradients, times ``scale`` (a tensor on the
+        buffer's device, so that a scale the reduction produced is never read by the host)."""
         if scale is not None:
-            self.wire.mul_(scale)
+            self.wire_values.mul_(scale)
         if self.wire is not self.buffer.flat:
             self.buffer.flat.copy_(self.wire)
 
@@ -238,6 +278,25 @@ class SumReducer:
         self._inflight.clear()
 
 
+class Unreduced:
+    """One rank: a bucket's reduction over the ranks is the bucket as it is, so nothing is done."""
+
+    def prepare(self, bucket: Bucket) -> None:
+        pass
+
+    def start(self, bucket: Bucket) -> None:
+        pass
+
+    def progress(self) -> None:
+        pass
+
+    def finish(self, bucket: Bucket) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class SampleWeightedSum:
     """MPI's path for ``GradientBuckets(weighted=True)``: the sample-weighted mean sum_r n_r g_r / sum_r n_r.
 
@@ -249,20 +308,21 @@ class SampleWeightedSum:
 
     def __init__(self, comm: Communicator) -> None:
         self._sum = SumReducer(comm)
-        self._local = torch.ones(())  # this rank's count, on the buckets' device (set in prepare)
-        self._global = 1.0
+        # This rank's count and 1 / the global one, on the buckets' device (set in prepare).
+        self._local = self._global = torch.ones(())
 
     def prepare(self, bucket: Bucket) -> None:
         self._sum.prepare(bucket)
         if bucket.index == 0:
             self._local = torch.ones((), dtype=bucket.wire.dtype, device=bucket.wire.device)
+            self._global = torch.ones((), dtype=bucket.wire.dtype, device=bucket.wire.device)
 
     def start(self, bucket: Bucket) -> None:
         # Called from autograd hooks: device operations only, no read back to the host
         # (that would synchronize the stream inside backward).
         if bucket.index == 0:  # started first; its first extra element holds this rank's count
             self._local.copy_(bucket.wire[bucket.buffer.numel])  # a copy: the element itself is summed in flight
-        bucket.wire[: bucket.buffer.numel].mul_(self._local)
+        bucket.wire_values.mul_(self._local)
         self._sum.start(bucket)
 
     def progress(self) -> None:
@@ -270,9 +330,10 @@ class SampleWeightedSum:
 
     def finish(self, bucket: Bucket) -> None:
         self._sum.finish(bucket)
-        if bucket.index == 0:  # finished first
-            self._global = bucket.wire[bucket.buffer.numel].item()
-        bucket.wire[: bucket.buffer.numel].mul_(1.0 / self._global if self._global > 0 else 0.0)
+        if bucket.index == 0:  # finished first; on the device: the host reads it with the step's tally
+            # No samples anywhere: every rank weighed its gradients by 0, and the sum stays 0.
+            torch.clamp(bucket.wire[bucket.buffer.numel], min=1.0, out=self._global).reciprocal_()
+        bucket.wire_values.mul_(self._global)
 
     def close(self) -> None:
         self._sum.close()
@@ -281,10 +342,12 @@ class SampleWeightedSum:
 @dataclass(frozen=True)
 class Reduction:
     """What one step's reduction covered: ``samples`` summed over the ranks, and the
-    ``ranks`` that contributed (a rank that withheld, in ``join``'s shadow rounds, is not one)."""
+    ``ranks`` that contributed (a rank that withheld, in ``join``'s shadow rounds, is not one).
+    ``finite``: whether every reduced value is finite (True where it was not checked)."""
 
     samples: int
     ranks: int
+    finite: bool = True
 
 
 class GradientBuckets:
@@ -340,6 +403,9 @@ class GradientBuckets:
     (the average's divisor is then the contributing ranks, not the one fused into the sum)
     and ``weighted`` (the divisor, the global sample count, is known only with the sum).
 
+    ``extra_reads``: slots of a solver's own (:attr:`extra_reads`, on the buckets' device)
+    read by the host with the step's tally, so that a step waits on the device once.
+
     Arming and launching live here; where a bucket's storage lives and how it is
     reduced are :class:`Bucket`'s and the :class:`BucketReducer`'s.
     """
@@ -358,6 +424,7 @@ class GradientBuckets:
         average: bool = False,
         weighted: bool = False,
         shared_result: bool = True,
+        extra_reads: int = 0,
     ) -> None:
         self.comm = comm
         self.params = [p for p in params if p.requires_grad]
@@ -372,9 +439,14 @@ class GradientBuckets:
         group = node_group(comm) if reducer is None else None
         self.node: NodeSumReducer | None = None
         half = any(p.dtype in (torch.float16, torch.bfloat16) for p in self.params)
-        if group is not None and all(takes(comm, p) for p in self.params) and not (weighted and half):
+        #: One rank, the default sum, staging not forced: there is no one to talk to, so no hook
+        #: watches backward and nothing is reduced, copied or scaled (``finish`` reads the tally).
+        self.alone = comm.size == 1 and not comm.stage_all and reducer is None
+        if self.alone:
+            self.reducer: BucketReducer = Unreduced()
+        elif group is not None and all(takes(comm, p) for p in self.params) and not (weighted and half):
             self.node = NodeSumReducer(group, 1.0 / comm.size if average else 1.0, self.TALLY)
-            self.reducer: BucketReducer = self.node
+            self.reducer = self.node
         elif reducer is not None:
             self.reducer = reducer
         else:
@@ -401,14 +473,29 @@ class GradientBuckets:
         else:
             self._tally_in, self._tally_out = self.node.tally_input, self.node.tally_result
         # This rank's tally, written through a memoryview (no tensor or numpy indexing): of the
-        # tally's own memory where that is the host's, else of a staging tensor copied in with one copy.
+        # tally's own memory where that is the host's, else of a pinned twin copied in without
+        # blocking (the previous step's copy is done: its step waited for its read-back since).
+        # Alone, the tally is summed over this rank only: the host reads back what it wrote.
         on_host = self._tally_in.device.type == "cpu"
-        self._tally = self._tally_in if on_host else torch.zeros(self.TALLY, dtype=torch.float64)
+        if on_host or self.alone:
+            self._tally = self._tally_in if on_host else torch.zeros(self.TALLY, dtype=torch.float64)
+        else:
+            self._tally = torch.zeros(self.TALLY, dtype=self._tally_in.dtype).pin_memory()
         self._tally_host = self._tally.numpy().data
         self._local_samples = 0  # this step's, as the tally is summed in place
-        self._tally_out_host = self._tally_out.numpy().data if on_host else None
+        self._tally_out_host = self._tally_host if self.alone else self._tally_out.numpy().data if on_host else None
+        #: What the host reads of a step, in one read: the summed tally, then the largest magnitude
+        #: of the reduced values (a NaN or an Inf there: not all finite).
+        self._readback = Readback(self.TALLY + 1 + extra_reads, self._tally_out.device)
+        self._read_tally = self._readback.values[: self.TALLY]
+        self._read_max = self._readback.values[self.TALLY]
+        #: ``extra_reads`` slots a solver fills on the device before ``finish``, read with the step's tally.
+        self.extra_reads = self._readback.values[self.TALLY + 1 :]
+        #: Average on MPI's path: 1 / the contributing ranks, on the buckets' device (never read by the host).
+        self._scale = torch.ones((), dtype=self._tally_out.dtype, device=self._tally_out.device)
+        self._ranks_out = self._tally_out[1]
         #: Reductions by their summed tally: most steps repeat one, and making one costs more than finding it.
-        self._reductions: dict[tuple[float, float], Reduction] = {}
+        self._reductions: dict[tuple[float, float, bool], Reduction] = {}
         self.samples = samples
         self._generation = 0  # this step's number: a parameter reported in it carries it
         self._reported = [-1] * len(self._view_of)
@@ -416,9 +503,11 @@ class GradientBuckets:
         self._reduced: Reduction | None = None
         self._withheld = False
         self._accumulating = 0
-        #: Whether backward brought a gradient since the last step (under no_sync too).
+        #: Whether backward brought a gradient since the last step (under no_sync too; not watched over one rank).
         self.backward_ran = False
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
+        #: One rank: nothing to overlap with backward, so no hook watches it (``finish`` does the work).
+        self.alone = comm.size == 1 and not comm.stage_all
+        self._hooks = [] if self.alone else [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
         #: Buckets whose storage no local rank still reads (free to write: a shared sum's slot may be read).
         self._writable = [True] * len(self.buckets)
         #: Whether some gradients are views of shared sums in the window (else all are their buckets').
@@ -485,14 +574,15 @@ class GradientBuckets:
 
     def _start(self, bucket: Bucket) -> None:
         self._claim(bucket)  # a bucket backward did not touch (unused parameters); the first: the tally too
-        bucket.to_wire()
+        if not self.alone:
+            bucket.to_wire()
         if bucket.index == 0:
             withheld = self._withheld
             self._local_samples = 0 if withheld or self.samples is None else self.samples()
             self._tally_host[0] = self._local_samples
             self._tally_host[1] = 0 if withheld else 1
-            if self._tally is not self._tally_in:
-                self._tally_in.copy_(self._tally)
+            if self._tally is not self._tally_in and not self.alone:
+                self._tally_in.copy_(self._tally, non_blocking=True)
         if self.weighted and self.node is not None:  # weighed by this rank's samples (MPI's path: by the reducer)
             bucket.buffer.flat.mul_(float(self._local_samples))
         self.reducer.start(bucket)
@@ -547,22 +637,25 @@ class GradientBuckets:
                 p.grad = view
         self._in_window = False
 
-    def finish(self, *, writable: bool = False) -> Reduction:
+    def finish(self, *, writable: bool = False, check_finite: bool = False) -> Reduction:
         """Start what backward did not, complete every bucket, average if asked; the step's :class:`Reduction`.
 
         Called again before :meth:`rearm`, it returns the same reduction without reducing
         again. ``writable``: the gradients are about to be changed in place before the step
         (clipping, a GradScaler's unscale): node-shared sums are copied into this rank's
         own storage first (on MPI's path and the latency path they are this rank's already).
+        ``check_finite``: also say whether every reduced value is finite (``Reduction.finite``).
+        The host waits for the device once, for the tally and the check together
+        (:class:`~.readback.Readback`).
         """
         reduced = self._reduced
         if reduced is None:
-            reduced = self._reduced = self._reduce()
+            reduced = self._reduced = self._reduce(check_finite)
         if writable and self._in_window:
             self._own()
         return reduced
 
-    def _reduce(self) -> Reduction:
+    def _reduce(self, check_finite: bool) -> Reduction:
         for bucket in self.buckets[self._next :]:
             if bucket.pending:
                 self._take_unreported(bucket)
@@ -571,13 +664,16 @@ class GradientBuckets:
             self._next += 1
         for bucket in self.buckets:
             self.reducer.finish(bucket)
-        reduction = self._tally_reduction()
-        samples, ranks = reduction.samples, reduction.ranks
         if self.node is None:
-            scale = 1.0 / ranks if self.average and ranks > 0 else None
-            for bucket in self.buckets:
-                bucket.from_wire(scale)
-            return reduction
+            if not self.alone:
+                scale = None
+                if self.average:  # 1 / the contributing ranks (none: the sum of zeros stays 0)
+                    scale = torch.clamp(self._ranks_out, min=1.0, out=self._scale).reciprocal_()
+                for bucket in self.buckets:
+                    bucket.from_wire(scale)
+            return self._read_back(check_finite)
+        reduction = self._read_back(check_finite)
+        samples, ranks = reduction.samples, reduction.ranks
         if self._shared_buckets:  # local ranks may still be reading this round's slots, the buckets' storage
             self._writable = [not bucket.shared for bucket in self.buckets]
         if self.weighted:
@@ -594,17 +690,28 @@ class GradientBuckets:
             self._own()
         return reduction
 
-    def _tally_reduction(self) -> Reduction:
-        """The summed tally as this step's :class:`Reduction` (whole numbers: float64 on the node path,
-        the wire's dtype on MPI's)."""
-        tally = self._tally_out.tolist() if self._tally_out_host is None else self._tally_out_host
-        key = (tally[0], tally[1])
+    def _read_back(self, check_finite: bool) -> Reduction:
+        """The step's :class:`Reduction`: the summed tally (whole numbers: float64 on the node path,
+        the wire's dtype on MPI's) and, if asked, whether the reduced values are finite, read at once."""
+        tally = self._tally_out_host
+        if tally is None:
+            self._read_tally.copy_(self._tally_out)
+        if check_finite:  # the sums as they will be applied, but for a positive factor (1 / ranks, 1 / samples)
+            write_max_abs([bucket.result.flat for bucket in self.buckets], self._read_max)
+        values = self._readback.fetch()
+        if tally is None:
+            tally = values
+        key = (tally[0], tally[1], not check_finite or math.isfinite(values[self.TALLY]))
         reduction = self._reductions.get(key)
         if reduction is None:
             if len(self._reductions) >= MAX_KEPT_REDUCTIONS:  # sample counts that vary step to step
                 self._reductions.clear()
-            reduction = self._reductions[key] = Reduction(int(round(key[0])), int(round(key[1])))
+            reduction = self._reductions[key] = Reduction(int(round(key[0])), int(round(key[1])), key[2])
         return reduction
+
+    def extra_values(self) -> memoryview:
+        """After ``finish``: the host's copy of :attr:`extra_reads` (read in the step's one read)."""
+        return self._readback.host[self.TALLY + 1 :]
 
     def _own(self, rescale: float | None = None) -> None:
         """Node-shared buckets: the shared sums copied into this rank's storage, every sum times ``rescale``."""

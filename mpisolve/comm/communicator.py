@@ -604,6 +604,8 @@ class PersistentCollective:
 
     def wait(self, what: str | None = None) -> None:
         """Complete the collective; the tensor holds the result (for a staged one, on its stream)."""
+        if self.alone:
+            return
         self.comm.wait_posted([self.posting], what or self.kind)
         self.stager.from_mpi()
 

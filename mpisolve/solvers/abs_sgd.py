@@ -63,6 +63,7 @@ from ..comm.buckets import FusedBuffer, wire_dtype
 from ..comm.closing import CloseNotices
 from ..comm.communicator import CommTimeout, PersistentAllreduce
 from ..comm.progress import ProgressThread, require_async_progress
+from ..comm.readback import Readback, write_max_abs
 from ..comm.shm import NodePersistentAllreduce, persistent_sum
 from ..options import option, require
 from .base import Solver, StepInfo, register
@@ -218,6 +219,8 @@ class ABSSGD(Solver):
         else:
             self._rounds = [persistent_sum(self.comm, s) for s in self._sums]
         self._carry = torch.zeros(numel + 1, dtype=wire, device=device) if self.options.trigger == "samples" else None
+        #: What the host reads of a round, at once: its samples, every rank's speed, its largest magnitude.
+        self._readback = Readback(2 + self.comm.size, device)
         shapes = self.grads.shapes
         #: With weight prediction: the true weights (the model holds the predicted ones) and the last update.
         self._weights = self._last_update = None
@@ -361,22 +364,31 @@ class ABSSGD(Solver):
         index = 1 - self._acc
         self._rounds[index].wait("abs-sgd round")  # completed already: brings staged results back
         self._in_flight = False
-        if self.options.micro_batch == "adaptive" and self.batch_sizes is not None:
-            self._resplit(self._sums[index][self._numel + 1 :].tolist())
-        reduced = self._sums[index][: self._numel + 1]
+        numel = self._numel
+        reduced = self._sums[index][: numel + 1]
         if self._carry is not None:
             reduced = self._carry.add_(reduced)
-        total = int(round(reduced[-1].item()))
+        # One read: the samples, every rank's speed, and whether the sums are finite.
+        readback = self._readback
+        readback.values[0].copy_(reduced[numel])
+        readback.values[1:-1].copy_(self._sums[index][numel + 1 :])
+        checked = self.nonfinite.policy != "ignore"
+        if checked:
+            write_max_abs([reduced[:numel]], readback.values[-1])
+        values = readback.fetch()
+        if self.options.micro_batch == "adaptive" and self.batch_sizes is not None:
+            self._resplit(list(values[1:-1]))
+        total = int(round(values[0]))
         if self._carry is not None and total < self.options.min_samples:
             return False, 0
         if total == 0:  # an empty round (only from close): nothing to apply
             return False, 0
-        torch.mul(reduced[:-1], 1.0 / total, out=self.grads.flat)
         # The round's mean is the same everywhere: every rank decides alike, unasked.
-        if not self.nonfinite.ok([self.grads.flat], "round's mean gradients"):
+        if checked and not self.nonfinite.decide(math.isfinite(values[-1]), "round's mean gradients"):
             if self._carry is not None:
                 self._carry.zero_()
             return False, 0
+        torch.mul(reduced[:numel], 1.0 / total, out=self.grads.flat)
         self._optimizer_step(total)
         if self._carry is not None:
             self._carry.zero_()

@@ -18,7 +18,7 @@ import torch
 from torch.amp import GradScaler
 
 from ..comm.adasum import AdasumReducer
-from ..comm.buckets import Bucket, FusedBuffer, GradientBuckets, Reduction, plan_buckets
+from ..comm.buckets import Bucket, FusedBuffer, GradientBuckets, plan_buckets
 from ..comm.communicator import Communicator
 from ..options import option, require
 from .base import Solver, StepInfo, SynchronousOptions, collective_round, register
@@ -44,72 +44,64 @@ class AdasumOptions(SynchronousOptions):
 
 
 class DeltaBuckets:
-    """The parameters' start copies and deltas in persistent fused buckets.
+    """The parameters laid in fused buckets, their start copies, and the deltas' Adasum.
 
-    ``begin`` packs the parameters into the start buffers; after the local optimizer
-    step ``reduce`` packs them into each bucket and subtracts the start (the delta),
-    starts its Adasum (so buckets reduce while later deltas are computed), completes them
-    all, adds the start back and unpacks ``start + adasum(delta)`` into the parameters.
-    Packing is the fused kernel (one call per bucket on the CPU, one launch per 32
-    tensors on a GPU, on torch's current stream, ahead of the event MPI waits for);
-    the arithmetic is one operation per bucket. The first bucket carries this rank's
-    sample count as a trailing element that the reduction sums. Nothing is allocated
-    per step.
+    The parameters become views into one flat buffer per bucket (one copy, at
+    construction), so that nothing is packed per step: ``begin`` copies each bucket's
+    parameters into its start buffer; after the local optimizer step ``reduce`` writes
+    each bucket's delta ``p - start`` into the buffer MPI reads (one operation), starts its
+    Adasum (so buckets reduce while later deltas are computed), completes them all and
+    writes ``start + adasum(delta)`` back into the parameters (one operation per bucket).
+    Nothing is allocated per step.
     """
 
     def __init__(self, params: list[torch.nn.Parameter], comm: Communicator, *, bucket_bytes: int) -> None:
         self.reducer = AdasumReducer(comm)
         self.buckets: list[Bucket] = []
-        self.starts: list[FusedBuffer] = []
+        #: Each bucket's parameters, laid end to end: the parameters are views of these.
+        self.weights: list[torch.Tensor] = []
+        self.starts: list[torch.Tensor] = []
         for i, members in enumerate(plan_buckets(params, bucket_bytes)):
-            extra = GradientBuckets.TALLY if i == 0 else 0
-            bucket = Bucket(i, [params[j] for j in members], extra=extra)
-            self._keep_in_node_storage(bucket, extra)
+            bucket = Bucket(i, [params[j] for j in members], extra=0)
+            self._keep_in_node_storage(bucket)
             self.buckets.append(bucket)
-            self.starts.append(
-                FusedBuffer([p.shape for p in bucket.params], bucket.buffer.flat.dtype, bucket.buffer.flat.device)
-            )
+            weights = FusedBuffer([p.shape for p in bucket.params], bucket.buffer.flat.dtype, bucket.buffer.flat.device)
+            weights.pack([p.detach() for p in bucket.params])
+            for p, view in zip(bucket.params, weights.views):
+                p.data = view
+            self.weights.append(weights.flat)
+            self.starts.append(torch.empty_like(weights.flat))
             self.reducer.prepare(bucket)
-        # The tally rides in the wire buffer itself: a half-precision buffer would round it.
-        first = self.buckets[0]
-        self._tally = first.wire[first.buffer.numel :]
 
-    def _keep_in_node_storage(self, bucket: Bucket, extra: int) -> None:
+    def _keep_in_node_storage(self, bucket: Bucket) -> None:
         """Lay a CPU bucket reduced in its own dtype over node-shared storage where Adasum's
-        node path applies: the deltas are packed where node partners read them, and the result
+        node path applies: the deltas are written where node partners read them, and the result
         is read where it lands (no copy in or out; :meth:`.AdasumReduction.wait_writable`)."""
         flat = bucket.buffer.flat
         if flat.device.type != "cpu" or bucket.wire is not flat:
             return  # half precision travels in a float32 twin: the message path's copy stays
         storage = self.reducer.storage(flat.numel(), flat.dtype)
         if storage is not None:
-            bucket.buffer = bucket.result = FusedBuffer(bucket.buffer.shapes, flat.dtype, extra=extra, flat=storage)
-            bucket.wire = storage
+            bucket.buffer = bucket.result = FusedBuffer(bucket.buffer.shapes, flat.dtype, flat=storage)
+            bucket.wire = bucket.wire_values = storage
 
     @torch.no_grad()
     def begin(self) -> None:
-        for bucket, start in zip(self.buckets, self.starts):
-            start.pack(bucket.params)
+        for weights, start in zip(self.weights, self.starts):
+            start.copy_(weights)
 
     @torch.no_grad()
-    def reduce(self, local_samples: int, contributes: bool = True) -> Reduction:
-        """Combine the deltas of the step just taken (zero where this rank does not contribute)."""
-        for bucket, start in zip(self.buckets, self.starts):
+    def reduce(self) -> None:
+        """Combine the deltas of the step just taken (zeros where this rank took none)."""
+        for bucket, weights, start in zip(self.buckets, self.weights, self.starts):
             self.reducer.wait_writable(bucket)
-            bucket.buffer.pack(bucket.params)
-            bucket.buffer.flat[: start.numel].sub_(start.flat)  # the delta, in the buffer MPI reads
+            torch.sub(weights, start, out=bucket.buffer.flat)  # the delta, in the buffer MPI reads
             bucket.to_wire()
-            if bucket.index == 0:
-                self._tally[0] = local_samples
-                self._tally[1] = int(contributes)
             self.reducer.start(bucket)
-        for bucket, start in zip(self.buckets, self.starts):
+        for bucket, weights, start in zip(self.buckets, self.weights, self.starts):
             self.reducer.finish(bucket)
             bucket.from_wire()
-            start.flat.add_(bucket.buffer.flat[: start.numel])
-            start.unpack(bucket.params)
-        samples, ranks = (int(round(v)) for v in self._tally.tolist())
-        return Reduction(samples, ranks)
+            torch.add(start, bucket.buffer.flat, out=weights)
 
     def close(self) -> None:
         self.reducer.close()
@@ -138,15 +130,22 @@ class AdasumSolver(Solver):
         bucket_bytes = int(self.options.bucket_mb * 1e6)
         self.grads: GradientBuckets | None = None
         self.deltas: DeltaBuckets | None = None
+        self._reducer: AdasumReducer | None = None
+        # One rank: Adasum of one update is the update; nothing is combined (staging forced keeps the path).
+        alone = self.comm.size == 1 and not self.comm.stage_all
         if self.options.mode == "gradient":
-            self._reducer = AdasumReducer(self.comm)
+            self._reducer = None if alone else AdasumReducer(self.comm)
             self.grads = GradientBuckets(
                 self.params, self.comm, bucket_bytes=bucket_bytes, reducer=self._reducer, samples=self.samples_seen
             )
-        else:
+        elif not alone:
             # Reverse registration order, as gradient buckets: roughly the order backward ends.
             self.deltas = DeltaBuckets(self.params[::-1], self.comm, bucket_bytes=bucket_bytes)
             self._reducer = self.deltas.reducer
+        #: Delta mode: this step's samples and whether this rank contributes, summed beside the deltas.
+        self._tally = torch.zeros(GradientBuckets.TALLY, dtype=torch.float64)
+        self._tally_host = self._tally.numpy().data
+        self._tally_sum = self.comm.persistent_allreduce(self._tally)
         #: Delta mode: this step's agreement that every rank's local gradients are finite (None: not yet).
         self._all_finite: bool | None = None
         self._withheld = False
@@ -169,10 +168,11 @@ class AdasumSolver(Solver):
         1-element allreduce), and if not, with a scaler, make this rank's non-finite too,
         so that every rank's scaler skips the step and backs off alike."""
         if self.grads is not None:
-            self.grads.finish(writable=True)
+            self.grads.finish(writable=True, check_finite=self._checks_finite(scaler))
         elif self._all_finite is None:
             grads = [] if self._withheld else [p.grad for p in self.params if p.grad is not None]
-            self._all_finite = self.nonfinite.agreed(all_finite(grads))
+            checked = self.nonfinite.policy != "ignore" or (scaler is not None and scaler.is_enabled())
+            self._all_finite = not checked or self.nonfinite.agreed(all_finite(grads))
             if not self._all_finite and scaler is not None and scaler.is_enabled() and grads:
                 grads[0].view(-1)[:1].fill_(float("nan"))
         self._unscale(scaler)
@@ -181,7 +181,6 @@ class AdasumSolver(Solver):
     def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         if self.grads is not None:
             return self._bucket_step(self.grads, batch_size, scaler, "combined gradients")
-        assert self.deltas is not None
         self.synchronize(scaler=scaler)
         local = self.take_samples(batch_size)
         # The local step would poison this rank's optimizer state: the ranks agreed before it.
@@ -193,11 +192,17 @@ class AdasumSolver(Solver):
         # A step skipped as non-finite had a rank with gradients: some rank was still in its loop.
         global_samples, contributors = 0, 1
         if applied:
-            self.deltas.begin()
+            tally = self._tally_host
+            tally[0], tally[1] = (0, 0) if self._withheld else (local, 1)
+            self._tally_sum.start()  # host values: summed beside the deltas, never read from a device
+            if self.deltas is not None:
+                self.deltas.begin()
             if not self._withheld:
                 self._step_optimizer(scaler)
-            reduction = self.deltas.reduce(local, contributes=not self._withheld)
-            global_samples, contributors = reduction.samples, reduction.ranks
+            if self.deltas is not None:
+                self.deltas.reduce()
+            self._tally_sum.wait("adasum step's tally")
+            global_samples, contributors = int(round(tally[0])), int(round(tally[1]))
             applied = contributors > 0
         self._end_round(contributors)
         return StepInfo(applied=applied, global_samples=global_samples if applied else 0, local_samples=local)
@@ -214,14 +219,16 @@ class AdasumSolver(Solver):
 
     @property
     def node_shared(self) -> bool:
-        return self._reducer.node_shared
+        return self._reducer is not None and self._reducer.node_shared
 
     def close(self) -> None:
         if not self.closed:
             if self.grads is not None:
                 self._end_rounds(busy=self.grads.in_flight, drain=self.grads.finish)
                 self.grads.close()
-            if self.deltas is not None:
+            else:
                 self._end_rounds(busy=False, drain=None)
-                self.deltas.close()
+                if self.deltas is not None:
+                    self.deltas.close()
+            self._tally_sum.free()
         super().close()

@@ -388,6 +388,11 @@ class Solver(ABC):
             ) from err
         self._unscaled_by = scaler
 
+    def _checks_finite(self, scaler: GradScaler | None) -> bool:
+        """Whether a step's reduction is to say if its values are finite: for the ``nonfinite``
+        policy (a step given an enabled GradScaler checks what the scaler unscaled instead)."""
+        return self.nonfinite.policy != "ignore" and (scaler is None or not scaler.is_enabled())
+
     def _may_apply(self, tensors: Sequence[torch.Tensor], what: str, scaler: GradScaler | None) -> bool:
         """Whether to apply the step on ``tensors``: with a GradScaler, whether they are finite
         (a skip is the scaler's normal one, uncounted); else the ``nonfinite`` policy."""
@@ -435,11 +440,16 @@ class Solver(ABC):
                 "make_solver (or make the solver before the compiled module's first call); else pass "
                 "step(batch_size=...)"
             )
-        reduction = grads.finish(writable=scaler is not None and scaler.is_enabled())  # the scaler unscales in place
+        scaled = scaler is not None and scaler.is_enabled()
+        # The scaler unscales in place; without one the finite check rides with the tally's read.
+        reduction = grads.finish(writable=scaled, check_finite=self._checks_finite(scaler))
         self._unscale(scaler)
         samples = self._global_samples(reduction, batch_size)
         local = self.take_samples(batch_size)
-        applied = reduction.ranks > 0 and self._may_apply(grads.reduced(), what, scaler)
+        if scaled:
+            applied = reduction.ranks > 0 and all_finite(grads.reduced())
+        else:
+            applied = reduction.ranks > 0 and self.nonfinite.decide(reduction.finite, what)
         if applied:
             if before_update is not None:
                 before_update()
@@ -507,8 +517,11 @@ class BucketSolver(Solver):
 
     @collective_round
     def synchronize(self, *, scaler: GradScaler | None = None) -> None:
-        """Complete the buckets' reduction now, into this rank's own copy (to clip or unscale in place)."""
-        self.grads.finish(writable=True)
+        """Complete the buckets' reduction now, into this rank's own copy (to clip or unscale in place).
+
+        Whether the reduced gradients are finite is read with them, now: the step applies
+        them, or not, on that finding (clipping keeps finite values finite)."""
+        self.grads.finish(writable=True, check_finite=self._checks_finite(scaler))
         self._unscale(scaler)
 
     def _shadow_round(self) -> bool:

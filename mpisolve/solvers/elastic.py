@@ -50,7 +50,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch.amp import GradScaler
 
-from ..comm.buckets import FusedBuffer
+from ..comm.buckets import FusedBuffer, HostTally
 from ..comm.device import Stager
 from ..comm.windows import Layout, Progress, SharedVector
 from ..kernels.elastic import elastic_exchange_
@@ -332,11 +332,11 @@ class EASGD(_LocalSteps):
         )
         self.center = self.flat.clone()
         n = self.flat.numel()
-        # The differences, then the round's samples and the ranks still in their loops.
+        # The differences, then (on the CPU) the round's samples and the ranks still in their loops.
         self._wire = torch.empty(n + 2, dtype=self.flat.dtype, device=self.flat.device)
         self._diff = self._wire[:n]
-        self._tally = self._wire[n:]
         self._sum = self.comm.persistent_allreduce(self._wire)
+        self._tally = HostTally(self.comm, self._wire, 2)
 
     def exchange(self) -> None:
         self._exchange(active=True)
@@ -348,12 +348,14 @@ class EASGD(_LocalSteps):
             self.flat.sub_(self._diff, alpha=self.alpha)
         else:  # a rank that joined and has not stepped since the last exchange pulls nothing
             self._diff.zero_()
-        self._tally[0] = self._round_samples
-        self._tally[1] = int(active)
+        tally = self._tally.host
+        tally[0], tally[1] = self._round_samples, int(active)
         self._sum.start()
+        self._tally.start()
         self._sum.wait("easgd exchange")
+        self._tally.wait("easgd exchange's tally")
         self.center.add_(self._diff, alpha=self.alpha)
-        self._end_round(int(round(float(self._tally[1]))))
+        self._end_round(int(round(tally[1])))
 
     def _shadow_round(self) -> bool:
         """A joined rank's part in the next exchange."""
@@ -364,7 +366,7 @@ class EASGD(_LocalSteps):
 
     def reported_samples(self, local: int, exchanged: bool) -> int:
         """All ranks' samples since the previous exchange at an exchange, else 0 (lockstep)."""
-        return int(self._tally[0]) if exchanged else 0
+        return int(round(self._tally.host[0])) if exchanged else 0
 
     def read_center(self, out: torch.Tensor) -> None:
         out.copy_(self.center)
@@ -380,6 +382,7 @@ class EASGD(_LocalSteps):
             self.comm.bcast_(self.center, what="easgd center")
             self.flat.copy_(self.center)
             self._sum.free()
+            self._tally.free()
         super().close()
 
 

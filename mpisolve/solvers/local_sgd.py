@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch.amp import GradScaler
 
+from ..comm.buckets import HostTally
 from ..options import option, require
 from .base import Solver, StepInfo, collective_round, register
 from .elastic import flatten_parameters
@@ -50,8 +51,8 @@ class LocalSGD(Solver):
     def setup(self) -> None:
         self.flat = flatten_parameters(self.params, who="local-sgd", extra=TALLY)  # parameters, then the tally
         self._params = self.flat[:-TALLY]
-        self._tally = self.flat[-TALLY:]
         self._average = self.comm.persistent_allreduce(self.flat)
+        self._counts = HostTally(self.comm, self.flat, TALLY)
         self.steps = 0
         self._since_average = 0  # this rank's samples since the last average
         self._moved = False  # this rank took a local step since the last average
@@ -84,12 +85,13 @@ class LocalSGD(Solver):
                 self._kept = torch.empty_like(self._params)
             self._kept.copy_(self._params)
             self._params.zero_()
-        self._tally[0] = self._since_average
-        self._tally[1] = int(contributes)
-        self._tally[2] = int(active)
+        tally = self._counts.host
+        tally[0], tally[1], tally[2] = self._since_average, int(contributes), int(active)
         self._average.start()
+        self._counts.start()
         self._average.wait("local-sgd average")
-        samples, contributors, still_active = (int(round(v)) for v in self._tally.tolist())
+        self._counts.wait("local-sgd average's tally")
+        samples, contributors, still_active = (int(round(v)) for v in tally)
         if contributors > 0:
             self._params.mul_(1.0 / contributors)
         else:  # nobody moved: every model is the last average already
@@ -118,4 +120,5 @@ class LocalSGD(Solver):
         if not self.closed:
             self._end_rounds(busy=False, drain=None)
             self._average.free()
+            self._counts.free()
         super().close()

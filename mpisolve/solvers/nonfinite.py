@@ -21,12 +21,14 @@ their own update and skip it alone: nothing non-finite then reaches the shared v
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
 
 from ..comm.communicator import Communicator
+from ..comm.readback import max_abs, read
 
 NonFinitePolicy = Literal["raise", "skip", "ignore"]
 POLICIES: tuple[str, ...] = ("raise", "skip", "ignore")
@@ -39,15 +41,11 @@ class NonFiniteError(FloatingPointError):
 
 
 def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether every element of ``tensors`` is finite: one summing pass over each, one sync.
-
-    A sum is finite exactly when its terms are, unless finite terms overflow (|sum| >
-    3e38 in float32), which a usable gradient never does.
-    """
+    """Whether every element of ``tensors`` is finite: one pass over each, one counted read
+    (:func:`~mpisolve.comm.readback.read`; a solver's step reads it with its other values where it can)."""
     if not tensors:
         return True
-    sums = [t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32) for t in tensors]
-    return bool(torch.isfinite(torch.stack(sums) if len(sums) > 1 else sums[0]).all())
+    return math.isfinite(read(max_abs(tensors))[0])
 
 
 class NonFiniteGuard:
@@ -63,7 +61,8 @@ class NonFiniteGuard:
         self.skipped = 0
         self.checks = 0
         self._skipped_in_a_row = 0
-        self._flag = torch.zeros(1)
+        self._flag = torch.zeros(1)  # on the host: read through its memory, never from a device
+        self._flag_host = self._flag.numpy()
 
     def ok(self, tensors: Sequence[torch.Tensor], what: str, *, agree: bool = False) -> bool:
         """True: apply the step. False: skip it (``"skip"``, counted). Raises under ``"raise"``.
@@ -85,7 +84,7 @@ class NonFiniteGuard:
             return finite
         self._flag.fill_(0.0 if finite else 1.0)
         self.comm.allreduce_(self._flag, op="max", what="non-finite check")
-        return self._flag.item() == 0.0
+        return bool(self._flag_host[0] == 0.0)
 
     def decide(self, finite: bool, what: str, *, agreed: bool = False) -> bool:
         """The policy applied to a finiteness already known (``agreed``: the same on every rank)."""

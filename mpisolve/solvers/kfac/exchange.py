@@ -6,9 +6,11 @@ one flat buffer with one persistent allreduce; a group may be started as soon as
 its factors are ready (SPD-KFAC's pipelining) or only in :meth:`FactorExchange.finish`
 (D-KFAC and MPD-KFAC). Groups start in a fixed order on every rank, so collectives match.
 
-Every group carries one count per factor (1 from each rank that computed it this step):
-a layer that did not run on some rank (or anywhere) is averaged over the ranks that did
-(or left alone), instead of being pulled towards zero.
+Every factor has a count (1 from each rank that computed it this step), summed with the
+factors: a layer that did not run on some rank (or anywhere) is averaged over the ranks
+that did (or left alone), instead of being pulled towards zero. The counts are host
+values (:class:`~mpisolve.comm.buckets.HostTally`): at the end of each group's message
+on the CPU, in a host buffer of their own beside device messages.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ...comm.buckets import FusedBuffer
+from ...comm.buckets import FusedBuffer, HostTally
 from ...comm.communicator import Communicator, PersistentAllreduce
 from ...comm.shm import NodePersistentAllreduce, persistent_sum
 from ...kernels.triangle import pack_triu, triangle_numel
@@ -56,8 +58,8 @@ class FactorExchange:
         self._scratch = {n: torch.empty(n, n, dtype=dtype, device=device) for n in set(self.dims)} if packed else {}
         self.buffers: list[FusedBuffer] = []
         self._slot: list[torch.Tensor] = [torch.empty(0)] * len(dims)
-        self._count: list[torch.Tensor] = [torch.empty(0)] * len(dims)
         self._group_of = [0] * len(dims)
+        self._tallies: list[HostTally] = []
         for g, group in enumerate(self.groups):
             shapes = [
                 torch.Size([triangle_numel(self.dims[f])]) if packed else torch.Size([self.dims[f]] * 2) for f in group
@@ -66,11 +68,17 @@ class FactorExchange:
             self.buffers.append(buffer)
             for i, f in enumerate(group):
                 self._slot[f] = buffer.views[i]
-                self._count[f] = buffer.extra[i]
                 self._group_of[f] = g
         self.requests: list[PersistentAllreduce | NodePersistentAllreduce] = [
             persistent_sum(comm, b.flat) for b in self.buffers
         ]
+        count_of: dict[int, tuple[HostTally, int]] = {}
+        for group, buffer in zip(self.groups, self.buffers):
+            tally = HostTally(comm, buffer.flat, len(group))
+            self._tallies.append(tally)
+            count_of.update((f, (tally, i)) for i, f in enumerate(group))
+        #: Each factor's count: (its group's tally, its place there).
+        self._count = [count_of[f] for f in range(len(dims))]
         self.captured = [False] * len(dims)
         self._pending = [len(g) for g in self.groups]
         self._next = 0
@@ -101,7 +109,8 @@ class FactorExchange:
             )
         if self.packed:
             pack_triu(self._scratch[self.dims[f]], self._slot[f])
-        self._count[f].fill_(1.0)
+        tally, i = self._count[f]
+        tally.host[i] = 1
         self.captured[f] = True
         g = self._group_of[f]
         self._pending[g] -= 1
@@ -119,8 +128,10 @@ class FactorExchange:
         for f in self.groups[g]:
             if not self.captured[f]:  # did not run here: contributes nothing
                 self._slot[f].zero_()
-                self._count[f].zero_()
+                tally, i = self._count[f]
+                tally.host[i] = 0
         self.requests[g].start()
+        self._tallies[g].start()
         self._inflight.append(self.requests[g])
         self._next = g + 1
 
@@ -131,13 +142,15 @@ class FactorExchange:
             self._start(self._next)
         for g, request in enumerate(self.requests):
             request.wait(f"K-FAC factor allreduce {g}")
+            self._tallies[g].wait(f"K-FAC factor counts {g}")
         self._inflight.clear()
         self._finished = True
 
     def result(self, f: int) -> tuple[torch.Tensor, int]:
         """After :meth:`finish`: the sum of factor ``f`` over ranks (upper triangle when packed)
         and how many ranks computed it."""
-        return self._slot[f], int(round(float(self._count[f])))
+        tally, i = self._count[f]
+        return self._slot[f], int(round(tally.host[i]))
 
     def rearm(self) -> None:
         """Expect the next step's factors."""
@@ -151,3 +164,6 @@ class FactorExchange:
         for request in self.requests:
             request.free()
         self.requests.clear()
+        for tally in self._tallies:
+            tally.free()
+        self._tallies.clear()

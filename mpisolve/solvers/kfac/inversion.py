@@ -60,7 +60,9 @@ def write_stamp(slots: torch.Tensor, seconds: float) -> None:
 
 
 def read_stamp(slots: torch.Tensor) -> float:
-    return float(slots[0]) + float(slots[1])
+    """The seconds :func:`write_stamp` stored in host ``slots`` (read through their memory: a device's would wait)."""
+    high, low = slots[:2].numpy()
+    return float(high) + float(low)
 
 
 def split_blocked(start: float, end: float, sent: float) -> tuple[float, float]:
@@ -245,7 +247,9 @@ class Inverter:
         start = time.perf_counter()
         message.request.wait(f"K-FAC inverse broadcast of {self.factors[f].name} from rank {message.root}")
         end = time.perf_counter()
-        waiting, transfer = split_blocked(start, end, self.epoch + read_stamp(message.stamp))
+        # A stamp on a device would cost a wait to read: there the whole interval counts as transfer.
+        sent = self.epoch + read_stamp(message.stamp) if message.stamp.device.type == "cpu" else start
+        waiting, transfer = split_blocked(start, end, sent)
         self.seconds["inverse_wait"] += waiting
         self.seconds["inverse_transfer"] += transfer
         self._arrived(message)

@@ -56,14 +56,16 @@ class Factor:
             self.vectors = torch.eye(dim, dtype=dtype, device=device)
             self.values = torch.ones(dim, dtype=dtype, device=device)
 
-    def update(self, batch_sum: torch.Tensor, count: int, decay: float) -> None:
-        """Fold in the mean of ``count`` ranks' batch factors (``batch_sum``, in the running layout)."""
+    def update(self, batch_sum: torch.Tensor, count: int, decay: float, finite: torch.Tensor) -> None:
+        """Fold in the mean of ``count`` ranks' batch factors (``batch_sum``, in the running layout),
+        where ``finite`` (a 0-d bool on the factor's device, never read by the host) holds."""
         self.updates += 1
         rate = min(1.0 - 1.0 / self.updates, decay)
         if rate == 0.0:  # a plain replacement (0 * a non-finite old value would stay non-finite)
-            torch.div(batch_sum, count, out=self.running)
+            new = torch.div(batch_sum, count)
         else:
-            self.running.mul_(rate).add_(batch_sum, alpha=(1.0 - rate) / count)
+            new = torch.add(self.running * rate, batch_sum, alpha=(1.0 - rate) / count)
+        self.running.copy_(torch.where(finite, new, self.running))
 
     def fill(self, out: torch.Tensor) -> torch.Tensor:
         """``out <- the running average as a full matrix``."""
@@ -203,15 +205,23 @@ class KFACLayer:
         g, a = self.g.decomposition()[0], self.a.decomposition()[0]
         return precondition_matrix(self.method, g, a, self._scale, v, self._work, self.result)
 
-    def write(self, scale: float) -> None:
-        """Put ``scale`` times the preconditioned matrix into the parameters' gradients."""
+    def write(self, preconditioned: torch.Tensor, scale: torch.Tensor | None) -> None:
+        """Where ``preconditioned`` (a 0-d 0/1 flag on the device) is 1, put ``scale`` times the
+        preconditioned matrix into the parameters' gradients; where it is 0, leave them.
+        Neither is read by the host."""
         weight_grad, bias_grad = self._grads()
         weight = weight_grad.view(self.spec.g_dim, -1)
         features = weight.shape[1]
         targets = [(weight, self.result[:, :features])]
         if bias_grad is not None:
             targets.append((bias_grad, self.result[:, features]))
-        for grad, value in targets:
-            grad.copy_(value)
-            if scale != 1.0:
-                grad.mul_(scale)
+        weight = preconditioned.to(weight_grad.dtype)
+        for grad, value in targets:  # exactly value at 1, exactly grad at 0
+            if grad.dtype == value.dtype:
+                grad.lerp_(value, weight)
+            else:
+                grad.copy_(torch.lerp(grad.to(value.dtype), value, preconditioned))
+        if scale is not None:
+            factor = torch.lerp(torch.ones_like(scale), scale, preconditioned).to(weight_grad.dtype)
+            for grad, _ in targets:
+                grad.mul_(factor)

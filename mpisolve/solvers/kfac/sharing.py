@@ -41,6 +41,8 @@ class GradientSharing:
         #: Per layer: the result matrix, then the flag and the stamp.
         self.buffers = [FusedBuffer([shape], dtype, device, extra=1 + STAMP_SLOTS) for shape in shapes]
         self.results = [b.views[0] for b in self.buffers]
+        #: Per layer, on the device: 1 where its root preconditioned it, 0 where the plain gradient stays.
+        self.flags = [b.extra[0] for b in self.buffers]
         self._requests: list[PersistentBcast | None] = [None] * len(shapes)
         self._root_comms: list[Communicator] = []
         if comm.size > 1:
@@ -91,22 +93,25 @@ class GradientSharing:
             for layer in self._receiving + self._sending:
                 self._request(layer).test()
 
-    def finish(self) -> list[bool]:
-        """Wait for every result of the row; whether each layer was preconditioned."""
+    def finish(self) -> list[torch.Tensor]:
+        """Wait for every result of the row; per layer, whether it was preconditioned (:attr:`flags`)."""
         for layer in self._receiving:
             start = time.perf_counter()
             self._request(layer).wait(
                 f"K-FAC preconditioned gradient of layer {layer} from row rank {self.roots[layer]}"
             )
             end = time.perf_counter()
-            waiting, transfer = split_blocked(start, end, self.epoch + read_stamp(self.buffers[layer].extra[1:]))
+            stamp = self.buffers[layer].extra[1:]
+            # A stamp on a device would cost a wait to read: there the whole interval counts as transfer.
+            sent = self.epoch + read_stamp(stamp) if stamp.device.type == "cpu" else start
+            waiting, transfer = split_blocked(start, end, sent)
             self.seconds["gradient_wait"] += waiting
             self.seconds["gradient_transfer"] += transfer
         start = time.perf_counter()
         for layer in self._sending:
             self._request(layer).wait(f"K-FAC preconditioned gradient of layer {layer}")
         self.seconds["gradient_transfer"] += time.perf_counter() - start
-        return [bool(b.extra[0] != 0) for b in self.buffers]
+        return self.flags
 
     def _request(self, layer: int) -> PersistentBcast:
         request = self._requests[layer]

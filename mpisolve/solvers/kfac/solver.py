@@ -38,6 +38,7 @@ from torch.amp import GradScaler
 
 from ...comm.buckets import GradientBuckets
 from ...comm.communicator import Communicator
+from ...comm.readback import write_max_abs
 from ...kernels.inverse import FAILED, RECOVERED, eigh_psd_, inverse_spd_
 from ...kernels.triangle import triangle_numel, unpack_triu_
 from ...options import OptionError, option, require
@@ -213,6 +214,7 @@ class KFACSolver(BucketSolver):
             samples=self.samples_seen,
             average=True,
             shared_result=False,
+            extra_reads=2 * len(specs),  # each batch factor's largest magnitude, read with the step's tally
         )
         # Factor traffic has its own communicator: its collectives, started from forward and
         # backward hooks, never have to be ordered against the gradient buckets'.
@@ -506,6 +508,7 @@ class KFACSolver(BucketSolver):
         )
         self.steps += 1
         if self._capturing:
+            self._warn_nonfinite_factors(scaler)
             self.exchange.rearm()
         self._capturing = self.steps % o.factor_update_steps == 0
         return info
@@ -527,19 +530,29 @@ class KFACSolver(BucketSolver):
         """
         scaled = scaler is not None and scaler.is_enabled()
         unscale = 1.0 / scaler.get_scale() ** 2 if scaler is not None and scaled else 1.0
-        skipped = []
+        magnitudes = self.grads.extra_reads  # read by the host with the step's tally (see _warn_nonfinite_factors)
+        magnitudes.zero_()
         for f, factor in enumerate(self.factors):
             batch, count = self.exchange.result(f)
             if count == 0:
                 continue
-            is_g = f % 2 == 1
-            if not math.isfinite(float(batch.sum())):
-                if not (scaled and is_g):
-                    skipped.append(factor.name)
-                continue
-            if scaled and is_g:
+            if scaled and f % 2 == 1:
                 batch.mul_(unscale)
-            factor.update(batch, count, self.options.factor_decay)
+            write_max_abs([batch], magnitudes[f])
+            factor.update(batch, count, self.options.factor_decay, torch.isfinite(magnitudes[f]))
+
+    def _warn_nonfinite_factors(self, scaler: GradScaler | None) -> None:
+        """After a factor step's read: the batch factors that were not finite were left out on
+        the device; count them as not folded in, and name them (a G factor under a GradScaler
+        is the scaler's normal skip, not worth a warning)."""
+        scaled = scaler is not None and scaler.is_enabled()
+        magnitudes = self.grads.extra_values()
+        skipped = []
+        for f, factor in enumerate(self.factors):
+            if not math.isfinite(magnitudes[f]):
+                factor.updates -= 1
+                if not (scaled and f % 2 == 1):
+                    skipped.append(factor.name)
         if skipped:
             self._warn(f"non-finite batch factors (their running averages are left as they were): {', '.join(skipped)}")
 
@@ -599,27 +612,29 @@ class KFACSolver(BucketSolver):
                 if inverting:
                     layer.refresh_scale(self._damping_used)
                 layer.precondition(layer.gradient())
+            else:  # zeros, which the flag's blend leaves out exactly (stale values might not be finite)
+                layer.result.zero_()
             seconds += time.perf_counter() - start
             self.sharing.send(ready, usable)
             if inverting:
                 self.inverter.progress()
-        preconditioned = self.sharing.finish()
+        flags = self.sharing.finish()
         start = time.perf_counter()
-        active = [
-            layer
-            for layer, done in zip(self.layers, preconditioned)
-            if done and layer.spec.module.weight.grad is not None
-        ]
-        quadratic = 0.0
-        if o.kl_clip is not None:
-            for layer in active:
+        # On the device throughout: which layers were preconditioned is known there (a flag per
+        # layer), and so are the KL clip's sum and scale; the host reads none of them.
+        active = [(layer, flag) for layer, flag in zip(self.layers, flags) if layer.spec.module.weight.grad is not None]
+        scale = None
+        if o.kl_clip is not None and active:
+            terms = []
+            for layer, flag in active:
                 lr = float(self._group_lr[id(layer.spec.module.weight)]["lr"])
-                quadratic += lr * lr * float(torch.dot(layer.result.reshape(-1), layer.gradient().reshape(-1)))
-        scale = 1.0
-        if o.kl_clip is not None and quadratic != 0.0:
-            scale = min(1.0, math.sqrt(o.kl_clip / abs(quadratic)))
-        for layer in active:
-            layer.write(scale)
+                dot = torch.dot(layer.result.reshape(-1), layer.gradient().reshape(-1))
+                terms.append(dot.mul_(flag).mul_(lr * lr))
+            quadratic = torch.stack(terms).sum().abs_()
+            # min(1, sqrt(kl_clip / |q|)), and 1 where nothing was preconditioned (q = 0)
+            scale = torch.where(quadratic > 0, quadratic.reciprocal_().mul_(o.kl_clip).sqrt_().clamp_(max=1.0), 1.0)
+        for layer, flag in active:
+            layer.write(flag, scale)
         self.timings["precondition"] += seconds + time.perf_counter() - start
         for phase in ("gradient_wait", "gradient_transfer"):
             self.timings[phase] += self.sharing.seconds[phase]

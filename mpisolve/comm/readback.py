@@ -1,0 +1,118 @@
+"""The one place where the host reads values that live on the device.
+
+A training step on a GPU runs ahead of the device as long as the host never waits for
+it: every ``.item()``, ``.tolist()``, ``bool(tensor)`` or copy to pageable memory of a
+CUDA tensor makes the host wait until everything queued before it has run. mpisolve's
+solvers read what the host must know (the step's sample tally, whether the update is
+finite, K-FAC's statuses) through a :class:`Readback`: values written into slots of one
+small device vector by device operations, then read with one non-blocking copy into
+pinned memory and one wait on an event, once per step. Every such wait, and every
+one-off :func:`read`, is counted (:func:`host_reads`), so that tests can assert how many
+times a solver's step waits on the device.
+
+On the CPU the same calls read host memory: nothing is copied and nothing waits, but the
+reads are counted all the same, so the count a CPU test sees is the count a GPU step has.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+
+_counter = threading.local()
+
+
+def host_reads() -> int:
+    """How many times this thread has read device values through this module (a CPU read counts too)."""
+    return getattr(_counter, "reads", 0)
+
+
+def reading() -> bool:
+    """Whether this thread is inside one of this module's reads (a tool that flags other reads skips these)."""
+    return getattr(_counter, "inside", False)
+
+
+@contextmanager
+def _read(device: torch.device) -> Iterator[None]:
+    """One counted read; on a GPU its wait is allowed under ``torch.cuda.set_sync_debug_mode("error")``."""
+    _counter.reads = getattr(_counter, "reads", 0) + 1
+    _counter.inside = True
+    mode = torch.cuda.get_sync_debug_mode() if device.type == "cuda" else 0
+    if mode:
+        torch.cuda.set_sync_debug_mode(0)
+    try:
+        yield
+    finally:
+        _counter.inside = False
+        if mode:
+            torch.cuda.set_sync_debug_mode(mode)
+
+
+class Readback:
+    """``size`` float64 values written on ``device`` and read by the host in one copy.
+
+    Write the slots of :attr:`values` with device operations (``values[i:j].copy_(t)``,
+    ``torch.linalg.vector_norm(..., out=...)``); :meth:`fetch` then copies them all to
+    pinned host memory without blocking, waits once for that copy, and returns them as a
+    memoryview. On the CPU, :attr:`values` is host memory and :meth:`fetch` only counts.
+    The host copy is reused: read what you need from the memoryview before the next fetch.
+    """
+
+    def __init__(self, size: int, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.values = torch.zeros(size, dtype=torch.float64, device=self.device)
+        self._cuda = self.device.type == "cuda"
+        self._host = torch.zeros(size, dtype=torch.float64, pin_memory=True) if self._cuda else self.values
+        self._event = torch.cuda.Event() if self._cuda else None
+        #: The host's copy of the values, as the last :meth:`fetch` left it.
+        self.host = self._host.numpy().data
+
+    def fetch(self) -> memoryview:
+        """The values as the device work queued so far leaves them (one counted wait on a GPU)."""
+        with _read(self.device):
+            if self._event is not None:
+                self._host.copy_(self.values, non_blocking=True)
+                self._event.record(torch.cuda.current_stream(self.device))
+                self._event.synchronize()
+        return self.host
+
+
+def read(tensor: torch.Tensor) -> list[float]:
+    """A one-off read of ``tensor``'s values (counted; one wait where it is on a GPU).
+
+    For values the host needs outside a step's :class:`Readback` (a check at close, a
+    measurement); a step's own reads go through its readback.
+    """
+    with _read(tensor.device):
+        return tensor.detach().double().reshape(-1).tolist()
+
+
+def wait_event(event: torch.cuda.Event, device: torch.device) -> None:
+    """Wait for ``event`` (work queued on ``device`` before it): counted as a read, since the host
+    learns the device's state."""
+    with _read(device):
+        event.synchronize()
+
+
+def max_abs(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The largest magnitude in ``tensors``, a 0-d tensor on their device (not read).
+
+    It is finite exactly when every element is (a NaN or an Inf anywhere makes it NaN or
+    Inf; unlike a sum, finite values never overflow it), so one read says whether a whole
+    update is finite. Several tensors take one ``_foreach_norm`` (one launch per dtype on
+    a GPU); empty ones count as finite.
+    """
+    present = [t for t in tensors if t.numel() > 0]
+    if not present:
+        return torch.zeros((), device=tensors[0].device if tensors else "cpu")
+    if len(present) == 1:
+        return torch.linalg.vector_norm(present[0], float("inf"))
+    return torch.stack(torch._foreach_norm(present, float("inf"))).amax()
+
+
+def write_max_abs(tensors: Sequence[torch.Tensor], out: torch.Tensor) -> None:
+    """Write :func:`max_abs` of ``tensors`` into ``out`` (one element, e.g. a :class:`Readback` slot), unread."""
+    out.copy_(max_abs(tensors))

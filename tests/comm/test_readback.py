@@ -1,0 +1,37 @@
+"""The one place where the host reads device values: what it reads, and that it counts."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mpisolve.comm.readback import Readback, host_reads, max_abs, read, reading, write_max_abs
+
+
+def test_a_fetch_returns_what_the_device_wrote_and_counts_once():
+    readback = Readback(3)
+    readback.values[0].fill_(7.0)
+    readback.values[1:].copy_(torch.tensor([2.5, -1.0]))
+    before = host_reads()
+    assert list(readback.fetch()) == [7.0, 2.5, -1.0]
+    assert host_reads() == before + 1
+
+
+def test_a_one_off_read_counts_and_is_marked_as_a_read_while_it_runs():
+    before = host_reads()
+    assert read(torch.tensor([[1.0, 2.0]], dtype=torch.float32)) == [1.0, 2.0]
+    assert host_reads() == before + 1 and not reading()
+
+
+def test_max_abs_is_finite_exactly_when_every_element_is():
+    finite = [torch.tensor([1.0, -3.0]), torch.tensor([[2.0]], dtype=torch.float64), torch.empty(0)]
+    assert max_abs(finite).item() == 3.0
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        assert not math.isfinite(max_abs([*finite, torch.tensor([0.0, bad])]).item())
+    # A sum of large finite values overflows; their largest magnitude does not.
+    assert math.isfinite(max_abs([torch.full((4,), 3e38)]).item())
+    assert max_abs([]).item() == 0.0 and max_abs([torch.empty(0)]).item() == 0.0
+    out = torch.zeros(2, dtype=torch.float64)
+    write_max_abs([torch.tensor([-5.0])], out[1])
+    assert out.tolist() == [0.0, 5.0]
