@@ -27,11 +27,16 @@ from ..options import OptionError
 PROGRESS_INTERVAL_S = 5e-4
 
 
+def threads_multiple() -> bool:
+    """Whether MPI was initialised with ``MPI_THREAD_MULTIPLE`` (several threads may call it at once)."""
+    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+
+
 def require_async_progress(mode: str) -> None:
     """Raise :class:`OptionError` unless MPI can be progressed by ``"thread"`` (ours) or ``"mpich"``."""
     if mode not in ("thread", "mpich"):
         raise ValueError(f"no asynchronous progress mode {mode!r}")
-    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+    if not threads_multiple():
         raise OptionError(
             f"progress={mode!r} needs MPI initialised with MPI_THREAD_MULTIPLE "
             "(mpi4py's default; check mpi4py.rc.thread_level)"

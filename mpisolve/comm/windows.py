@@ -401,3 +401,31 @@ class SharedVector:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LocalVector:
+    """The shared vector of a job of one rank: a plain tensor on the parameters' device.
+
+    Nobody else reads or writes it, so there is no window, no lock and no copy to the
+    host: :meth:`update` runs its function on the tensor itself, on the device's current
+    stream. It answers the calls of :class:`SharedVector` that the solvers make.
+    """
+
+    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        self.numel = numel
+        self.vector = torch.zeros(numel, dtype=dtype, device=device)
+
+    def read(self, out: torch.Tensor) -> None:
+        out.copy_(self.vector)
+
+    def update(self, fn: UpdateFn) -> None:
+        fn(self.vector, 0, self.numel)
+
+    def store_(self, values: torch.Tensor) -> None:
+        self.vector.copy_(values)
+
+    def quiesce(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

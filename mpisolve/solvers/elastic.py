@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -52,7 +53,9 @@ from torch.amp import GradScaler
 
 from ..comm.buckets import FusedBuffer, HostTally
 from ..comm.device import Stager
-from ..comm.windows import Layout, Progress, SharedVector
+from ..comm.progress import threads_multiple
+from ..comm.readback import wait_event
+from ..comm.windows import Layout, LocalVector, Progress, SharedVector, check_progress
 from ..kernels.elastic import elastic_exchange_
 from ..options import OptionError, option, require
 from .base import Solver, StepInfo, collective_round, register
@@ -99,6 +102,11 @@ class WindowOptions:
         "host: MPI allocates the shared vector in host memory, a GPU model's parameters reach it through a pinned "
         "host twin; device: the vector lives in the model's device memory (MPI_Win_create; a GPU model needs an "
         "MPI whose one-sided operations take device memory)",
+    )
+    overlap: bool = option(
+        True,
+        "where the parameters meet a host window through a twin (a GPU model): run each exchange on a thread of "
+        "its own while training goes on, and apply its result at a later step; false: exchange in the step",
     )
 
     def __post_init__(self) -> None:
@@ -228,6 +236,7 @@ class _LocalSteps(Solver):
     def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         if self.closed:
             raise RuntimeError(f"solver {self.name!r} is closed")
+        self.poll()
         self._unscale(scaler)
         local = self.take_samples(batch_size)
         # Each rank checks its own gradients and skips alone: nothing non-finite is exchanged.
@@ -254,6 +263,12 @@ class _LocalSteps(Solver):
     def exchange(self) -> None:
         """Meet the other workers (called every ``tau`` local steps; ends the round)."""
 
+    def poll(self) -> None:
+        """At the start of each step: take in the exchange started at the last one (overlapped exchanges)."""
+
+    def _settle(self) -> None:
+        """Before the parameters are read or swapped whole: an exchange in flight completed and taken in."""
+
     def reported_samples(self, local: int, exchanged: bool) -> int:
         """``StepInfo.global_samples`` of a step: this rank's ``local`` samples (not lockstep)."""
         return local
@@ -265,6 +280,7 @@ class _LocalSteps(Solver):
     @contextmanager
     def evaluating(self) -> Iterator[torch.nn.Module]:
         """The model holds the center for the duration; this worker's parameters come back after."""
+        self._settle()
         if self._swap is None:
             self._swap = torch.empty_like(self.flat)
         self._swap.copy_(self.flat)
@@ -396,13 +412,27 @@ class _Windowed(_LocalSteps):
     The exchange's function sees this worker's parameters as :attr:`local`, in the
     memory the vector lives in: the flat parameters themselves (a CPU model, or
     ``window="device"``), else their pinned host twin, which :attr:`stage` fills before
-    the exchange and copies back after (reused every time).
+    the exchange and copies back after (reused every time). With a twin and ``overlap``,
+    the exchange runs on a thread of its own (:class:`OverlappedExchange`): the step
+    only snapshots the parameters, and a later step adds what the exchange changed.
+
+    Over one rank there is nobody to meet: the vector is a tensor on the model's device
+    (:class:`~mpisolve.comm.windows.LocalVector`), no window, lock or host copy.
     """
 
     locked: ClassVar[bool]
     tolerates_uneven = True
 
     def setup_exchange(self) -> None:
+        check_progress(self.options.progress)  # checked at one rank too, where no window needs it
+        self.alone = self.comm.size == 1 and not self.comm.stage_all
+        self._overlapped: OverlappedExchange | None = None
+        if self.alone:
+            self.vector: SharedVector | LocalVector = LocalVector(self.flat.numel(), self.flat.dtype, self.flat.device)
+            self.stage = Stager(self.flat)
+            self.local = self.flat
+            self.vector.store_(self.flat)
+            return
         on_device = self.options.window == "device"
         if on_device and self.flat.device.type == "cuda":
             self.comm.agree(lambda: _require_cuda_aware(self.comm.cuda_aware, self.comm.cuda_aware_source))
@@ -420,35 +450,132 @@ class _Windowed(_LocalSteps):
         #: This worker's parameters where the exchange sees them (the vector's memory).
         self.local = self.stage.memory
         self.vector.store_(self.flat)
+        if self.options.overlap and self.local is not self.flat and threads_multiple():
+            self._overlapped = OverlappedExchange(self.flat, self.local, self._exchange_local, self.name)
 
     def exchange(self) -> None:
+        if self._overlapped is not None:
+            self._overlapped.start()
+            return
+        if self.alone:
+            self.vector.update(self.exchange_function)
+            return
         self.stage.to_mpi()
         self.comm.wait_for(self.stage.ready, f"{self.name}: parameters to reach the exchange")
-        self.vector.update(self.exchange_function)
+        self._exchange_local()
         self.stage.from_mpi()
+
+    def _exchange_local(self) -> None:
+        """The exchange on :attr:`local`, once it holds the parameters."""
+        self.vector.update(self.exchange_function)
+
+    def poll(self) -> None:
+        if self._overlapped is not None:
+            self._overlapped.apply()
+
+    def _settle(self) -> None:
+        if self._overlapped is not None:
+            self._overlapped.apply()
 
     @abstractmethod
     def exchange_function(self, center: torch.Tensor, start: int, stop: int) -> None:
         """Exchange elements ``start:stop`` of :attr:`local` with ``center`` (in place, both)."""
 
     def read_center(self, out: torch.Tensor) -> None:
+        self._settle()
         if self.local is self.flat or out.device == self.local.device:
             self.vector.read(out)
         else:
             self.vector.read(self.local)  # refilled from the parameters by the next exchange
             out.copy_(self.local)
 
+    def state_dict(self) -> dict[str, Any]:
+        self._settle()
+        return super().state_dict()
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._settle()
         super().load_state_dict(state)
         self.vector.store_(state["center"])
 
     def close(self) -> None:
         """Collective: wait until every rank has stopped writing, load the center, free the window."""
         if not self.closed:
+            if self._overlapped is not None:
+                self._overlapped.apply()
+                self._overlapped.close()
             self.vector.quiesce()
             self.read_center(self.flat)
             self.vector.close()
         super().close()
+
+
+class OverlappedExchange:
+    """A windowed solver's exchanges, each on a thread of its own while training goes on.
+
+    :meth:`start` snapshots the flat parameters into a device copy (one copy on the
+    current stream, which then runs on) and hands the rest to a worker thread: the copy to
+    the host twin on a side stream, the exchange on the twin, and what it changed (the twin
+    after minus before). The next step's :meth:`apply` adds that change to the parameters,
+    which have moved on by one local step meanwhile: the exchange overlaps that step's
+    forward and backward, and acts as if it had happened one step earlier, as asynchronous
+    exchanges may (always one step: runs are reproducible). If the exchange is still
+    running then, :meth:`apply` waits for it. Nothing here waits for the device on the
+    training thread; the worker waits for its copy. An error in the worker is raised by
+    the next :meth:`apply`.
+    """
+
+    def __init__(self, flat: torch.Tensor, local: torch.Tensor, exchange: Callable[[], None], name: str) -> None:
+        self.flat = flat
+        self.local = local
+        self._exchange = exchange
+        self._cuda = flat.device.type == "cuda"
+        self._snapshot = torch.empty_like(flat)  # on the device: the copy to the host reads this, not flat
+        self._before = torch.empty_like(local)  # on the host: the twin before the exchange, then the change
+        self._change = torch.empty_like(flat)
+        self._side = torch.cuda.Stream(flat.device) if self._cuda else None
+        self._copied = torch.cuda.Event() if self._cuda else None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"mpisolve-{name}-exchange")
+        self._future: Future[None] | None = None
+
+    def start(self) -> None:
+        """Start an exchange of the parameters as they are now (after applying the last one)."""
+        self.apply()
+        self._snapshot.copy_(self.flat)
+        if self._side is not None and self._copied is not None:
+            self._side.wait_stream(torch.cuda.current_stream(self.flat.device))
+            with torch.cuda.stream(self._side):
+                self.local.copy_(self._snapshot, non_blocking=True)
+                self._copied.record()
+        else:
+            self.local.copy_(self._snapshot)
+        self._future = self._pool.submit(self._run)
+
+    def _run(self) -> None:
+        if self._copied is not None:
+            wait_event(self._copied, self.flat.device)
+        self._before.copy_(self.local)
+        self._exchange()
+        torch.sub(self.local, self._before, out=self._before)
+
+    def apply(self) -> None:
+        """Add the change of the exchange in flight, if any, to the parameters (waiting for it to finish)."""
+        future = self._future
+        if future is None:
+            return
+        self._future = None
+        future.result()
+        if self._side is not None:
+            # The change reaches the device on the side stream; the current stream waits for it there.
+            with torch.cuda.stream(self._side):
+                self._change.copy_(self._before, non_blocking=True)
+            torch.cuda.current_stream(self.flat.device).wait_stream(self._side)
+            self.flat.add_(self._change)
+        else:
+            self.flat.add_(self._before)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
 
 
 def _require_cuda_aware(aware: bool, source: str) -> None:
@@ -467,6 +594,16 @@ class _SharedParameters(_Windowed):
         #: The parameters as last pulled, in the vector's memory.
         self.anchor = torch.empty_like(self.local)
         self.anchor.copy_(self.flat)
+
+    def exchange(self) -> None:
+        if not self.alone:  # alone, the shared parameters are this worker's: pushing and pulling change nothing
+            super().exchange()
+
+    def read_center(self, out: torch.Tensor) -> None:
+        if self.alone:
+            out.copy_(self.flat)
+        else:
+            super().read_center(out)
 
     def exchange_function(self, shared: torch.Tensor, start: int, stop: int) -> None:
         x, anchor = self.local[start:stop], self.anchor[start:stop]

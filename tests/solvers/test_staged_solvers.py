@@ -34,9 +34,10 @@ OPTIONS = {
         "factor_update_steps": 1,
         "inv_update_steps": 2,
     },
-    **{name: {"tau": 1} for name in WINDOWED},
-    "async-msgd": {"tau": 1, "momentum": 0.5},
-    "async-measgd": {"tau": 1, "momentum": 0.5},
+    # In the step, not overlapped: the same exchanges at the same points (tests/solvers/test_overlap.py).
+    **{name: {"tau": 1, "overlap": False} for name in WINDOWED},
+    "async-msgd": {"tau": 1, "momentum": 0.5, "overlap": False},
+    "async-measgd": {"tau": 1, "momentum": 0.5, "overlap": False},
 }
 STEPS = 4
 
