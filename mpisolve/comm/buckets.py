@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 
 from .communicator import MPI_TYPES, Communicator, PersistentAllreduce
-from .readback import Readback, write_max_abs
+from .readback import Readback, write_finite_probe
 from .shm import NodeSumReducer, node_group, takes
 
 #: A single tensor under this many bytes is packed by one torch copy: the fused kernel's fixed
@@ -484,11 +484,11 @@ class GradientBuckets:
         self._tally_host = self._tally.numpy().data
         self._local_samples = 0  # this step's, as the tally is summed in place
         self._tally_out_host = self._tally_host if self.alone else self._tally_out.numpy().data if on_host else None
-        #: What the host reads of a step, in one read: the summed tally, then the largest magnitude
-        #: of the reduced values (a NaN or an Inf there: not all finite).
+        #: What the host reads of a step, in one read: the summed tally, then the finite probe of the
+        #: reduced values (:func:`~.readback.finite_probe`).
         self._readback = Readback(self.TALLY + 1 + extra_reads, self._tally_out.device)
         self._read_tally = self._readback.values[: self.TALLY]
-        self._read_max = self._readback.values[self.TALLY]
+        self._read_probe = self._readback.values[self.TALLY]
         #: ``extra_reads`` slots a solver fills on the device before ``finish``, read with the step's tally.
         self.extra_reads = self._readback.values[self.TALLY + 1 :]
         #: Average on MPI's path: 1 / the contributing ranks, on the buckets' device (never read by the host).
@@ -697,7 +697,7 @@ class GradientBuckets:
         if tally is None:
             self._read_tally.copy_(self._tally_out)
         if check_finite:  # the sums as they will be applied, but for a positive factor (1 / ranks, 1 / samples)
-            write_max_abs([bucket.result.flat for bucket in self.buckets], self._read_max)
+            write_finite_probe([bucket.result.flat for bucket in self.buckets], self._read_probe)
         values = self._readback.fetch()
         if tally is None:
             tally = values

@@ -97,22 +97,25 @@ def wait_event(event: torch.cuda.Event, device: torch.device) -> None:
         event.synchronize()
 
 
-def max_abs(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The largest magnitude in ``tensors``, a 0-d tensor on their device (not read).
+def finite_probe(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A 0-d tensor on ``tensors``' device, finite exactly when every element is (not read).
 
-    It is finite exactly when every element is (a NaN or an Inf anywhere makes it NaN or
-    Inf; unlike a sum, finite values never overflow it), so one read says whether a whole
-    update is finite. Several tensors take one ``_foreach_norm`` (one launch per dtype on
-    a GPU); empty ones count as finite.
+    A NaN or an Inf anywhere makes it NaN or Inf, so one read says whether a whole update
+    is finite. One tensor: its sum (the cheapest pass on a CPU); several: the sum of their
+    2-norms, one ``_foreach_norm`` (one launch per dtype on a GPU), or their sums where
+    some are half precision. Sums are taken in float32 at least; finite values whose sum
+    (or squares) pass float32's range (3e38) read as not finite, which usable gradients
+    never reach. Empty tensors count as finite.
     """
     present = [t for t in tensors if t.numel() > 0]
     if not present:
         return torch.zeros((), device=tensors[0].device if tensors else "cpu")
-    if len(present) == 1:
-        return torch.linalg.vector_norm(present[0], float("inf"))
-    return torch.stack(torch._foreach_norm(present, float("inf"))).amax()
+    if len(present) == 1 or any(t.dtype in (torch.float16, torch.bfloat16) for t in present):
+        sums = [t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32) for t in present]
+        return sums[0] if len(sums) == 1 else torch.stack(sums).sum()
+    return torch.stack(torch._foreach_norm(present, 2)).sum()
 
 
-def write_max_abs(tensors: Sequence[torch.Tensor], out: torch.Tensor) -> None:
-    """Write :func:`max_abs` of ``tensors`` into ``out`` (one element, e.g. a :class:`Readback` slot), unread."""
-    out.copy_(max_abs(tensors))
+def write_finite_probe(tensors: Sequence[torch.Tensor], out: torch.Tensor) -> None:
+    """Write :func:`finite_probe` of ``tensors`` into ``out`` (one element, e.g. a :class:`Readback` slot), unread."""
+    out.copy_(finite_probe(tensors))

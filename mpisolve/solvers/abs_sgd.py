@@ -63,7 +63,7 @@ from ..comm.buckets import FusedBuffer, wire_dtype
 from ..comm.closing import CloseNotices
 from ..comm.communicator import CommTimeout, PersistentAllreduce
 from ..comm.progress import ProgressThread, require_async_progress
-from ..comm.readback import Readback, write_max_abs
+from ..comm.readback import Readback, write_finite_probe
 from ..comm.shm import NodePersistentAllreduce, persistent_sum
 from ..options import option, require
 from .base import Solver, StepInfo, register
@@ -219,7 +219,7 @@ class ABSSGD(Solver):
         else:
             self._rounds = [persistent_sum(self.comm, s) for s in self._sums]
         self._carry = torch.zeros(numel + 1, dtype=wire, device=device) if self.options.trigger == "samples" else None
-        #: What the host reads of a round, at once: its samples, every rank's speed, its largest magnitude.
+        #: What the host reads of a round, at once: its samples, every rank's speed, its finite probe.
         self._readback = Readback(2 + self.comm.size, device)
         shapes = self.grads.shapes
         #: With weight prediction: the true weights (the model holds the predicted ones) and the last update.
@@ -374,7 +374,7 @@ class ABSSGD(Solver):
         readback.values[1:-1].copy_(self._sums[index][numel + 1 :])
         checked = self.nonfinite.policy != "ignore"
         if checked:
-            write_max_abs([reduced[:numel]], readback.values[-1])
+            write_finite_probe([reduced[:numel]], readback.values[-1])
         values = readback.fetch()
         if self.options.micro_batch == "adaptive" and self.batch_sizes is not None:
             self._resplit(list(values[1:-1]))

@@ -200,7 +200,7 @@ class NesterovMomentum:
         self._delta.copy_(self.flat)
         optimizer_step()
         torch.sub(self.flat, self._delta, out=self._delta)
-        self.velocity.mul_(self.momentum).add_(self._delta)
+        torch.add(self._delta, self.velocity, alpha=self.momentum, out=self.velocity)
         self.flat.add_(self.velocity, alpha=self.momentum)
 
 

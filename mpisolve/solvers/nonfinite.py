@@ -28,7 +28,7 @@ from typing import Literal
 import torch
 
 from ..comm.communicator import Communicator
-from ..comm.readback import max_abs, read
+from ..comm.readback import finite_probe, read
 
 NonFinitePolicy = Literal["raise", "skip", "ignore"]
 POLICIES: tuple[str, ...] = ("raise", "skip", "ignore")
@@ -45,7 +45,7 @@ def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
     (:func:`~mpisolve.comm.readback.read`; a solver's step reads it with its other values where it can)."""
     if not tensors:
         return True
-    return math.isfinite(read(max_abs(tensors))[0])
+    return math.isfinite(read(finite_probe(tensors))[0])
 
 
 class NonFiniteGuard:

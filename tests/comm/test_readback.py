@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from mpisolve.comm.readback import Readback, host_reads, max_abs, read, reading, write_max_abs
+from mpisolve.comm.readback import Readback, finite_probe, host_reads, read, reading, write_finite_probe
 
 
 def test_a_fetch_returns_what_the_device_wrote_and_counts_once():
@@ -24,14 +24,16 @@ def test_a_one_off_read_counts_and_is_marked_as_a_read_while_it_runs():
     assert host_reads() == before + 1 and not reading()
 
 
-def test_max_abs_is_finite_exactly_when_every_element_is():
-    finite = [torch.tensor([1.0, -3.0]), torch.tensor([[2.0]], dtype=torch.float64), torch.empty(0)]
-    assert max_abs(finite).item() == 3.0
-    for bad in (float("nan"), float("inf"), -float("inf")):
-        assert not math.isfinite(max_abs([*finite, torch.tensor([0.0, bad])]).item())
-    # A sum of large finite values overflows; their largest magnitude does not.
-    assert math.isfinite(max_abs([torch.full((4,), 3e38)]).item())
-    assert max_abs([]).item() == 0.0 and max_abs([torch.empty(0)]).item() == 0.0
+def test_the_finite_probe_is_finite_exactly_when_every_element_is():
+    one = [torch.tensor([1.0, -3.0])]
+    several = [*one, torch.tensor([[2.0]], dtype=torch.float64), torch.empty(0)]
+    half = [*one, torch.tensor([60000.0, 60000.0], dtype=torch.float16)]  # summed in float32: no overflow
+    for tensors in (one, several, half):
+        assert math.isfinite(finite_probe(tensors).item())
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            assert not math.isfinite(finite_probe([*tensors, torch.tensor([0.0, bad])]).item())
+            assert not math.isfinite(finite_probe([torch.tensor([bad, 1.0]), *tensors]).item())
+    assert finite_probe([]).item() == 0.0 and finite_probe([torch.empty(0)]).item() == 0.0
     out = torch.zeros(2, dtype=torch.float64)
-    write_max_abs([torch.tensor([-5.0])], out[1])
-    assert out.tolist() == [0.0, 5.0]
+    write_finite_probe([torch.tensor([-5.0])], out[1])
+    assert out.tolist() == [0.0, -5.0]

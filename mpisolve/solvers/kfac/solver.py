@@ -38,7 +38,7 @@ from torch.amp import GradScaler
 
 from ...comm.buckets import GradientBuckets
 from ...comm.communicator import Communicator
-from ...comm.readback import write_max_abs
+from ...comm.readback import write_finite_probe
 from ...kernels.inverse import FAILED, RECOVERED, eigh_psd_, inverse_spd_
 from ...kernels.triangle import triangle_numel, unpack_triu_
 from ...options import OptionError, option, require
@@ -214,7 +214,7 @@ class KFACSolver(BucketSolver):
             samples=self.samples_seen,
             average=True,
             shared_result=False,
-            extra_reads=2 * len(specs),  # each batch factor's largest magnitude, read with the step's tally
+            extra_reads=2 * len(specs),  # each batch factor's finite probe, read with the step's tally
         )
         # Factor traffic has its own communicator: its collectives, started from forward and
         # backward hooks, never have to be ordered against the gradient buckets'.
@@ -530,26 +530,26 @@ class KFACSolver(BucketSolver):
         """
         scaled = scaler is not None and scaler.is_enabled()
         unscale = 1.0 / scaler.get_scale() ** 2 if scaler is not None and scaled else 1.0
-        magnitudes = self.grads.extra_reads  # read by the host with the step's tally (see _warn_nonfinite_factors)
-        magnitudes.zero_()
+        probes = self.grads.extra_reads  # read by the host with the step's tally (see _warn_nonfinite_factors)
+        probes.zero_()
         for f, factor in enumerate(self.factors):
             batch, count = self.exchange.result(f)
             if count == 0:
                 continue
             if scaled and f % 2 == 1:
                 batch.mul_(unscale)
-            write_max_abs([batch], magnitudes[f])
-            factor.update(batch, count, self.options.factor_decay, torch.isfinite(magnitudes[f]))
+            write_finite_probe([batch], probes[f])
+            factor.update(batch, count, self.options.factor_decay, torch.isfinite(probes[f]))
 
     def _warn_nonfinite_factors(self, scaler: GradScaler | None) -> None:
         """After a factor step's read: the batch factors that were not finite were left out on
         the device; count them as not folded in, and name them (a G factor under a GradScaler
         is the scaler's normal skip, not worth a warning)."""
         scaled = scaler is not None and scaler.is_enabled()
-        magnitudes = self.grads.extra_values()
+        probes = self.grads.extra_values()
         skipped = []
         for f, factor in enumerate(self.factors):
-            if not math.isfinite(magnitudes[f]):
+            if not math.isfinite(probes[f]):
                 factor.updates -= 1
                 if not (scaled and f % 2 == 1):
                     skipped.append(factor.name)
