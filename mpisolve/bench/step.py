@@ -4,7 +4,10 @@ Timed in turn within each repeat (medians, the slowest rank's), so that outside 
 falls on all alike: ``solver_s`` is ``solver.zero_grad()``, forward, backward and
 ``solver.step()``; ``plain_s`` the same iteration with the optimizer alone
 (``optimizer.zero_grad()``, ``optimizer.step()``) on an identical model, no solver, no
-communication: the floor any communication scheme could reach. ``solver_over_plain`` is
+communication: the floor any communication scheme could reach. For the solvers that add
+their own Nesterov momentum to each local step (``async-msgd``, ``async-measgd``) plain
+PyTorch steps with torch's SGD and that momentum (``nesterov=True``): the same update.
+``--set key=value`` gives the solver an option (as ``train``'s). ``solver_over_plain`` is
 their ratio: at one rank, the solver's own overhead (buckets, hooks, staging, checks); at
 more ranks, with its communication. ``--ddp`` also times the step with
 ``torch.nn.parallel.DistributedDataParallel`` on gloo and the same optimizer (its default
@@ -27,7 +30,7 @@ import torch
 from torch import nn
 
 from ..comm.communicator import Communicator
-from ..options import InputError
+from ..options import InputError, options_to_dict, parse_option
 from ..solvers import make_solver, solvers
 from ..solvers.base import solver_class
 from ..train.models import MODELS, build_model
@@ -39,6 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(MODELS), default="resnet18")
     parser.add_argument("--batch", type=int, default=32, help="examples per rank per step")
     parser.add_argument("--solver", default="allreduce", help="the solver to time (default allreduce)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a solver option (repeatable), as train's --set; e.g. --set factor_update_steps=1",
+    )
     parser.add_argument("--ddp", action="store_true", help="also time DistributedDataParallel on gloo (CPU)")
     parser.add_argument(
         "--node-shm", choices=("on", "off"), default="on", help="node-shared sums where they apply (off: MPI's path)"
@@ -62,17 +72,28 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     y = torch.randint(0, classes, (args.batch,), generator=generator).to(device)
     loss_fn = nn.CrossEntropyLoss()
 
-    # Solvers that apply their own momentum (async-msgd, async-measgd) take an optimizer without.
-    momentum = 0.0 if "momentum" in {f.name for f in dataclasses.fields(solver_class(args.solver).Options)} else 0.9
+    # Solvers that apply their own (Nesterov) momentum (async-msgd, async-measgd) take an optimizer
+    # without; plain PyTorch then steps with torch's SGD and that momentum, the same update.
+    own_momentum = "momentum" in {f.name for f in dataclasses.fields(solver_class(args.solver).Options)}
 
-    def model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:
+    def model_and_optimizer(momentum: float, nesterov: bool = False) -> tuple[nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(0)
         model = build_model(args.model, in_shape, classes).to(device)
-        return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum)
+        return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum, nesterov=nesterov)
 
-    plain_model, plain_optimizer = model_and_optimizer()
-    model, optimizer = model_and_optimizer()
-    solver = make_solver(args.solver, model, optimizer, Communicator(comm.comm, node_shm=args.node_shm == "on"))
+    model, optimizer = model_and_optimizer(0.0 if own_momentum else 0.9)
+    options = {}
+    for item in args.set:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--set expects KEY=VALUE, got {item!r}")
+        options[key.strip()] = parse_option(args.solver, solver_class(args.solver).Options, key.strip(), text.strip())
+    bench_comm = Communicator(comm.comm, node_shm=args.node_shm == "on")
+    solver = make_solver(args.solver, model, optimizer, bench_comm, **options)
+    if own_momentum:
+        plain_model, plain_optimizer = model_and_optimizer(solver.options.momentum, nesterov=True)
+    else:
+        plain_model, plain_optimizer = model_and_optimizer(0.9)
     node_shm = solver.node_shared
 
     def plain() -> None:
@@ -90,7 +111,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         address = comm.bcast_object(socket.gethostname() if comm.rank == 0 else None)
         port = comm.bcast_object(_free_port() if comm.rank == 0 else None)
         dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=comm.rank, world_size=comm.size)
-        ddp_base, ddp_optimizer = model_and_optimizer()
+        ddp_base, ddp_optimizer = model_and_optimizer(0.9)
         ddp = nn.parallel.DistributedDataParallel(ddp_base)
 
         def with_ddp() -> None:
@@ -108,6 +129,8 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     result = {
         "model": args.model,
         "solver": args.solver,
+        "options": options_to_dict(solver.options),
+        "engine": bench_comm.engine,
         "batch_per_rank": args.batch,
         "device": str(device),
         "ranks": comm.size,

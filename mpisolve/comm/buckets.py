@@ -19,8 +19,10 @@ from typing import Protocol
 
 import torch
 
-from .communicator import MPI_TYPES, Communicator, PersistentAllreduce
+from .communicator import MPI_TYPES, Communicator
+from .engine import Reusable
 from .readback import Readback, write_finite_probe
+from .reusable import reusable_allreduce, reusable_sum
 from .shm import NodeSumReducer, node_group, takes
 
 #: A single tensor under this many bytes is packed by one torch copy: the fused kernel's fixed
@@ -133,10 +135,10 @@ class HostTally:
     def __init__(self, comm: Communicator, wire: torch.Tensor, size: int) -> None:
         if wire.device.type == "cpu":
             self.values = wire[wire.numel() - size :]
-            self._own: PersistentAllreduce | None = None
+            self._own: Reusable | None = None
         else:
             self.values = torch.zeros(size, dtype=torch.float64)
-            self._own = comm.persistent_allreduce(self.values)
+            self._own = reusable_sum(comm, self.values)
         self.host = self.values.numpy().data
 
     def start(self) -> None:
@@ -250,11 +252,11 @@ class SumReducer:
 
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm
-        self.requests: dict[int, PersistentAllreduce] = {}
-        self._inflight: list[PersistentAllreduce] = []
+        self.requests: dict[int, Reusable] = {}
+        self._inflight: list[Reusable] = []
 
     def prepare(self, bucket: Bucket) -> None:
-        self.requests[bucket.index] = self.comm.persistent_allreduce(bucket.wire, "sum")
+        self.requests[bucket.index] = reusable_allreduce(self.comm, bucket.wire, "sum")
 
     def start(self, bucket: Bucket) -> None:
         req = self.requests[bucket.index]

@@ -30,6 +30,7 @@ from mpi4py import MPI
 
 from ..options import CollectiveInputError, InputError
 from .device import Stager, detect_cuda_aware, detect_stage_all, host_twin, local_device
+from .engine import TorchGroup, rank_facts, resolve_engine
 
 T = TypeVar("T")
 
@@ -142,8 +143,10 @@ class Communicator:
     (default ``MPISOLVE_STAGE=1``, else off) stages every tensor, CPU ones too, through its
     own host buffer: the staged path run without a GPU. ``node_shm``: whether sums between
     ranks of one node may go through node-shared memory (:mod:`.shm`; default True unless
-    ``MPISOLVE_NODE_SHM=0``); False keeps every sum on MPI's own path. Communicators split
-    from this one inherit all three. ``device`` is the device this rank should compute on:
+    ``MPISOLVE_NODE_SHM=0``); False keeps every sum on MPI's own path. ``engine``: who runs
+    the reusable sums and broadcasts, ``mpi``, ``nccl``, ``gloo`` or ``auto`` (default
+    ``MPISOLVE_ENGINE``, else ``auto``; agreed by every rank; see :mod:`.engine`).
+    Communicators split from this one inherit all four. ``device`` is the device this rank should compute on:
     GPU ``local_rank % count``, or the CPU.
     """
 
@@ -156,6 +159,7 @@ class Communicator:
         cuda_aware: bool | None = None,
         stage_all: bool | None = None,
         node_shm: bool | None = None,
+        engine: str | None = None,
     ) -> None:
         self.comm: MPI.Intracomm = comm if comm is not None else MPI.COMM_WORLD
         self.rank: int = self.comm.Get_rank()
@@ -188,6 +192,9 @@ class Communicator:
         self.cuda_aware, self.cuda_aware_source = detect_cuda_aware(cuda_aware)
         self.stage_all: bool = detect_stage_all(stage_all)
         self.device: torch.device = local_device(self.local_rank)
+        #: Who runs the reusable sums and broadcasts (``mpi``, ``nccl`` or ``gloo``; :mod:`.engine`), and why.
+        self.engine, self.engine_source = resolve_engine(self.comm.allgather(rank_facts(engine, self.device)))
+        self._torch_group: TorchGroup | None = None
         self._named_splits: dict[Any, Communicator | None] = {}
         self._children: list[Communicator] = []
         self._on_free: list[Callable[[], None]] = []
@@ -400,12 +407,29 @@ class Communicator:
         return self.comm.bcast(obj, root=root)
 
     def persistent_allreduce(self, tensor: torch.Tensor, op: str = "sum") -> PersistentAllreduce:
-        """A reusable in-place allreduce of ``tensor`` (MPI-4 persistent where available)."""
+        """MPI's reusable in-place allreduce of ``tensor`` (MPI-4 persistent where available).
+
+        Solvers ask :func:`.reusable.reusable_sum`, which picks the engine; this is MPI's."""
         return PersistentAllreduce(self, tensor, op)
 
     def persistent_bcast(self, tensor: torch.Tensor, root: int = 0) -> PersistentBcast:
-        """A reusable broadcast of ``tensor`` from ``root`` (MPI-4 persistent where available)."""
+        """MPI's reusable broadcast of ``tensor`` from ``root`` (see :func:`.reusable.reusable_bcast`)."""
         return PersistentBcast(self, tensor, root)
+
+    def engine_takes(self, tensor: torch.Tensor) -> bool:
+        """Whether this communicator's torch.distributed engine (not MPI) runs reusable collectives on ``tensor``."""
+        return self.engine == "gloo" or (self.engine == "nccl" and tensor.device.type == "cuda")
+
+    def torch_group(self) -> TorchGroup:
+        """This communicator's process group for its engine (made collectively on first use)."""
+        if self.engine == "mpi":
+            raise RuntimeError("this communicator's engine is MPI: it has no torch.distributed process group")
+        if self._torch_group is None:
+            self._torch_group = group = TorchGroup(
+                self.engine, self.rank, self.size, self.timeout_s, lambda obj: self.bcast_object(obj)
+            )
+            self.on_free(group.close)
+        return self._torch_group
 
     @overload
     def split(self, color: int, key: int | None = None, *, name: Any = None) -> Communicator: ...
@@ -434,6 +458,7 @@ class Communicator:
                 cuda_aware=self.cuda_aware,
                 stage_all=self.stage_all,
                 node_shm=self.node_shm,
+                engine=self.engine,
             )
             child._parent = self
             self._children.append(child)
@@ -685,6 +710,7 @@ def init(
     cuda_aware: bool | None = None,
     stage_all: bool | None = None,
     node_shm: bool | None = None,
+    engine: str | None = None,
 ) -> Communicator:
     """Initialise mpisolve on ``MPI.COMM_WORLD`` and return the world communicator.
 
@@ -692,14 +718,20 @@ def init(
     ``python -m mpi4py`` does), gives each rank its share of the node's cores for
     torch's intra-op threads unless ``OMP_NUM_THREADS`` or ``threads`` says otherwise,
     and, where CUDA is available, makes ``comm.device`` (GPU ``local_rank % count``)
-    torch's current device. ``node_shm=False`` keeps every sum on MPI's own path (see
-    :class:`Communicator`). Calling it again returns the same communicator.
+    torch's current device. ``node_shm=False`` keeps every sum on MPI's own path;
+    ``engine`` chooses who runs the reusable collectives (see :class:`Communicator`).
+    Calling it again returns the same communicator.
     """
     global _WORLD
     with _INIT_LOCK:
         if _WORLD is None:
             _WORLD = Communicator(
-                timeout_s=timeout_s, wait=wait, cuda_aware=cuda_aware, stage_all=stage_all, node_shm=node_shm
+                timeout_s=timeout_s,
+                wait=wait,
+                cuda_aware=cuda_aware,
+                stage_all=stage_all,
+                node_shm=node_shm,
+                engine=engine,
             )
             if _WORLD.device.type == "cuda":
                 torch.cuda.set_device(_WORLD.device)

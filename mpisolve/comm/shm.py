@@ -53,7 +53,7 @@ from mpi4py import MPI
 
 from ..kernels import counters
 from ..kernels.slots import SlotRound, arrival, host_rows, round_sum
-from .communicator import Communicator, PersistentAllreduce, mpi_buffer
+from .communicator import Communicator, mpi_buffer
 from .windows import CACHE_LINE, shard_bounds
 
 if TYPE_CHECKING:
@@ -201,7 +201,8 @@ def node_group(comm: Communicator) -> NodeGroup | None:
     if comm in _GROUPS:
         return _GROUPS[comm]
     sizes = comm.allgather_object(comm.local_size) if comm.size > 1 else [1]
-    applies = comm.node_shm and comm.local_size > 1 and min(sizes) == max(sizes)
+    # The gloo engine takes every reusable sum (it is how that engine is tested without a GPU).
+    applies = comm.node_shm and comm.engine != "gloo" and comm.local_size > 1 and min(sizes) == max(sizes)
     group = NodeGroup(comm) if applies else None
     _GROUPS[comm] = group
     return group
@@ -481,14 +482,6 @@ class NodePersistentAllreduce:
 
     def free(self) -> None:
         self.op.free()
-
-
-def persistent_sum(comm: Communicator, tensor: torch.Tensor) -> PersistentAllreduce | NodePersistentAllreduce:
-    """A reusable in-place sum of ``tensor``: node-aware where it applies, else MPI's (collective)."""
-    group = node_group(comm)
-    if group is not None and takes(comm, tensor):
-        return NodePersistentAllreduce(group, tensor)
-    return comm.persistent_allreduce(tensor, "sum")
 
 
 def kept_sums(

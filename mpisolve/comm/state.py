@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from .communicator import Communicator
+from .reusable import reusable_bcast
 
 
 class ModelMismatchError(ValueError):
@@ -177,7 +178,7 @@ class BufferBroadcast:
             self.flat[o : o + b.numel() * b.element_size()].view(b.dtype).view(b.shape)
             for o, b in zip(offsets, self.buffers)
         ]
-        self._request = comm.persistent_bcast(self.flat, root)
+        self._request = reusable_bcast(comm, self.flat, root)
         self.pending = False
 
     @torch.no_grad()

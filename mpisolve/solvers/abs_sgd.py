@@ -19,7 +19,7 @@ micro-batches), and when that has completed applies its mean through the user's
 optimizer, posts this round's sums and starts a new round. Two fused buffers (one
 accumulating, one in flight) alternate, each with its own persistent sum, so a round's
 gradients are never allocated. Where ranks share a node the sums are node-shared
-(:func:`mpisolve.comm.shm.persistent_sum`), else MPI's persistent allreduce. MPI's progress
+(:func:`mpisolve.comm.reusable.reusable_sum`), else the engine's (MPI's persistent allreduce, or NCCL's). MPI's progress
 engine moves its allreduce along in any MPI call; a node-shared round moves only when the
 rank tests it, so every wait on the solver's communicator tests it too (between its polls),
 as the progress thread does while the rank computes. ``progress='mpich'`` keeps MPI's path:
@@ -61,10 +61,12 @@ from torch.amp import GradScaler
 
 from ..comm.buckets import FusedBuffer, wire_dtype
 from ..comm.closing import CloseNotices
-from ..comm.communicator import CommTimeout, PersistentAllreduce
+from ..comm.communicator import CommTimeout
+from ..comm.engine import Reusable
 from ..comm.progress import ProgressThread, require_async_progress
 from ..comm.readback import Readback, write_finite_probe
-from ..comm.shm import NodePersistentAllreduce, persistent_sum
+from ..comm.reusable import reusable_sum
+from ..comm.shm import NodePersistentAllreduce
 from ..options import option, require
 from .base import Solver, StepInfo, register
 from .lb_bsp import measure_speeds, proportional_batches
@@ -213,11 +215,9 @@ class ABSSGD(Solver):
         #: one slot per rank for its measured speed (a sum of one nonzero term: exact everywhere).
         self._sums = [torch.zeros(numel + 1 + self.comm.size, dtype=wire, device=device) for _ in range(2)]
         if self.options.progress == "mpich":  # MPICH's thread moves MPI's allreduce, not a node-shared sum
-            self._rounds: list[PersistentAllreduce | NodePersistentAllreduce] = [
-                self.comm.persistent_allreduce(s) for s in self._sums
-            ]
+            self._rounds: list[Reusable] = [self.comm.persistent_allreduce(s) for s in self._sums]
         else:
-            self._rounds = [persistent_sum(self.comm, s) for s in self._sums]
+            self._rounds = [reusable_sum(self.comm, s) for s in self._sums]
         self._carry = torch.zeros(numel + 1, dtype=wire, device=device) if self.options.trigger == "samples" else None
         #: What the host reads of a round, at once: its samples, every rank's speed, its finite probe.
         self._readback = Readback(2 + self.comm.size, device)
@@ -252,7 +252,7 @@ class ABSSGD(Solver):
         self._watch_lock = threading.Lock()
         #: The round in flight until it is seen complete: tested by step(), the progress thread
         #: and, on the node-shared path, every wait on the communicator.
-        self._watched: PersistentAllreduce | NodePersistentAllreduce | None = None
+        self._watched: Reusable | None = None
         self._done = threading.Event()
         #: A node-shared round moves only when this rank tests it (MPI's moves in any MPI call):
         #: a wait for anything else, in close() or the user's collectives, must not stall the others.

@@ -20,6 +20,7 @@ from torch.amp import GradScaler
 from ..comm.adasum import AdasumReducer
 from ..comm.buckets import Bucket, FusedBuffer, GradientBuckets, plan_buckets
 from ..comm.communicator import Communicator
+from ..comm.reusable import reusable_sum
 from ..options import option, require
 from .base import Solver, StepInfo, SynchronousOptions, collective_round, register
 from .nonfinite import all_finite
@@ -145,7 +146,7 @@ class AdasumSolver(Solver):
         #: Delta mode: this step's samples and whether this rank contributes, summed beside the deltas.
         self._tally = torch.zeros(GradientBuckets.TALLY, dtype=torch.float64)
         self._tally_host = self._tally.numpy().data
-        self._tally_sum = self.comm.persistent_allreduce(self._tally)
+        self._tally_sum = reusable_sum(self.comm, self._tally)
         #: Delta mode: this step's agreement that every rank's local gradients are finite (None: not yet).
         self._all_finite: bool | None = None
         self._withheld = False

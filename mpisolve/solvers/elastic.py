@@ -55,6 +55,7 @@ from ..comm.buckets import FusedBuffer, HostTally
 from ..comm.device import Stager
 from ..comm.progress import threads_multiple
 from ..comm.readback import wait_event
+from ..comm.reusable import reusable_sum
 from ..comm.windows import Layout, LocalVector, Progress, SharedVector, check_progress
 from ..kernels.elastic import elastic_exchange_
 from ..options import OptionError, option, require
@@ -351,7 +352,7 @@ class EASGD(_LocalSteps):
         # The differences, then (on the CPU) the round's samples and the ranks still in their loops.
         self._wire = torch.empty(n + 2, dtype=self.flat.dtype, device=self.flat.device)
         self._diff = self._wire[:n]
-        self._sum = self.comm.persistent_allreduce(self._wire)
+        self._sum = reusable_sum(self.comm, self._wire)
         self._tally = HostTally(self.comm, self._wire, 2)
 
     def exchange(self) -> None:

@@ -21,6 +21,7 @@ import torch
 from torch.amp import GradScaler
 
 from ..comm.buckets import HostTally
+from ..comm.reusable import reusable_sum
 from ..options import option, require
 from .base import Solver, StepInfo, collective_round, register
 from .elastic import flatten_parameters
@@ -51,7 +52,7 @@ class LocalSGD(Solver):
     def setup(self) -> None:
         self.flat = flatten_parameters(self.params, who="local-sgd", extra=TALLY)  # parameters, then the tally
         self._params = self.flat[:-TALLY]
-        self._average = self.comm.persistent_allreduce(self.flat)
+        self._average = reusable_sum(self.comm, self.flat)
         self._counts = HostTally(self.comm, self.flat, TALLY)
         self.steps = 0
         self._since_average = 0  # this rank's samples since the last average

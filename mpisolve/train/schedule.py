@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ..comm.communicator import Communicator
+from ..comm.reusable import reusable_allreduce
 from ..solvers.base import StepInfo
 
 
@@ -123,7 +124,7 @@ class AgreedCounter:
         self.comm = comm
         self._mine = [0, 0]  # this rank's applied updates and their samples
         self._buffer = torch.zeros(2, dtype=torch.float64)
-        self._round = comm.persistent_allreduce(self._buffer)
+        self._round = reusable_allreduce(comm, self._buffer, "sum")  # tested in passing: never node-shared
         self._in_flight = False
         self._posted_at = 0.0
 

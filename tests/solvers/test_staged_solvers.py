@@ -86,6 +86,28 @@ def test_every_solver_trains_staged_as_direct(name):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("name", mpisolve.solvers())
+def test_every_solver_trains_through_the_gloo_engine_as_through_mpi(name):
+    # The engine code NCCL runs on a GPU, through gloo on CPU tensors: every reusable sum and
+    # broadcast (gradient buckets, averages, K-FAC's factors and inverses, tallies) goes there.
+    mpi = train(Communicator(), name)
+    gloo = train(Communicator(engine="gloo"), name)
+    torch.testing.assert_close(gloo, mpi, rtol=1e-4, atol=1e-5)  # sums may add in another order (K-FAC amplifies it)
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize("name", mpisolve.solvers())
+def test_every_solver_trains_a_cuda_model_through_gloo_as_a_cpu_one(name):
+    # Two ranks sharing a GPU cannot run NCCL: the engine's code on CUDA tensors, through gloo.
+    reference = train(Communicator(), name)
+    got = train(Communicator(engine="gloo"), name, device="cuda")
+    torch.testing.assert_close(got, reference, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
 @pytest.mark.parametrize("name", WINDOWED)
 def test_a_window_in_the_models_memory_equals_the_host_windows_rma_path(name):
     # window="device" on a CPU model: torch allocates the shards and MPI_Win_create exposes

@@ -20,8 +20,9 @@ from collections.abc import Sequence
 import torch
 
 from ...comm.buckets import FusedBuffer, HostTally
-from ...comm.communicator import Communicator, PersistentAllreduce
-from ...comm.shm import NodePersistentAllreduce, persistent_sum
+from ...comm.communicator import Communicator
+from ...comm.engine import Reusable
+from ...comm.reusable import reusable_sum
 from ...kernels.triangle import pack_triu, triangle_numel
 
 
@@ -69,9 +70,7 @@ class FactorExchange:
             for i, f in enumerate(group):
                 self._slot[f] = buffer.views[i]
                 self._group_of[f] = g
-        self.requests: list[PersistentAllreduce | NodePersistentAllreduce] = [
-            persistent_sum(comm, b.flat) for b in self.buffers
-        ]
+        self.requests: list[Reusable] = [reusable_sum(comm, b.flat) for b in self.buffers]
         count_of: dict[int, tuple[HostTally, int]] = {}
         for group, buffer in zip(self.groups, self.buffers):
             tally = HostTally(comm, buffer.flat, len(group))
@@ -83,7 +82,7 @@ class FactorExchange:
         self._pending = [len(g) for g in self.groups]
         self._next = 0
         self._finished = False
-        self._inflight: list[PersistentAllreduce | NodePersistentAllreduce] = []
+        self._inflight: list[Reusable] = []
 
     @property
     def in_flight(self) -> bool:

@@ -28,7 +28,9 @@ from collections.abc import Sequence
 import torch
 
 from ...comm.buckets import FusedBuffer
-from ...comm.communicator import Communicator, PersistentBcast
+from ...comm.communicator import Communicator
+from ...comm.engine import Reusable
+from ...comm.reusable import reusable_bcast
 from ...kernels.inverse import FAILED, eigh_psd_, inverse_spd_
 from ...kernels.triangle import pack_triu, triangle_numel, unpack_triu_
 from .layers import Factor
@@ -92,7 +94,7 @@ def by_size(members: Sequence[int], factors: Sequence[Factor]) -> list[list[int]
 class _Message:
     """One broadcast: ``members``' decompositions, their statuses, the root's start time."""
 
-    def __init__(self, root: int, members: list[int], buffer: FusedBuffer, request: PersistentBcast) -> None:
+    def __init__(self, root: int, members: list[int], buffer: FusedBuffer, request: Reusable) -> None:
         self.root = root
         self.members = members
         self.buffer = buffer
@@ -154,7 +156,7 @@ class Inverter:
                 for group in [equal] if fuse_broadcasts else [[f] for f in equal]:
                     shapes = [s for f in group for s in self._wire_shapes(f)]
                     buffer = FusedBuffer(shapes, dtype, device, extra=len(group) + STAMP_SLOTS)
-                    self.messages.append(_Message(root, group, buffer, root_comm.persistent_bcast(buffer.flat, root)))
+                    self.messages.append(_Message(root, group, buffer, reusable_bcast(root_comm, buffer.flat, root)))
         self._message_of: dict[int, _Message] = {}
         self._payload: dict[int, list[torch.Tensor]] = {}
         for message in self.messages:

@@ -75,9 +75,9 @@ class Factor:
         """The running average as a new full matrix."""
         return self.fill(torch.empty(self.dim, self.dim, dtype=self.running.dtype, device=self.running.device))
 
-    def mean_eigenvalue(self) -> float:
-        """tr(F) / dim."""
-        return float(self.running.view(-1)[self._diagonal].sum()) / self.dim
+    def mean_eigenvalue(self) -> torch.Tensor:
+        """tr(F) / dim, a 0-d tensor on the factor's device (not read)."""
+        return self.running.view(-1)[self._diagonal].sum() / self.dim
 
     def decomposition(self) -> list[torch.Tensor]:
         """The tensors the decomposition lives in (the inverse, or eigenvectors and eigenvalues)."""
@@ -113,9 +113,9 @@ class Factor:
         self.inverted = bool(state["inverted"])
 
 
-def factored_damping(a: Factor, g: Factor, damping: float) -> tuple[float, float]:
-    """The shifts (for A, for G) of factored Tikhonov damping; pi = 1 when a trace is not positive."""
-    trace_a, trace_g = a.mean_eigenvalue(), g.mean_eigenvalue()
+def factored_damping(trace_a: float, trace_g: float, damping: float) -> tuple[float, float]:
+    """The shifts (for A, for G) of factored Tikhonov damping from the factors' mean eigenvalues
+    (:meth:`Factor.mean_eigenvalue`); pi = 1 when a trace is not positive."""
     ratio = trace_a / trace_g if trace_g > 0 else 0.0
     pi = math.sqrt(ratio) if trace_a > 0 and math.isfinite(ratio) and ratio > 0 else 1.0
     root = math.sqrt(damping)

@@ -18,7 +18,9 @@ from collections.abc import Sequence
 import torch
 
 from ...comm.buckets import FusedBuffer
-from ...comm.communicator import Communicator, PersistentBcast
+from ...comm.communicator import Communicator
+from ...comm.engine import Reusable
+from ...comm.reusable import reusable_bcast
 from .inversion import STAMP_SLOTS, duplicate, read_stamp, split_blocked, write_stamp
 
 
@@ -43,7 +45,7 @@ class GradientSharing:
         self.results = [b.views[0] for b in self.buffers]
         #: Per layer, on the device: 1 where its root preconditioned it, 0 where the plain gradient stays.
         self.flags = [b.extra[0] for b in self.buffers]
-        self._requests: list[PersistentBcast | None] = [None] * len(shapes)
+        self._requests: list[Reusable | None] = [None] * len(shapes)
         self._root_comms: list[Communicator] = []
         if comm.size > 1:
             for root in sorted(set(self.roots)):
@@ -51,7 +53,7 @@ class GradientSharing:
                 self._root_comms.append(root_comm)
                 for layer, r in enumerate(self.roots):
                     if r == root:
-                        self._requests[layer] = root_comm.persistent_bcast(self.buffers[layer].flat, root)
+                        self._requests[layer] = reusable_bcast(root_comm, self.buffers[layer].flat, root)
         self.mine = [layer for layer, r in enumerate(self.roots) if r == comm.rank]
         self._done: set[int] = set()
         self._next = 0
@@ -113,7 +115,7 @@ class GradientSharing:
         self.seconds["gradient_transfer"] += time.perf_counter() - start
         return self.flags
 
-    def _request(self, layer: int) -> PersistentBcast:
+    def _request(self, layer: int) -> Reusable:
         request = self._requests[layer]
         assert request is not None
         return request

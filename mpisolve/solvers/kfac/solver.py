@@ -38,7 +38,8 @@ from torch.amp import GradScaler
 
 from ...comm.buckets import GradientBuckets
 from ...comm.communicator import Communicator
-from ...comm.readback import write_finite_probe
+from ...comm.readback import read, write_finite_probe
+from ...comm.reusable import reusable_allreduce
 from ...kernels.inverse import FAILED, RECOVERED, eigh_psd_, inverse_spd_
 from ...kernels.triangle import triangle_numel, unpack_triu_
 from ...options import OptionError, option, require
@@ -254,7 +255,7 @@ class KFACSolver(BucketSolver):
         )
         for layer, result in zip(self.layers, self.sharing.results):
             layer.result = result
-        self._statuses = self.factor_comm.persistent_allreduce(self.inverter.statuses, "max")
+        self._statuses = reusable_allreduce(self.factor_comm, self.inverter.statuses, "max")
         self.exchange = self._exchange(self._unfused_groups(), eager=o.variant == "spd-kfac")
         self._fusion_pending = o.resolved("fusion") == "dynamic" and self.comm.size > 1
         self._ready_at = torch.zeros(len(self.factors), dtype=torch.float64)
@@ -559,9 +560,10 @@ class KFACSolver(BucketSolver):
     def _start_inverses(self, damping: float) -> None:
         """Invert this rank's share and start the broadcasts; preconditioning collects the results."""
         shifts = [0.0] * len(self.factors)
-        if self.options.method == "inverse":
-            for i, layer in enumerate(self.layers):
-                shifts[2 * i], shifts[2 * i + 1] = factored_damping(layer.a, layer.g, damping)
+        if self.options.method == "inverse":  # every factor's mean eigenvalue, in one read
+            means = read(torch.stack([f.mean_eigenvalue() for f in self.factors]))
+            for i in range(len(self.layers)):
+                shifts[2 * i], shifts[2 * i + 1] = factored_damping(means[2 * i], means[2 * i + 1], damping)
         self._damping_used = damping
         self.inverter.start(shifts)
 

@@ -1,0 +1,137 @@
+"""The engines behind the reusable collectives: the choice every rank agrees on, and gloo's (and,
+on a GPU, NCCL's) collectives against numpy, through the one protocol (start, test, wait, free)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from mpisolve.comm.communicator import Communicator, PersistentAllreduce
+from mpisolve.comm.engine import ENGINE_ENV, TorchCollective, resolve_engine
+from mpisolve.comm.readback import host_reads
+from mpisolve.comm.reusable import reusable_allreduce, reusable_bcast, reusable_sum
+
+
+def facts(choice, *gpus, nccl=True, machine="m"):
+    return [(choice, "test", machine, gpu, nccl) for gpu in gpus]
+
+
+def test_auto_picks_nccl_only_where_every_rank_owns_a_gpu():
+    assert resolve_engine(facts("auto", 0, 1))[0] == "nccl"
+    assert resolve_engine(facts("auto", 0, 0)) == (
+        "mpi",
+        "auto: ranks share a GPU (NCCL refuses two ranks on one device)",
+    )
+    assert resolve_engine(facts("auto", 0, None))[0] == "mpi"
+    assert resolve_engine(facts("auto", 0, 1, nccl=False))[0] == "mpi"
+    two_machines = [("auto", "test", "a", 0, True), ("auto", "test", "b", 0, True)]
+    assert resolve_engine(two_machines)[0] == "nccl"
+    assert resolve_engine(facts("gloo", None, None))[0] == "gloo"
+    assert resolve_engine(facts("mpi", 0, 1))[0] == "mpi"
+
+
+def test_an_engine_that_cannot_run_or_that_ranks_disagree_on_is_refused_by_name():
+    with pytest.raises(ValueError, match="cannot run here: ranks share a GPU"):
+        resolve_engine(facts("nccl", 0, 0))
+    with pytest.raises(ValueError, match="torch was built without NCCL"):
+        resolve_engine(facts("nccl", 0, 1, nccl=False))
+    with pytest.raises(ValueError, match="rank 0: gloo, rank 1: mpi"):
+        resolve_engine([*facts("gloo", None), *facts("mpi", None)])
+    with pytest.raises(ValueError, match="engine must be one of .* got 'ncl' on rank 1"):
+        resolve_engine([*facts("mpi", None), *facts("ncl", None)])
+
+
+def test_mpi_is_the_engine_without_a_gpu_and_gloo_when_asked():
+    assert Communicator().engine == "mpi"
+    comm = Communicator(engine="gloo")
+    assert comm.engine == "gloo" and comm.split(0).engine == "gloo"
+    t = torch.ones(3)
+    assert isinstance(reusable_sum(Communicator(), t), PersistentAllreduce)
+    assert isinstance(reusable_sum(comm, t), TorchCollective)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+def test_gloo_runs_the_reusable_collectives_as_numpy_says():
+    comm = Communicator(engine="gloo")
+    n, rank = comm.size, comm.rank
+    values = torch.arange(7, dtype=torch.float32) * (rank + 1)
+    total = reusable_sum(comm, values)
+    largest = reusable_allreduce(comm, torch.zeros(4, dtype=torch.int64), "max")
+    shared = reusable_bcast(comm, torch.zeros(5, dtype=torch.float64), root=n - 1)
+    for round_ in range(3):  # reused: the same objects, new values each round
+        values.copy_(torch.arange(7, dtype=torch.float32) * (rank + 1 + round_))
+        largest.tensor.copy_(torch.tensor([rank, -rank, round_, 10 * rank]))
+        shared.tensor.fill_(float(rank + round_))
+        for op in (total, largest, shared):
+            op.start()
+        for op in (total, largest, shared):
+            op.wait("test")
+            assert op.test()
+        expected = sum(np.arange(7) * (r + 1 + round_) for r in range(n))
+        np.testing.assert_array_equal(values.numpy(), expected)
+        np.testing.assert_array_equal(largest.tensor.numpy(), [n - 1, 0, round_, 10 * (n - 1)])
+        np.testing.assert_array_equal(shared.tensor.numpy(), np.full(5, n - 1 + round_))
+    for op in (total, largest, shared):
+        op.free()
+    comm.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+def test_ranks_asking_for_different_engines_all_get_the_error(monkeypatch):
+    from mpi4py import MPI
+
+    monkeypatch.setenv(ENGINE_ENV, "gloo" if MPI.COMM_WORLD.Get_rank() == 0 else "mpi")
+    with pytest.raises(ValueError, match="the ranks asked for different engines"):
+        Communicator()
+
+
+@pytest.mark.gpu
+def test_nccl_at_one_rank_sums_a_device_tensor_and_the_host_never_waits():
+    if not torch.distributed.is_nccl_available():
+        pytest.skip("torch without NCCL")
+    comm = Communicator(engine="nccl")
+    t = torch.arange(1 << 20, dtype=torch.float32, device=comm.device)
+    total = reusable_sum(comm, t)
+    assert isinstance(total, TorchCollective)
+    expected = t.clone()
+    reads = host_reads()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            total.start()
+            total.wait("nccl test")
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert host_reads() == reads
+    torch.testing.assert_close(t, expected)
+    total.free()
+    comm.free()
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+def test_gloo_sums_cuda_tensors_of_ranks_sharing_a_gpu():
+    comm = Communicator(engine="gloo")
+    t = torch.full((1000,), float(comm.rank + 1), device=comm.device)
+    total = reusable_sum(comm, t)
+    total.start()
+    total.wait("gloo cuda test")
+    assert torch.equal(t.cpu(), torch.full((1000,), float(sum(range(1, comm.size + 1)))))
+    total.free()
+    comm.free()
+
+
+def test_the_engine_is_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv(ENGINE_ENV, "gloo")
+    assert Communicator().engine == "gloo"
+    monkeypatch.setenv(ENGINE_ENV, "nope")
+    with pytest.raises(ValueError, match="got 'nope' on rank 0"):
+        Communicator()
+    assert os.environ[ENGINE_ENV] == "nope"
