@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks of docs/guide/gpus.md in one run, on a machine with one NVIDIA GPU, from the
 # repository root with mpisolve installed (its gpu extra, or the machine's own CuPy and
-# numba-cuda) and MPICH's mpiexec beside $PYTHON. Each step has its own time limit, a failing
+# numba-cuda) and MPICH's mpiexec beside $PYTHON. Steps run in priority order (the first ones
+# are issue 31's: the sync check, every solver's one-rank cost, the engines); each has its own time limit, a failing
 # step does not stop the next, and the run ends with one line per step.
 #
 #   PYTHON=.venv/bin/python bash perf/gpu/check.sh [OUT]
@@ -58,27 +59,33 @@ print("mpisolve", mpisolve.__version__)'
 }
 step environment 120 environment
 
-# Issue 18's two goals first: the allreduce solver's own overhead at one rank (solver_over_plain),
-# and the staged bucket allreduce against gloo on the same CUDA tensors at two ranks.
-step overhead-1rank 180 "$PYTHON" -m mpisolve bench step --solver allreduce --model "$MODEL" --batch 32 \
-    --device "$DEVICE" --repeats 30 --warmup 5
-step allreduce-vs-gloo-2ranks 180 env MPISOLVE_CUDA_AWARE=0 "${MPI2[@]}" -m mpisolve bench allreduce \
-    --model "$MODEL" --device "$DEVICE" --repeats 20 --warmup 3
+# Issue 31's checks first. Every solver's step under torch's sync debug mode, one rank ("error":
+# anything but mpisolve's one read of a step raises); ordinary, factor and inversion steps of K-FAC apart.
+step sync-check-1rank 120 "$PYTHON" -m mpi4py -m perf.gpu.sync_check --model "$MODEL" --mode error
 
-# The tests: the gpu-marked ones (serial, then two ranks sharing the GPU) and the kernels'
-# tests, which run their numba.cuda kernels on the device when one is present.
-step tests-gpu 120 "$PYTHON" "${PYTEST[@]}" -m "gpu and not mpi" tests
-step tests-gpu-2ranks 150 "${MPI2[@]}" "${PYTEST[@]}" --with-mpi -m "mpi and gpu" tests
-step tests-kernels 150 "$PYTHON" "${PYTEST[@]}" -m "not mpi" tests/kernels
-
-# Every solver's step with two ranks sharing the GPU, then on one GPU alone.
-SOLVERS=(-m perf.gpu.every_solver --model "$MODEL" --device "$DEVICE" --repeats 5 --warmup 2)
-step every-solver-2ranks 150 "${MPI2[@]}" "${SOLVERS[@]}"
+# Every solver's step against plain PyTorch at one rank (30 repeats, medians), then K-FAC's factor
+# and inversion steps timed apart (every step one of them).
+SOLVERS=(-m perf.gpu.every_solver --model "$MODEL" --device "$DEVICE" --repeats 30 --warmup 5)
 step every-solver-1rank 150 "$PYTHON" -m mpi4py "${SOLVERS[@]}"
+KFAC=(-m mpisolve bench step --solver kfac --model "$MODEL" --device "$DEVICE" --set factor_update_steps=1)
+step kfac-factor-steps-1rank 45 "$PYTHON" "${KFAC[@]}" --repeats 15 --warmup 3
+step kfac-inversion-steps-1rank 60 "$PYTHON" "${KFAC[@]}" --set inv_update_steps=1 --repeats 8 --warmup 2
 
-# The benches on device tensors.
-step bench-adasum 90 "${MPI2[@]}" -m mpisolve bench adasum --model "$MODEL" --device "$DEVICE" --repeats 10
-step bench-kfac 90 "${MPI2[@]}" -m mpisolve bench kfac --model mlp --device "$DEVICE" --repeats 5
-step bench-kernels 90 "$PYTHON" -m mpisolve bench kernels --device "$DEVICE" --repeats 10
+# The tests: the gpu-marked ones, serial (NCCL at one rank among them), then two ranks sharing the
+# GPU (every solver staged through MPI and through the gloo engine on CUDA tensors).
+step tests-gpu 90 "$PYTHON" "${PYTEST[@]}" -m "gpu and not mpi" tests
+step tests-gpu-2ranks 150 "${MPI2[@]}" "${PYTEST[@]}" --with-mpi -m "mpi and gpu" tests
+
+# Two ranks sharing the GPU: the allreduce solver's step through MPI (staged) and through the gloo
+# engine; then the sync check in "warn" mode (an error on one rank would strand the other).
+step engine-2ranks-mpi 45 env MPISOLVE_ENGINE=mpi "${MPI2[@]}" -m mpisolve bench step --solver allreduce \
+    --model "$MODEL" --device "$DEVICE" --repeats 20 --warmup 3
+step engine-2ranks-gloo 45 env MPISOLVE_ENGINE=gloo "${MPI2[@]}" -m mpisolve bench step --solver allreduce \
+    --model "$MODEL" --device "$DEVICE" --repeats 20 --warmup 3
+step sync-check-2ranks 120 "${MPI2[@]}" -m perf.gpu.sync_check --model "$MODEL" --mode warn
+
+# Lower priority: the kernels' tests on the device, every solver with two ranks sharing the GPU.
+step tests-kernels 90 "$PYTHON" "${PYTEST[@]}" -m "not mpi" tests/kernels
+step every-solver-2ranks 120 "${MPI2[@]}" -m perf.gpu.every_solver --model "$MODEL" --device "$DEVICE" --repeats 10 --warmup 2
 
 printf '%s\n' "${SUMMARY[@]}" | tee -a "$LOG"

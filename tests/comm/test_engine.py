@@ -99,6 +99,9 @@ def test_nccl_at_one_rank_sums_a_device_tensor_and_the_host_never_waits():
     total = reusable_sum(comm, t)
     assert isinstance(total, TorchCollective)
     expected = t.clone()
+    total.start()  # the first makes NCCL's communicator, which may synchronize: not checked
+    total.wait("nccl test")
+    torch.testing.assert_close(t, expected)
     reads = host_reads()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
