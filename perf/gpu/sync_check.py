@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 import warnings
 from collections import defaultdict
 from typing import Any
@@ -72,8 +73,10 @@ def check(name: str, args: argparse.Namespace, comm: mpisolve.Communicator) -> d
                 solver.zero_grad()
                 nn.functional.cross_entropy(model(x), y).backward()
                 solver.step()
-            except RuntimeError as err:
-                problem = f"{type(err).__name__}: {err}"
+            except RuntimeError as err:  # where in mpisolve it happened, then the message
+                frames = [f for f in traceback.extract_tb(err.__traceback__) if "mpisolve" in f.filename]
+                where = " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in reversed(frames[-4:]))
+                problem = f"{type(err).__name__} at {where}: {err}"
             finally:
                 if cuda:
                     torch.cuda.set_sync_debug_mode(0)
@@ -81,7 +84,8 @@ def check(name: str, args: argparse.Namespace, comm: mpisolve.Communicator) -> d
         if problem is None and syncs:
             problem = f"{len(syncs)} warnings: {syncs[0]}"
         if not checked:
-            if problem is not None and args.mode == "error":
+            if problem is not None:
+                found["warm-up"]["first"] = problem[:2000]
                 break  # an error left the step half done: the solver's state is not to be trusted
             continue
         record = found[kind]

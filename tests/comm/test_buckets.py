@@ -2,8 +2,10 @@
 
 import pytest
 import torch
+from mpi4py import MPI
 
-from mpisolve.comm.buckets import FusedBuffer, plan_buckets, wire_dtype
+from mpisolve.comm.buckets import FusedBuffer, GradientBuckets, Unreduced, plan_buckets, wire_dtype
+from mpisolve.comm.communicator import Communicator
 
 
 def test_fused_buffer_views_alias_the_flat_buffer():
@@ -48,3 +50,28 @@ def test_half_types_travel_as_float32_and_ints_are_refused():
     assert wire_dtype(torch.float64) == torch.float64
     with pytest.raises(TypeError):
         wire_dtype(torch.int32)
+
+
+def test_one_rank_buckets_register_no_hooks_and_leave_the_gradients_as_backward_made_them():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Linear(4, 3)).to(torch.float16)
+    reference = [p.detach().clone() for p in model.parameters()]
+    grads = GradientBuckets(
+        model.parameters(), Communicator(MPI.COMM_SELF), bucket_bytes=40, average=True, samples=lambda: 6
+    )
+    assert grads.alone and isinstance(grads.reducer, Unreduced) and not grads._hooks
+    x = torch.randn(6, 5).to(torch.float16)
+    plain = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Linear(4, 3)).to(torch.float16)
+    for p, r in zip(plain.parameters(), reference):
+        p.data.copy_(r)
+    for _ in range(2):  # twice: the second step's gradients land in the zeroed buckets again
+        grads.zero_()
+        plain.zero_grad()
+        model(x).float().square().sum().backward()
+        plain(x).float().square().sum().backward()
+        reduction = grads.finish(check_finite=True)
+        assert (reduction.samples, reduction.ranks, reduction.finite) == (6, 1, True)
+        for p, q in zip(model.parameters(), plain.parameters()):
+            assert torch.equal(p.grad, q.grad)  # nothing scaled, copied through a float32 twin or summed
+        grads.rearm()
+    grads.close()
