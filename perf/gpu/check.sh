@@ -49,6 +49,10 @@ for line in sys.stdin:
 PYTEST=(-m pytest -q -p no:cacheprovider --timeout=240 --timeout-method=thread)
 MPI2=("$MPIEXEC" -n 2 "$PYTHON" -m mpi4py)
 
+# Run from the repository root, the checkout's mpisolve/ shadows the installed package, which has
+# mpisolve.kernels (kernels/ installs there): the same layout here (the link is git-ignored).
+"$PYTHON" -c "import mpisolve.kernels" 2>/dev/null || ln -sfn ../kernels mpisolve/kernels
+
 environment() {  # each command under its own limit (a step that is a function runs without one)
     timeout 30 nvidia-smi || true
     timeout 60 "$PYTHON" -c 'import torch, mpi4py, numba, mpisolve; from mpi4py import MPI
