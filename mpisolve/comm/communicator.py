@@ -193,7 +193,7 @@ class Communicator:
         self.stage_all: bool = detect_stage_all(stage_all)
         self.device: torch.device = local_device(self.local_rank)
         #: Who runs the reusable sums and broadcasts (``mpi``, ``nccl`` or ``gloo``; :mod:`.engine`), and why.
-        self.engine, self.engine_source = resolve_engine(self.comm.allgather(rank_facts(engine, self.device)))
+        self.engine, self.engine_source = resolve_engine(self.comm.allgather(rank_facts(engine, self.device, host)))
         self._torch_group: TorchGroup | None = None
         self._named_splits: dict[Any, Communicator | None] = {}
         self._children: list[Communicator] = []

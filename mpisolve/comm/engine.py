@@ -69,15 +69,16 @@ class Reusable(Protocol):
 Facts = tuple[str, str, str, "int | None", bool]
 
 
-def rank_facts(option: str | None, device: torch.device) -> Facts:
-    """This rank's part of the choice: ``option``, else ``MPISOLVE_ENGINE``, else ``auto``; and what it runs on."""
+def rank_facts(option: str | None, device: torch.device, machine: str) -> Facts:
+    """This rank's part of the choice: ``option``, else ``MPISOLVE_ENGINE``, else ``auto``; and what it
+    runs on (``machine``: what ranks on one machine share)."""
     if option is not None:
         choice, source = option, f"option engine={option!r}"
     else:
         choice = os.environ.get(ENGINE_ENV, "auto").strip().lower() or "auto"
         source = f"{ENGINE_ENV}={choice}" if ENGINE_ENV in os.environ else "auto"
     gpu = device.index if device.type == "cuda" else None
-    return choice, source, _machine(), gpu, dist.is_available() and dist.is_nccl_available()
+    return choice, source, machine, gpu, dist.is_available() and dist.is_nccl_available()
 
 
 def resolve_engine(facts: Sequence[Facts]) -> tuple[str, str]:
@@ -109,14 +110,6 @@ def resolve_engine(facts: Sequence[Facts]) -> tuple[str, str]:
             raise ValueError(f"engine 'nccl' ({source}) cannot run here: {problem}; use engine='mpi'")
         return "nccl", source
     return ("mpi", f"auto: {problem}") if problem is not None else ("nccl", "auto: every rank owns a GPU")
-
-
-def _machine() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:  # not Linux
-        return socket.gethostname()
 
 
 class TorchGroup:
