@@ -441,10 +441,12 @@ class GradientBuckets:
         group = node_group(comm) if reducer is None else None
         self.node: NodeSumReducer | None = None
         half = any(p.dtype in (torch.float16, torch.bfloat16) for p in self.params)
-        #: One rank, the default sum, staging not forced: there is no one to talk to, so no hook
-        #: watches backward and nothing is reduced, copied or scaled (``finish`` reads the tally).
+        #: One rank, the default sum, staging not forced: there is no one to talk to. The gradients
+        #: stay the parameters' own (no buckets, no hooks; zeroing sets them to None, as torch's
+        #: default), and ``finish`` only reads the tally and the finite probe.
         self.alone = comm.size == 1 and not comm.stage_all and reducer is None
         if self.alone:
+            plan_buckets(ordered, bucket_bytes)  # the same checks of bucket_bytes
             self.reducer: BucketReducer = Unreduced()
         elif group is not None and all(takes(comm, p) for p in self.params) and not (weighted and half):
             self.node = NodeSumReducer(group, 1.0 / comm.size if average else 1.0, self.TALLY)
@@ -457,7 +459,7 @@ class GradientBuckets:
         self._slot: dict[int, int] = {}  # id(param) -> its index in the two lists below
         self._bucket_of: list[Bucket] = []
         self._view_of: list[torch.Tensor] = []
-        for i, members in enumerate(plan_buckets(ordered, bucket_bytes)):
+        for i, members in enumerate([] if self.alone else plan_buckets(ordered, bucket_bytes)):
             extra = self.TALLY if i == 0 and self.node is None else 0
             bucket = Bucket(i, [ordered[j] for j in members], extra=extra, node=self.node)
             self.buckets.append(bucket)
@@ -467,7 +469,9 @@ class GradientBuckets:
                 self._view_of.append(view)
                 p.grad = view
             self.reducer.prepare(bucket)
-        if self.node is None:
+        if self.alone:  # summed over this rank only: the host reads back what it wrote
+            self._tally_in = self._tally_out = torch.zeros(self.TALLY, dtype=torch.float64)
+        elif self.node is None:
             first = self.buckets[0]
             # Written into the wire buffer and summed in place: half-precision buckets travel in
             # float32, which holds any realistic count exactly, where bfloat16 would round it past 256.
@@ -477,18 +481,14 @@ class GradientBuckets:
         # This rank's tally, written through a memoryview (no tensor or numpy indexing): of the
         # tally's own memory where that is the host's, else of a pinned twin copied in without
         # blocking (the previous step's copy is done: its step waited for its read-back since).
-        # Alone, the tally is summed over this rank only: the host reads back what it wrote.
         on_host = self._tally_in.device.type == "cpu"
-        if on_host or self.alone:
-            self._tally = self._tally_in if on_host else torch.zeros(self.TALLY, dtype=torch.float64)
-        else:
-            self._tally = torch.zeros(self.TALLY, dtype=self._tally_in.dtype).pin_memory()
+        self._tally = self._tally_in if on_host else torch.zeros(self.TALLY, dtype=self._tally_in.dtype).pin_memory()
         self._tally_host = self._tally.numpy().data
         self._local_samples = 0  # this step's, as the tally is summed in place
-        self._tally_out_host = self._tally_host if self.alone else self._tally_out.numpy().data if on_host else None
+        self._tally_out_host = self._tally_out.numpy().data if on_host else None
         #: What the host reads of a step, in one read: the summed tally, then the finite probe of the
         #: reduced values (:func:`~.readback.finite_probe`).
-        self._readback = Readback(self.TALLY + 1 + extra_reads, self._tally_out.device)
+        self._readback = Readback(self.TALLY + 1 + extra_reads, self.params[0].device)
         self._read_tally = self._readback.values[: self.TALLY]
         self._read_probe = self._readback.values[self.TALLY]
         #: ``extra_reads`` slots a solver fills on the device before ``finish``, read with the step's tally.
@@ -507,8 +507,6 @@ class GradientBuckets:
         self._accumulating = 0
         #: Whether backward brought a gradient since the last step (under no_sync too; not watched over one rank).
         self.backward_ran = False
-        #: One rank: nothing to overlap with backward, so no hook watches it (``finish`` does the work).
-        self.alone = comm.size == 1 and not comm.stage_all
         self._hooks = [] if self.alone else [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
         #: Buckets whose storage no local rank still reads (free to write: a shared sum's slot may be read).
         self._writable = [True] * len(self.buckets)
@@ -576,18 +574,21 @@ class GradientBuckets:
 
     def _start(self, bucket: Bucket) -> None:
         self._claim(bucket)  # a bucket backward did not touch (unused parameters); the first: the tally too
-        if not self.alone:
-            bucket.to_wire()
+        bucket.to_wire()
         if bucket.index == 0:
-            withheld = self._withheld
-            self._local_samples = 0 if withheld or self.samples is None else self.samples()
-            self._tally_host[0] = self._local_samples
-            self._tally_host[1] = 0 if withheld else 1
-            if self._tally is not self._tally_in and not self.alone:
+            self._write_tally()
+            if self._tally is not self._tally_in:
                 self._tally_in.copy_(self._tally, non_blocking=True)
         if self.weighted and self.node is not None:  # weighed by this rank's samples (MPI's path: by the reducer)
             bucket.buffer.flat.mul_(float(self._local_samples))
         self.reducer.start(bucket)
+
+    def _write_tally(self) -> None:
+        """This rank's tally of the step: its samples, and whether it contributes."""
+        withheld = self._withheld
+        self._local_samples = 0 if withheld or self.samples is None else self.samples()
+        self._tally_host[0] = self._local_samples
+        self._tally_host[1] = 0 if withheld else 1
 
     def _start_ready(self) -> None:
         while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
@@ -613,12 +614,16 @@ class GradientBuckets:
             self._accumulating -= 1
 
     def zero_(self) -> None:
-        """Zero every gradient in place (one fill per bucket); gradients set to None become views again."""
+        """Zero every gradient in place (one fill per bucket); gradients set to None become views again.
+        Alone: the gradients are set to None (torch's default zeroing: backward then writes them afresh)."""
         if self.in_flight:
             raise RuntimeError(
                 "mpisolve: solver.zero_grad() between backward() and step(): the gradients are being reduced; "
                 "zero them before the forward pass (or after step())"
             )
+        if self.alone:
+            for p in self.params:
+                p.grad = None
         for bucket in self.buckets:
             self._claim(bucket)
             bucket.buffer.flat.zero_()
@@ -632,6 +637,9 @@ class GradientBuckets:
         if self.in_flight or self._reduced is not None:
             raise RuntimeError("mpisolve: a rank can withhold only from a step it has not started")
         self._withheld = True
+        if self.alone:
+            for p in self.params:
+                p.grad = None
         for bucket in self.buckets:
             self._claim(bucket)
             bucket.buffer.flat.zero_()
@@ -658,6 +666,9 @@ class GradientBuckets:
         return reduced
 
     def _reduce(self, check_finite: bool) -> Reduction:
+        if self.alone:
+            self._write_tally()
+            return self._read_back(check_finite)
         for bucket in self.buckets[self._next :]:
             if bucket.pending:
                 self._take_unreported(bucket)
@@ -667,12 +678,11 @@ class GradientBuckets:
         for bucket in self.buckets:
             self.reducer.finish(bucket)
         if self.node is None:
-            if not self.alone:
-                scale = None
-                if self.average:  # 1 / the contributing ranks (none: the sum of zeros stays 0)
-                    scale = torch.clamp(self._ranks_out, min=1.0, out=self._scale).reciprocal_()
-                for bucket in self.buckets:
-                    bucket.from_wire(scale)
+            scale = None
+            if self.average:  # 1 / the contributing ranks (none: the sum of zeros stays 0)
+                scale = torch.clamp(self._ranks_out, min=1.0, out=self._scale).reciprocal_()
+            for bucket in self.buckets:
+                bucket.from_wire(scale)
             return self._read_back(check_finite)
         reduction = self._read_back(check_finite)
         samples, ranks = reduction.samples, reduction.ranks
@@ -699,7 +709,8 @@ class GradientBuckets:
         if tally is None:
             self._read_tally.copy_(self._tally_out)
         if check_finite:  # the sums as they will be applied, but for a positive factor (1 / ranks, 1 / samples)
-            write_finite_probe([bucket.result.flat for bucket in self.buckets], self._read_probe)
+            results = self.reduced() if self.alone else [bucket.result.flat for bucket in self.buckets]
+            write_finite_probe(results, self._read_probe)
         values = self._readback.fetch()
         if tally is None:
             tally = values
@@ -728,7 +739,10 @@ class GradientBuckets:
         self._in_window = False
 
     def reduced(self) -> list[torch.Tensor]:
-        """After :meth:`finish`: each bucket's flat reduced gradients, where ``p.grad`` reads them."""
+        """After :meth:`finish`: each bucket's flat reduced gradients, where ``p.grad`` reads them
+        (alone: the parameters' own gradients)."""
+        if self.alone:
+            return [p.grad for p in self.params if p.grad is not None]
         return [bucket.result.flat if self._in_window else bucket.buffer.flat for bucket in self.buckets]
 
     def _take_unreported(self, bucket: Bucket) -> None:

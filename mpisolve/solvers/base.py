@@ -242,8 +242,9 @@ class Solver(ABC):
         return configured
 
     def zero_grad(self) -> None:
-        """Clear this rank's gradients before the next backward (any other way of zeroing works too)."""
-        self.optimizer.zero_grad(set_to_none=False)
+        """Clear this rank's gradients before the next backward (any other way of zeroing works too):
+        torch's default, set to None, so that backward writes them afresh instead of adding to zeros."""
+        self.optimizer.zero_grad()
 
     @abstractmethod
     def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:

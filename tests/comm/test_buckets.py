@@ -52,14 +52,14 @@ def test_half_types_travel_as_float32_and_ints_are_refused():
         wire_dtype(torch.int32)
 
 
-def test_one_rank_buckets_register_no_hooks_and_leave_the_gradients_as_backward_made_them():
+def test_one_rank_has_no_buckets_and_leaves_the_gradients_as_backward_made_them():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Linear(4, 3)).to(torch.float16)
     reference = [p.detach().clone() for p in model.parameters()]
     grads = GradientBuckets(
         model.parameters(), Communicator(MPI.COMM_SELF), bucket_bytes=40, average=True, samples=lambda: 6
     )
-    assert grads.alone and isinstance(grads.reducer, Unreduced) and not grads._hooks
+    assert grads.alone and isinstance(grads.reducer, Unreduced) and not grads._hooks and not grads.buckets
     x = torch.randn(6, 5).to(torch.float16)
     plain = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Linear(4, 3)).to(torch.float16)
     for p, r in zip(plain.parameters(), reference):

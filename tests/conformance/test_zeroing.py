@@ -64,12 +64,14 @@ def test_every_registered_solver_has_a_case():
 @pytest.mark.parametrize("solver_name", ["allreduce", "kfac"])
 def test_the_documented_way_keeps_backward_writing_into_the_buckets(solver_name):
     """``solver.zero_grad()`` zeroes in place: every ``.grad`` stays a view of its bucket, so
-    backward accumulates straight into the memory MPI reduces (no copy on the hot path)."""
+    backward accumulates straight into the memory MPI reduces (no copy on the hot path). One
+    rank alone has no buckets (tests/comm/test_buckets.py): forced staging keeps them here."""
     import mpisolve
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    with mpisolve.make_solver(solver_name, model, torch.optim.SGD(model.parameters(), lr=0.1)) as solver:
+    comm = mpisolve.Communicator(stage_all=True)
+    with mpisolve.make_solver(solver_name, model, torch.optim.SGD(model.parameters(), lr=0.1), comm) as solver:
         buckets = solver.grads.buckets  # type: ignore[attr-defined]
         spans = [(b.buffer.flat.data_ptr(), b.buffer.flat.data_ptr() + b.buffer.flat.nbytes) for b in buckets]
         for _ in range(3):
