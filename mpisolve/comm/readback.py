@@ -101,19 +101,20 @@ def finite_probe(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """A 0-d tensor on ``tensors``' device, finite exactly when every element is (not read).
 
     A NaN or an Inf anywhere makes it NaN or Inf, so one read says whether a whole update
-    is finite. One tensor: its sum (the cheapest pass on a CPU); several: the sum of their
-    2-norms, one ``_foreach_norm`` (one launch per dtype on a GPU), or their sums where
-    some are half precision. Sums are taken in float32 at least; finite values whose sum
-    (or squares) pass float32's range (3e38) read as not finite, which usable gradients
-    never reach. Empty tensors count as finite.
+    is finite. The sum of each tensor's sum, the cheapest pass on a CPU; on a GPU, several
+    tensors (none in half precision) take the sum of their 2-norms instead, one
+    ``_foreach_norm`` launch per dtype where sums would take one each. Sums are taken in
+    float32 at least; finite values whose sum (or squares) pass float32's range (3e38) read
+    as not finite, which usable gradients never reach. Empty tensors count as finite.
     """
     present = [t for t in tensors if t.numel() > 0]
     if not present:
         return torch.zeros((), device=tensors[0].device if tensors else "cpu")
-    if len(present) == 1 or any(t.dtype in (torch.float16, torch.bfloat16) for t in present):
-        sums = [t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32) for t in present]
-        return sums[0] if len(sums) == 1 else torch.stack(sums).sum()
-    return torch.stack(torch._foreach_norm(present, 2)).sum()
+    half = any(t.dtype in (torch.float16, torch.bfloat16) for t in present)
+    if len(present) > 1 and present[0].device.type == "cuda" and not half:
+        return torch.stack(torch._foreach_norm(present, 2)).sum()
+    sums = [t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32) for t in present]
+    return sums[0] if len(sums) == 1 else torch.stack(sums).sum()
 
 
 def write_finite_probe(tensors: Sequence[torch.Tensor], out: torch.Tensor) -> None:
