@@ -58,7 +58,8 @@ def duplicate(comm: Communicator) -> Communicator:
 def write_stamp(slots: torch.Tensor, seconds: float) -> None:
     """Store ``seconds`` in two slots of a float32 (or wider) buffer without losing precision."""
     high = float(torch.tensor(seconds, dtype=slots.dtype))
-    slots[0], slots[1] = high, seconds - high
+    slots[0].fill_(high)  # fill_: a device tensor's t[i] = x copies from the host, which waits
+    slots[1].fill_(seconds - high)
 
 
 def read_stamp(slots: torch.Tensor) -> float:
@@ -216,7 +217,7 @@ class Inverter:
         for i, f in enumerate(message.members):
             batch, j = self._where[f]
             self._to_wire(f, batch, j)
-            message.statuses[i] = float(self.statuses[f])
+            message.statuses[i].fill_(float(self.statuses[f]))
             self._commit(f, int(self.statuses[f]))
         write_stamp(message.stamp, time.perf_counter() - self.epoch)
         message.request.start()

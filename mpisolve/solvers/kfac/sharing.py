@@ -79,7 +79,7 @@ class GradientSharing:
     def send(self, layer: int, preconditioned: bool) -> None:
         """Layer ``layer`` (one of :attr:`mine`) is in its result: broadcast it once every
         earlier layer of this root has gone."""
-        self.buffers[layer].extra[0] = 1.0 if preconditioned else 0.0
+        self.flags[layer].fill_(1.0 if preconditioned else 0.0)  # t[i] = x would copy from the host, waiting
         self._done.add(layer)
         while self._next < len(self.mine) and self.mine[self._next] in self._done:
             nxt = self.mine[self._next]
