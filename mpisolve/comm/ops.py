@@ -790,3 +790,8 @@ def process_set(ranks: Sequence[int], comm: MPI.Comm | Communicator | None = Non
     if len(members) != len(list(ranks)) or not members or members[0] < 0 or members[-1] >= parent.size:
         raise ValueError(f"a process set needs distinct ranks of 0 to {parent.size - 1}, got {list(ranks)}")
     return parent.split(0 if parent.rank in members else None)
+
+
+def threads_supported() -> bool:
+    """Whether MPI was started with ``MPI_THREAD_MULTIPLE`` (any thread may call it at any time)."""
+    return bool(MPI.Query_thread() == MPI.THREAD_MULTIPLE)

@@ -30,7 +30,7 @@ def test_root_state_reaches_every_rank(name):
     mine = [t.clone() for t in [*model.parameters(), *model.buffers()]]
     mine += [s[k].clone() for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq", "step")]
     gathered = mpisolve.allgather([t.reshape(1, -1) for t in mine])
-    for t, g in zip(mine, gathered):
+    for g in gathered:
         for r in range(world.size):
             assert torch.equal(g[r], g[root]), "a rank differs from the root after broadcast_state"
     assert optimizer.state[next(iter(optimizer.state))]["step"].item() == 10 + root
