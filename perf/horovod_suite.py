@@ -1,31 +1,48 @@
-"""The summary of perf/horovod_suite.sh: Horovod's tests against mpisolve.horovod, per size.
+"""Horovod's tests against mpisolve.horovod: the runs of perf/horovod_suite.sh and their summary.
 
-``report OUT``: reads OUT/n<N>/{alone.<test>,whole,no-muon}-<rank>.xml (JUnit, one per
-rank and run) and prints Markdown: per size and file, how many tests passed, failed and
-were skipped (by reason) when each ran alone; every test that did not pass everywhere,
-with its first message; the same counts for the run of both files together, and the
-optimizer-loop tests without torch.optim.Muon.
+``run``: at one size, every test of the files, each to a result on every rank: pytest runs
+the files under ``mpiexec`` with ``-x``; after the first failure (a test that fails on some
+ranks only leaves the others inside a collective that no later test would match, until
+the job ends), the next run starts after it, leaving out the tests that already have
+results on every rank. Each run holds the CPU lock and is bounded (pytest-timeout per
+test, ``timeout`` per run). Writes ``outcomes.json`` (test -> [outcome, message]) and
+each run's JUnit files (one per rank) and log. Then both files in one run (``whole``: what
+leaks between tests), and the tests that loop over every ``torch.optim`` class once more
+without ``torch.optim.Muon`` (``no-muon``; see perf/horovod_standin/no_muon.py).
+
+``report OUT``: Markdown per size: counts per file (skips by reason), every test that did
+not pass with its first message, and the two extra runs' counts.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
+import subprocess
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
+
+FILES = ["test_torch.py", "test_adasum_pytorch.py"]
+#: One rank's pytest under mpiexec, its JUnit file named by its rank.
+RANK = 'exec "$0" -m mpi4py -m pytest -p no:cacheprovider -q --timeout=300 --timeout-method=thread \
+--junitxml="$1-$PMI_RANK.xml" "${@:2}"'
 
 Outcome = tuple[str, str]  # (passed | failed | skipped | no result, first line of its message)
 
 
 def outcomes(files: list[Path]) -> dict[str, list[Outcome]]:
-    """test id (file::name) -> one outcome per rank's file (a rank with no file gave no result)."""
+    """pytest node id -> one outcome per rank's JUnit file that has it."""
     per_test: dict[str, list[Outcome]] = {}
     for path in files:
-        for case in ET.parse(path).getroot().iter("testcase"):
-            module = case.get("classname", "").split(".")[0]
-            key = f"{module}.py::{case.get('name')}"
-            per_test.setdefault(key, []).append(_outcome(case))
+        try:
+            root = ET.parse(path).getroot()
+        except ET.ParseError:
+            continue  # a rank killed while writing
+        for case in root.iter("testcase"):
+            module, _, cls = case.get("classname", "").partition(".")
+            per_test.setdefault(f"{module}.py::{cls}::{case.get('name')}", []).append(_outcome(case))
     return per_test
 
 
@@ -33,7 +50,8 @@ def _outcome(case: ET.Element) -> Outcome:
     for tag in ("failure", "error"):
         found = case.find(tag)
         if found is not None:
-            return "failed", (found.get("message") or "").splitlines()[0][:160] if found.get("message") else tag
+            message = found.get("message") or tag
+            return "failed", message.splitlines()[0][:160]
     skipped = case.find("skipped")
     if skipped is not None:
         return "skipped", (skipped.get("message") or "").splitlines()[0][:160]
@@ -41,9 +59,9 @@ def _outcome(case: ET.Element) -> Outcome:
 
 
 def combined(results: list[Outcome], ranks: int) -> Outcome:
-    """One outcome over the ranks: failed if any rank failed, no result if a rank wrote none."""
+    """One outcome over the ranks: failed if any rank failed, no result if a rank gave none."""
     if len(results) < ranks:
-        return "no result", "a rank wrote no result (killed at its time limit, or crashed)"
+        return "no result", "a rank gave no result (killed at its time limit, or crashed)"
     for outcome in ("failed", "skipped"):
         hits = [r for r in results if r[0] == outcome]
         if hits:
@@ -51,51 +69,87 @@ def combined(results: list[Outcome], ranks: int) -> Outcome:
     return "passed", ""
 
 
+def pytest_run(args: argparse.Namespace, prefix: Path, pytest_args: list[str]) -> dict[str, list[Outcome]]:
+    """One bounded mpiexec of pytest under the lock; the ranks' outcomes."""
+    for old in prefix.parent.glob(prefix.name + "-*.xml"):
+        old.unlink()
+    command = ["flock", args.lock, "timeout", "900", args.mpiexec, "-n", str(args.ranks), "bash", "-c", RANK]
+    with open(prefix.with_suffix(".log"), "w") as log:
+        subprocess.run([*command, args.python, str(prefix), *pytest_args], cwd=args.tests, stdout=log, stderr=log)
+    return outcomes(sorted(prefix.parent.glob(prefix.name + "-*.xml")))
+
+
+def run(args: argparse.Namespace) -> None:
+    out = args.out / f"n{args.ranks}"
+    out.mkdir(parents=True, exist_ok=True)
+    listed = subprocess.run(
+        [args.python, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *FILES],
+        cwd=args.tests,
+        capture_output=True,
+        text=True,
+    ).stdout
+    ids = [line for line in listed.splitlines() if "::" in line and re.search(args.only, line)]
+    done: dict[str, Outcome] = {}
+    runs = 0
+    while len(done) < len(ids):
+        runs += 1
+        left = [i for i in ids if i not in done]
+        results = pytest_run(args, out / f"run{runs}", ["-x", *left])
+        progressed = False
+        for test in left:
+            if len(results.get(test, [])) < args.ranks:
+                break  # not run to the end on every rank: again next run
+            done[test] = combined(results[test], args.ranks)
+            progressed = True
+            if done[test][0] == "failed":
+                break
+        if not progressed:  # it ended the run on some rank without a result: it gets none
+            done[left[0]] = combined(results.get(left[0], []), args.ranks)
+    (out / "outcomes.json").write_text(json.dumps(done, indent=1))
+    whole = pytest_run(args, out / "whole", FILES)
+    (out / "whole.json").write_text(json.dumps({t: combined(r, args.ranks) for t, r in whole.items()}, indent=1))
+    loops = pytest_run(args, out / "no-muon", ["-p", "no_muon", "-k", "broadcast_state or force_allreduce", FILES[0]])
+    (out / "no-muon.json").write_text(json.dumps({t: combined(r, args.ranks) for t, r in loops.items()}, indent=1))
+
+
 def skip_reason(message: str) -> str:
-    if re.search(r"GPU", message):
+    if "GPU" in message:
         return "needs a GPU"
     if "Gloo" in message:
         return "needs Gloo"
-    return "skipped by Horovod"
+    return "skipped by Horovod itself"
 
 
 def report(out: Path) -> str:
     lines = ["# Horovod's tests against mpisolve.horovod", ""]
     for size_dir in sorted(out.glob("n*")):
-        ranks = int(size_dir.name[1:])
-        run = (size_dir / "run.txt").read_text().split("\n") if (size_dir / "run.txt").exists() else ["?", "?"]
-        lines += [f"## {ranks} ranks (run {run[0]}, commit {run[1]})", ""]
-        alone: dict[str, Outcome] = {}
-        for test, results in outcomes(sorted(size_dir.glob("alone.*.xml"))).items():
-            alone[test] = combined(results, ranks)
-        expected = {p.stem.removeprefix("alone.") for p in size_dir.glob("alone.*.log")}
-        for name in expected:
-            if not any(t.endswith("::" + name) for t in alone):
-                alone[f"?::{name}"] = ("no result", "no rank wrote a result")
-        lines.append("Each test in its own run:")
-        lines.append("")
-        lines.append("| file | tests | passed | failed or no result | skipped (reason: count) |")
-        lines.append("| --- | --- | --- | --- | --- |")
-        for module in sorted({t.split("::")[0] for t in alone}):
-            mine = {t: o for t, o in alone.items() if t.split("::")[0] == module}
+        ranks = size_dir.name[1:]
+        run_txt = (size_dir / "run.txt").read_text().splitlines() if (size_dir / "run.txt").exists() else ["?"] * 2
+        lines += [f"## {ranks} ranks (run {run_txt[0]}, commit {run_txt[1]})", ""]
+        alone: dict[str, list[str]] = json.loads((size_dir / "outcomes.json").read_text())
+        lines += ["| file | tests | passed | not passed | skipped (reason: count) |", "| --- | --- | --- | --- | --- |"]
+        for module in FILES:
+            mine = {t: o for t, o in alone.items() if t.startswith(module)}
             counts = Counter(o[0] for o in mine.values())
             reasons = Counter(skip_reason(o[1]) for o in mine.values() if o[0] == "skipped")
             skipped = ", ".join(f"{r}: {c}" for r, c in sorted(reasons.items())) or "0"
-            bad = counts["failed"] + counts["no result"]
-            lines.append(f"| {module} | {len(mine)} | {counts['passed']} | {bad} | {skipped} |")
+            not_passed = len(mine) - counts["passed"] - counts["skipped"]
+            lines.append(f"| {module} | {len(mine)} | {counts['passed']} | {not_passed} | {skipped} |")
         lines.append("")
-        bad_tests = sorted((t, o) for t, o in alone.items() if o[0] in ("failed", "no result"))
-        if bad_tests:
+        bad = sorted((t, o) for t, o in alone.items() if o[0] not in ("passed", "skipped"))
+        if bad:
             lines += ["| test | outcome | first message |", "| --- | --- | --- |"]
-            lines += [f"| {t} | {o[0]} | {o[1].replace('|', '/')} |" for t, o in bad_tests]
+            lines += [f"| {t.split('::')[-1]} | {o[0]} | {o[1].replace('|', '/')} |" for t, o in bad]
             lines.append("")
-        for label, prefix in (("Both files in one run", "whole"), ("Without torch.optim.Muon", "no-muon")):
-            results = outcomes(sorted(size_dir.glob(f"{prefix}-*.xml")))
-            merged = {t: combined(r, ranks) for t, r in results.items()}
+        for label, name in (
+            ("Both files in one run", "whole"),
+            ("The optimizer loops without torch.optim.Muon", "no-muon"),
+        ):
+            path = size_dir / f"{name}.json"
+            merged: dict[str, list[str]] = json.loads(path.read_text()) if path.exists() else {}
             counts = Counter(o[0] for o in merged.values())
-            summary = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no result"
-            lines.append(f"{label}: {summary}.")
-            failed = sorted(t for t, o in merged.items() if o[0] in ("failed", "no result"))
+            lines.append(f"{label}: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "no result") + ".")
+            failed = sorted(t.split("::")[-1] for t, o in merged.items() if o[0] not in ("passed", "skipped"))
             if failed:
                 lines.append(f"Not passed: {', '.join(failed)}.")
             lines.append("")
@@ -103,11 +157,23 @@ def report(out: Path) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("command", choices=["report"])
-    parser.add_argument("out", type=Path)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    runner = sub.add_parser("run")
+    runner.add_argument("--tests", type=Path, required=True, help="the tree's test/parallel")
+    runner.add_argument("--ranks", type=int, required=True)
+    runner.add_argument("--out", type=Path, required=True)
+    runner.add_argument("--python", required=True)
+    runner.add_argument("--mpiexec", required=True)
+    runner.add_argument("--lock", required=True)
+    runner.add_argument("--only", default=".", help="regex: the tests to run (default all)")
+    reporter = sub.add_parser("report")
+    reporter.add_argument("out", type=Path)
     args = parser.parse_args()
-    print(report(args.out))
+    if args.command == "run":
+        run(args)
+    else:
+        print(report(args.out))
 
 
 if __name__ == "__main__":
