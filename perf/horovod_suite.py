@@ -12,11 +12,18 @@ without ``torch.optim.Muon`` (``no-muon``; see perf/horovod_standin/no_muon.py).
 
 ``report OUT``: Markdown per size: counts per file (skips by reason), every test that did
 not pass with its first message, and the two extra runs' counts.
+
+``examples TREE``: what Horovod's examples/pytorch scripts use of ``hvd`` (every
+``hvd.<name>`` and the keywords of every call), looked up in ``mpisolve.horovod``: the
+names it lacks and the keywords its functions do not take (the scripts themselves need
+torchvision and downloaded data sets, which this machine cannot install or fetch).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import inspect
 import json
 import re
 import subprocess
@@ -156,6 +163,30 @@ def report(out: Path) -> str:
     return "\n".join(lines)
 
 
+def examples(tree: Path) -> str:
+    """Each example's uses of ``hvd`` that mpisolve.horovod lacks (an empty list: none)."""
+    import mpisolve.horovod as hvd
+
+    lines = ["# Horovod's examples/pytorch against mpisolve.horovod", ""]
+    for script in sorted((tree / "examples" / "pytorch").glob("*.py")):
+        used: set[str] = set()
+        missing: list[str] = []
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "hvd":
+                used.add(node.attr)
+                if not hasattr(hvd, node.attr):
+                    missing.append(f"hvd.{node.attr}")
+            func = node.func if isinstance(node, ast.Call) else None
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "hvd":
+                target = getattr(hvd, func.attr, None)
+                taken = set(inspect.signature(target).parameters) if callable(target) else set()
+                assert isinstance(node, ast.Call)
+                missing += [f"hvd.{func.attr}({k.arg}=)" for k in node.keywords if k.arg and k.arg not in taken]
+        names = ", ".join(sorted(used))
+        lines.append(f"- {script.name}: uses {len(used)} names ({names}); missing: {missing or 'none'}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -169,11 +200,15 @@ def main() -> None:
     runner.add_argument("--only", default=".", help="regex: the tests to run (default all)")
     reporter = sub.add_parser("report")
     reporter.add_argument("out", type=Path)
+    scanner = sub.add_parser("examples")
+    scanner.add_argument("tree", type=Path)
     args = parser.parse_args()
     if args.command == "run":
         run(args)
-    else:
+    elif args.command == "report":
         print(report(args.out))
+    else:
+        print(examples(args.tree))
 
 
 if __name__ == "__main__":

@@ -61,6 +61,16 @@ DTYPES = (
 _MPI_REDUCE = {"sum": MPI.SUM, "average": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "product": MPI.PROD}
 #: The dtype a reduction of each dtype runs in: MPI has no half-precision arithmetic, nor sums of bools.
 _WIRE = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.bool: torch.uint8}
+#: numpy's twins of the wire dtypes (an inline allreduce reduces the headers' values in numpy).
+_NUMPY = {
+    torch.uint8: np.uint8,
+    torch.int8: np.int8,
+    torch.int16: np.int16,
+    torch.int32: np.int32,
+    torch.int64: np.int64,
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+}
 _MPI_TYPE = {
     torch.uint8: MPI.UINT8_T,
     torch.int8: MPI.INT8_T,
@@ -72,12 +82,13 @@ _MPI_TYPE = {
 }
 
 # Header layout (int64 slots), then META slots of per-rank sizes.
-_KIND, _OP, _DTYPE, _DEVICE, _ROOT, _JOINED, _JOIN_ROUND, _COUNT, _NUMEL, _SIG, _NAME, _META, _NDIM = range(13)
-_DIMS = 13
+_KIND, _OP, _DTYPE, _DEVICE, _ROOT, _JOINED, _JOIN_ROUND, _COUNT, _NUMEL, _SIG, _NAME, _META, _NDIM, _INLINE = range(14)
+_DIMS = 14
 #: Dimensions of the first tensor a header carries in clear (for error messages).
 CLEAR_DIMS = 8
 _HEADER = _DIMS + CLEAR_DIMS
-#: Per-rank sizes carried in the header itself; more take a round of their own.
+#: Per-rank sizes carried in the header itself; more take a round of their own. An allreduce
+#: whose values fit in what its sizes leave of these slots carries them here too (inline).
 META = 64
 RECORD = _HEADER + META
 
@@ -183,24 +194,30 @@ class TensorOps:
         meta = self._meta(kind, tensors, op, splits)
         header = np.zeros(RECORD, dtype=np.int64)
         first = tensors[0]
-        header[_KIND] = KINDS.index(kind)
-        header[_OP] = REDUCTIONS.index(op)
-        header[_DTYPE] = DTYPES.index(first.dtype)
-        header[_DEVICE] = int(first.device.type == "cuda")
-        header[_ROOT] = root
-        header[_COUNT] = len(tensors)
-        header[_NUMEL] = sum(t.numel() for t in tensors)
-        ragged = kind in ("allgather", "alltoall")
-        header[_SIG] = _hash([(str(t.dtype), tuple(t.shape)[1:] if ragged else tuple(t.shape)) for t in tensors])
-        header[_NAME] = 0 if name is None else _hash(name)
-        header[_NDIM] = first.dim()
         dims = list(first.shape)[:CLEAR_DIMS]
-        header[_DIMS : _DIMS + len(dims)] = dims
-        header[_META] = len(meta)
+        header[: _DIMS + len(dims)] = [
+            KINDS.index(kind),
+            REDUCTIONS.index(op),
+            DTYPES.index(first.dtype),
+            int(first.device.type == "cuda"),
+            root,
+            0,  # not joined
+            0,
+            len(tensors),
+            sum(t.numel() for t in tensors),
+            _signature(kind in ("allgather", "alltoall"), tensors),
+            0 if name is None else _hash(name),
+            len(meta),
+            first.dim(),
+            0,  # no values inline (yet)
+            *dims,
+        ]
         pending = Pending(self, kind, name, header)
         pending.meta = meta
         if len(meta) <= META:
             header[_HEADER : _HEADER + len(meta)] = meta
+            if kind == "allreduce" and op != "adasum" and first.device.type == "cpu":
+                _inline(header, len(meta), tensors, prescale)
 
         def plan(sizes: list[list[int]]) -> None:
             self._plan(pending, sizes, tensors, op, root, prescale, postscale, out)
@@ -309,7 +326,9 @@ class TensorOps:
     ) -> None:
         """Post the data round of a negotiated call and set how its result completes."""
         kind = pending.kind
-        if kind == "allreduce" and op == "adasum":
+        if kind == "allreduce" and pending.header[_INLINE]:
+            pending.finish = self._inline_allreduce(pending, tensors, op, postscale, out)
+        elif kind == "allreduce" and op == "adasum":
             flats = [t.detach().reshape(-1).to(_WIRE.get(t.dtype, t.dtype), copy=True) for t in tensors]
             _adasum(flats, [[f.numel()] for f in flats], self.data)
             pending.finish = lambda: _write_out(tensors, [f.view(t.shape) for f, t in zip(flats, tensors)], out)
@@ -344,15 +363,8 @@ class TensorOps:
         postscale: float,
         out: Sequence[torch.Tensor] | None,
     ) -> tuple[list[Posting], Callable[[], Any]]:
-        groups: dict[torch.dtype, list[int]] = {}
-        for i, t in enumerate(tensors):
-            groups.setdefault(_WIRE.get(t.dtype, t.dtype), []).append(i)
-        flats = []
-        for wire, members in groups.items():
-            flat = _packed([tensors[i].detach() for i in members], wire, tensors[members[0]].device, None)
-            if prescale != 1.0:
-                _scale(flat, prescale, tensors[members[0]].dtype)
-            flats.append(flat)
+        groups = _wire_groups(tensors)
+        flats = _wire_flats(tensors, groups, prescale)
         return self._reduce_flats(flats, op, _MPI_REDUCE[op], postscale, list(groups.values()), tensors, out)
 
     def _reduce_flats(
@@ -382,6 +394,40 @@ class TensorOps:
             return _write_out(tensors, results, out)
 
         return [p for p, _ in posted], finish
+
+    def _inline_allreduce(
+        self,
+        pending: Pending,
+        tensors: list[torch.Tensor],
+        op: str,
+        postscale: float,
+        out: Sequence[torch.Tensor] | None,
+    ) -> Callable[[], Any]:
+        """An allreduce whose values came in the headers: reduced here, in rank order, alike on every rank."""
+        headers = pending.gathered.reshape(self.comm.size, RECORD)
+        if headers[:, _JOINED].any():
+            headers = headers[[r for r in range(self.comm.size) if not headers[r, _JOINED]]]
+        payloads = headers[:, _HEADER + len(pending.meta) :].view(np.uint8)
+        results: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
+        offset = 0
+        for wire, members in _wire_groups(tensors).items():
+            nbytes = sum(tensors[i].numel() for i in members) * wire.itemsize
+            stacked = payloads[:, offset : offset + nbytes].view(_NUMPY[wire])
+            offset += nbytes
+            if op in ("sum", "average"):
+                reduced = stacked.sum(axis=0, dtype=stacked.dtype)
+            elif op == "product":
+                reduced = stacked.prod(axis=0, dtype=stacked.dtype)
+            else:
+                reduced = stacked.min(axis=0) if op == "min" else stacked.max(axis=0)
+            flat = torch.from_numpy(reduced)
+            _finish_reduction(flat, op, postscale, self.comm.size, tensors[members[0]].dtype)
+            if len(members) == 1:
+                results[members[0]] = flat.view(tensors[members[0]].shape)
+                continue
+            for i, piece in zip(members, flat.split([tensors[i].numel() for i in members])):
+                results[i] = piece.view(tensors[i].shape)
+        return lambda: _write_out(tensors, results, out)
 
     def _allgather(
         self, tensors: list[torch.Tensor], firsts: list[list[int]]
@@ -512,8 +558,8 @@ class TensorOps:
         """A joined rank's part in the working ranks' call (the same decision they take)."""
         header = headers[rank]
         op = REDUCTIONS[int(header[_OP])]
-        if _disagreement(headers) is not None:
-            return  # the working ranks raise; no data round
+        if _disagreement(headers) is not None or header[_INLINE]:
+            return  # the working ranks raise, or reduce the values the headers carried: no data round
         count = int(header[_META])  # an allreduce's wire groups: at most one per dtype, always in the header
         pairs = header[_HEADER : _HEADER + count].tolist()
         flats = [_identity(op, DTYPES[code], n) for code, n in zip(pairs[::2], pairs[1::2])]
@@ -605,6 +651,11 @@ def _disagreement(headers: np.ndarray[Any, Any]) -> str | None:
     """What is wrong with the ranks' headers, or None: the same answer on every rank.
 
     The working (not joined) ranks must agree; a joined rank answers an allreduce only."""
+    if not headers[:, _JOINED].any():  # the common case, in two array operations
+        agreed = headers[:, _AGREED]
+        named = headers[:, _NAME]
+        if (agreed == agreed[0]).all() and (named == named[0]).all():
+            return None
     working = [r for r in range(len(headers)) if not headers[r, _JOINED]]
     if not working:
         return None
@@ -622,6 +673,7 @@ def _disagreement(headers: np.ndarray[Any, Any]) -> str | None:
         (_DTYPE, "dtypes", lambda h: str(DTYPES[int(h[_DTYPE])]).replace("torch.", "")),
         (_SIG, "shapes or dtypes", _shape_text),
         (_META, "sizes", lambda h: f"{int(h[_META])} sizes"),
+        (_INLINE, "value bytes", lambda h: f"{int(h[_INLINE])} bytes in the header"),
     ]
     for slot, what, show in checks:
         differ = [r for r in working if headers[r, slot] != ref[slot]]
@@ -633,6 +685,23 @@ def _disagreement(headers: np.ndarray[Any, Any]) -> str | None:
     if len(names) > 1:
         return "the ranks gave the call different names"
     return None
+
+
+#: Header slots the working ranks must agree on, and how each is named in an error.
+_AGREED = np.array([_KIND, _OP, _ROOT, _DEVICE, _COUNT, _DTYPE, _SIG, _META, _INLINE])
+_SIGNATURES: dict[tuple[bool, tuple[tuple[torch.dtype, torch.Size], ...]], int] = {}
+
+
+def _signature(ragged: bool, tensors: list[torch.Tensor]) -> int:
+    """A hash of the tensors' dtypes and shapes (their first dimensions left out if ``ragged``), kept by key."""
+    key = (ragged, tuple((t.dtype, t.shape) for t in tensors))
+    found = _SIGNATURES.get(key)
+    if found is None:
+        if len(_SIGNATURES) > 4096:
+            _SIGNATURES.clear()
+        shapes = [(str(t.dtype), tuple(t.shape)[1:] if ragged else tuple(t.shape)) for t in tensors]
+        found = _SIGNATURES[key] = _hash(shapes)
+    return found
 
 
 def _shape_text(header: np.ndarray[Any, Any]) -> str:
@@ -655,6 +724,42 @@ def _ranks(ranks: list[int]) -> str:
 def scatter_rows(rows: int, size: int) -> list[int]:
     """How a reduce-scatter splits ``rows``: as evenly as possible, the first ranks one more."""
     return [rows // size + (1 if r < rows % size else 0) for r in range(size)]
+
+
+def _wire_groups(tensors: list[torch.Tensor]) -> dict[torch.dtype, list[int]]:
+    """The tensors' indices by the dtype they are reduced in, in order of first appearance."""
+    groups: dict[torch.dtype, list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(_WIRE.get(t.dtype, t.dtype), []).append(i)
+    return groups
+
+
+def _wire_flats(
+    tensors: list[torch.Tensor], groups: dict[torch.dtype, list[int]], prescale: float
+) -> list[torch.Tensor]:
+    """Each wire group packed into one flat buffer of its wire dtype, prescaled."""
+    flats = []
+    for wire, members in groups.items():
+        flat = _packed([tensors[i].detach() for i in members], wire, tensors[members[0]].device, None)
+        if prescale != 1.0:
+            _scale(flat, prescale, tensors[members[0]].dtype)
+        flats.append(flat)
+    return flats
+
+
+def _inline(header: np.ndarray[Any, Any], used: int, tensors: list[torch.Tensor], prescale: float) -> None:
+    """Put an allreduce's (prescaled, wire-dtype) values in the header after its ``used`` sizes,
+    if they fit; ``header[_INLINE]`` says how many bytes (0: they travel in a data round)."""
+    groups = _wire_groups(tensors)
+    if sum(tensors[i].numel() * wire.itemsize for wire, members in groups.items() for i in members) > (META - used) * 8:
+        return
+    payload = header[_HEADER + used :].view(np.uint8)
+    offset = 0
+    for flat in _wire_flats(tensors, groups, prescale):
+        raw = flat.view(torch.uint8).numpy()
+        payload[offset : offset + raw.size] = raw
+        offset += raw.size
+    header[_INLINE] = offset
 
 
 def _scale(flat: torch.Tensor, factor: float, dtype: torch.dtype) -> None:

@@ -400,9 +400,13 @@ def allreduce(
 ) -> torch.Tensor:
     """The reduction of ``tensor`` across the set (``op``: Average by default), differentiable."""
     compressed, ctx = compression.compress(tensor)
-    reduced = HorovodAllreduce.apply(
-        compressed, _reduction(op, average), name, prescale_factor, postscale_factor, process_set
-    )
+    reduction = _reduction(op, average)
+    if compressed.requires_grad and torch.is_grad_enabled():
+        reduced = HorovodAllreduce.apply(compressed, reduction, name, prescale_factor, postscale_factor, process_set)
+    else:  # no graph to record: the collective alone
+        reduced = synchronize(
+            allreduce_async(compressed, None, name, reduction, prescale_factor, postscale_factor, process_set)
+        )
     return compression.decompress(reduced, ctx)
 
 

@@ -29,8 +29,8 @@ def world():
 @pytest.mark.ranks(2, 3)
 @pytest.mark.parametrize("op", ["sum", "min", "max", "product", "average"])
 @pytest.mark.parametrize("dtype", [*INTS, torch.float16, torch.float32, torch.float64])
-def test_allreduce_of_one_tensor_is_numpys_reduction(world, op, dtype):
-    shape = (3, 4)
+@pytest.mark.parametrize("shape", [(3, 4), (40, 20)], ids=["in-the-header", "data-round"])
+def test_allreduce_of_one_tensor_is_numpys_reduction(world, op, dtype, shape):
     got = mpisolve.allreduce(values(world.rank, shape, dtype), op=op)
     everyone = np.stack([values(r, shape, dtype).double().numpy() for r in range(world.size)])
     if op == "average":
@@ -144,14 +144,20 @@ def test_overlapping_calls_complete_in_any_order(world):
     ops = tensor_ops()
     started = [ops.start("allreduce", [torch.full((5,), i + world.rank, dtype=torch.int64)]) for i in range(4)]
     started.append(ops.start("allgather", [torch.full((world.rank + 1,), 7)]))
-    with pytest.raises(ValueError, match="already in flight"):
-        ops.start("allreduce", [torch.zeros(1)], name="x") and ops.start("allreduce", [torch.zeros(1)], name="x")
     gathered = started.pop().wait()
     assert gathered[0].tolist() == [7] * (world.size * (world.size + 1) // 2)
     for i, pending in reversed(list(enumerate(started))):
         assert pending.wait()[0].tolist() == [world.size * i + sum(range(world.size))] * 5
-    ops.barrier()  # the named call left in flight completes meanwhile; its name is free again
-    ops.start("allreduce", [torch.zeros(1)], name="x").wait()
+    named = None
+    if world.rank == 0:  # in flight until the others start theirs, after the barrier
+        named = ops.start("allreduce", [torch.zeros(1)], name="x")
+        with pytest.raises(ValueError, match="already in flight"):
+            ops.start("allreduce", [torch.zeros(1)], name="x")
+    ops.barrier()
+    if world.rank > 0:
+        named = ops.start("allreduce", [torch.zeros(1)], name="x")
+    assert named is not None and named.wait()[0].item() == 0.0
+    ops.start("allreduce", [torch.zeros(1)], name="x").wait()  # the name is free again
 
 
 @pytest.mark.mpi(min_size=2)
@@ -172,6 +178,8 @@ def test_a_joined_rank_answers_allreduces_and_the_last_to_join_is_returned(world
         last = ops.join()
     else:
         total = ops.start("allreduce", [torch.full((3,), 2, dtype=torch.int32)], op="sum").wait()[0]
+        large = ops.start("allreduce", [torch.full((META * 8,), 2, dtype=torch.int32)], op="sum").wait()[0]
+        assert large.tolist() == [2 * (world.size - 1)] * META * 8  # too large for the header: a data round
         low = ops.start("allreduce", [torch.full((2,), float(world.rank))], op="min").wait()[0]
         assert total.tolist() == [2 * (world.size - 1)] * 3  # rank 0 gave zeros
         assert low.tolist() == [1.0, 1.0]  # rank 0 gave min's identity
