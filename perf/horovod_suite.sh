@@ -16,7 +16,8 @@
 # Every run holds the CPU lock (LOCK) while it runs, and is bounded (pytest-timeout per
 # test, MPISOLVE_TIMEOUT per wait, `timeout` per mpiexec). test/utils/common.py imports
 # `mock`: installed into this Python if missing. Results: OUT/n<N>/*.xml (JUnit, one per
-# rank and run), OUT/n<N>/*.json (outcomes) and OUT/summary.md (perf/horovod_suite.py).
+# rank and run), OUT/n<N>/*.json (outcomes), OUT/summary.md (perf/horovod_suite.py), and
+# OUT/examples.md: what Horovod's examples/pytorch use of hvd that mpisolve.horovod lacks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -44,3 +45,4 @@ for n in $SIZES; do
         --mpiexec "$MPIEXEC" --lock "$LOCK" --only "$ONLY"
 done
 "$PY" perf/horovod_suite.py report "$OUT" | tee "$OUT/summary.md"
+"$PY" perf/horovod_suite.py examples "$SRC" | tee "$OUT/examples.md"
