@@ -325,6 +325,32 @@ def _same(result: Any) -> Any:
 
 
 # ---------------------------------------------------------------------- allreduce
+def _allreduce_start(
+    tensors: Sequence[torch.Tensor],
+    then: Callable[[Any], Any],
+    average: bool | None,
+    name: str | None,
+    op: int | None,
+    scales: tuple[float, float],
+    process_set: ProcessSet,
+    out: Sequence[torch.Tensor] | None,
+) -> int:
+    reduction = _reduction(op, average)
+    _check_adasum(reduction, process_set)
+    pre, post = scales
+    return _start(
+        "allreduce",
+        tensors,
+        process_set,
+        then,
+        op=_REDUCTIONS[reduction],
+        name=name,
+        prescale=pre,
+        postscale=post,
+        out=out,
+    )
+
+
 def allreduce_async(
     tensor: torch.Tensor,
     average: bool | None = None,
@@ -335,18 +361,8 @@ def allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start reducing ``tensor`` (untouched) across the set; a handle for :func:`synchronize`."""
-    reduction = _reduction(op, average)
-    _check_adasum(reduction, process_set)
-    return _start(
-        "allreduce",
-        [tensor],
-        process_set,
-        _first,
-        op=_REDUCTIONS[reduction],
-        name=name,
-        prescale=prescale_factor,
-        postscale=postscale_factor,
-    )
+    scales = (prescale_factor, postscale_factor)
+    return _allreduce_start([tensor], _first, average, name, op, scales, process_set, None)
 
 
 def allreduce_async_(
@@ -359,19 +375,8 @@ def allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """:func:`allreduce_async` with the result written into ``tensor``."""
-    reduction = _reduction(op, average)
-    _check_adasum(reduction, process_set)
-    return _start(
-        "allreduce",
-        [tensor],
-        process_set,
-        _first,
-        op=_REDUCTIONS[reduction],
-        name=name,
-        prescale=prescale_factor,
-        postscale=postscale_factor,
-        out=[tensor],
-    )
+    scales = (prescale_factor, postscale_factor)
+    return _allreduce_start([tensor], _first, average, name, op, scales, process_set, [tensor])
 
 
 class HorovodAllreduce(torch.autograd.Function):
@@ -433,18 +438,8 @@ def grouped_allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start reducing ``tensors`` as one call (fused by dtype)."""
-    reduction = _reduction(op, average)
-    _check_adasum(reduction, process_set)
-    return _start(
-        "allreduce",
-        tensors,
-        process_set,
-        _same,
-        op=_REDUCTIONS[reduction],
-        name=name,
-        prescale=prescale_factor,
-        postscale=postscale_factor,
-    )
+    scales = (prescale_factor, postscale_factor)
+    return _allreduce_start(tensors, _same, average, name, op, scales, process_set, None)
 
 
 def grouped_allreduce_async_(
@@ -457,19 +452,8 @@ def grouped_allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """:func:`grouped_allreduce_async` with the results written into ``tensors``."""
-    reduction = _reduction(op, average)
-    _check_adasum(reduction, process_set)
-    return _start(
-        "allreduce",
-        tensors,
-        process_set,
-        _same,
-        op=_REDUCTIONS[reduction],
-        name=name,
-        prescale=prescale_factor,
-        postscale=postscale_factor,
-        out=list(tensors),
-    )
+    scales = (prescale_factor, postscale_factor)
+    return _allreduce_start(tensors, _same, average, name, op, scales, process_set, list(tensors))
 
 
 class HorovodGroupedAllreduce(torch.autograd.Function):
@@ -711,17 +695,7 @@ def reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> int:
     """Start reducing ``tensor`` and keeping this rank's share of the first dimension."""
-    _no_adasum(op)
-    return _start(
-        "reducescatter",
-        [tensor],
-        process_set,
-        _first,
-        op=_REDUCTIONS[_reduction(op, None)],
-        name=name,
-        prescale=prescale_factor,
-        postscale=postscale_factor,
-    )
+    return _reducescatter_start([tensor], _first, name, op, process_set, (prescale_factor, postscale_factor))
 
 
 def grouped_reducescatter_async(
@@ -732,22 +706,22 @@ def grouped_reducescatter_async(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> int:
-    _no_adasum(op)
-    return _start(
-        "reducescatter",
-        tensors,
-        process_set,
-        _same,
-        op=_REDUCTIONS[_reduction(op, None)],
-        name=name,
-        prescale=prescale_factor,
-        postscale=postscale_factor,
-    )
+    return _reducescatter_start(tensors, _same, name, op, process_set, (prescale_factor, postscale_factor))
 
 
-def _no_adasum(op: int) -> None:
+def _reducescatter_start(
+    tensors: Sequence[torch.Tensor],
+    then: Callable[[Any], Any],
+    name: str | None,
+    op: int,
+    process_set: ProcessSet,
+    scales: tuple[float, float],
+) -> int:
     if op == Adasum:
         raise HorovodInternalError("reducescatter does not support Adasum")
+    reduction = _REDUCTIONS[_reduction(op, None)]
+    pre, post = scales
+    return _start("reducescatter", tensors, process_set, then, op=reduction, name=name, prescale=pre, postscale=post)
 
 
 def _scatter_grad(grads: Sequence[torch.Tensor], op: int, ps: ProcessSet, pre: float, post: float) -> list[Any]:
