@@ -6,7 +6,7 @@ ranks only leaves the others inside a collective that no later test would match,
 the job ends), the next run starts after it, leaving out the tests that already have
 results on every rank. Each run holds the CPU lock and is bounded (pytest-timeout per
 test, ``timeout`` per run). Writes ``outcomes.json`` (test -> [outcome, message]) and
-each run's JUnit files (one per rank) and log. Then both files in one run (``whole``: what
+each run's per-rank outcome lines (``run<K>-<rank>.jsonl``) and log. Then both files in one run (``whole``: what
 leaks between tests), and the tests that loop over every ``torch.optim`` class once more
 without ``torch.optim.Muon`` (``no-muon``; see perf/horovod_standin/no_muon.py).
 
@@ -27,63 +27,52 @@ import inspect
 import json
 import re
 import subprocess
-import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
 FILES = ["test_torch.py", "test_adasum_pytorch.py"]
-#: One rank's pytest under mpiexec, its JUnit file named by its rank.
-RANK = 'exec "$0" -m mpi4py -m pytest -p no:cacheprovider -q --timeout=300 --timeout-method=thread \
---junitxml="$1-$PMI_RANK.xml" "${@:2}"'
+#: One rank's pytest under mpiexec: each test's outcome written as it ends (perf/horovod_standin/suite_log.py).
+RANK = 'HOROVOD_SUITE_LOG="$1" exec "$0" -m mpi4py -m pytest -p no:cacheprovider -p suite_log -q --timeout=300 \
+--timeout-method=thread "${@:2}"'
 
 Outcome = tuple[str, str]  # (passed | failed | skipped | no result, first line of its message)
 
 
 def outcomes(files: list[Path]) -> dict[str, list[Outcome]]:
-    """pytest node id -> one outcome per rank's JUnit file that has it."""
-    per_test: dict[str, list[Outcome]] = {}
+    """pytest node id -> one outcome per rank (a rank's file per run; its worst report of the test)."""
+    rank_of: dict[str, dict[Path, Outcome]] = {}
+    order = {"passed": 0, "skipped": 1, "failed": 2}
     for path in files:
-        try:
-            root = ET.parse(path).getroot()
-        except ET.ParseError:
-            continue  # a rank killed while writing
-        for case in root.iter("testcase"):
-            module, _, cls = case.get("classname", "").partition(".")
-            per_test.setdefault(f"{module}.py::{cls}::{case.get('name')}", []).append(_outcome(case))
-    return per_test
-
-
-def _outcome(case: ET.Element) -> Outcome:
-    for tag in ("failure", "error"):
-        found = case.find(tag)
-        if found is not None:
-            message = found.get("message") or tag
-            return "failed", message.splitlines()[0][:160]
-    skipped = case.find("skipped")
-    if skipped is not None:
-        return "skipped", (skipped.get("message") or "").splitlines()[0][:160]
-    return "passed", ""
+        for line in path.read_text().splitlines():
+            report = json.loads(line)
+            mine = rank_of.setdefault(report["id"], {})
+            seen = mine.get(path)
+            if seen is None or order[report["outcome"]] > order[seen[0]]:
+                mine[path] = (report["outcome"], report["message"])
+    return {test: list(by_rank.values()) for test, by_rank in rank_of.items()}
 
 
 def combined(results: list[Outcome], ranks: int) -> Outcome:
-    """One outcome over the ranks: failed if any rank failed, no result if a rank gave none."""
+    """One outcome over the ranks: failed if any rank failed (a rank whose part passed may be
+    left waiting for the others, who stopped: it gives none), else no result if a rank gave
+    none, else skipped or passed."""
+    failed = [r for r in results if r[0] == "failed"]
+    if failed:
+        return failed[0]
     if len(results) < ranks:
         return "no result", "a rank gave no result (killed at its time limit, or crashed)"
-    for outcome in ("failed", "skipped"):
-        hits = [r for r in results if r[0] == outcome]
-        if hits:
-            return hits[0]
-    return "passed", ""
+    skipped = [r for r in results if r[0] == "skipped"]
+    return skipped[0] if skipped else ("passed", "")
 
 
 def pytest_run(args: argparse.Namespace, prefix: Path, pytest_args: list[str]) -> dict[str, list[Outcome]]:
     """One bounded mpiexec of pytest under the lock; the ranks' outcomes."""
-    for old in prefix.parent.glob(prefix.name + "-*.xml"):
+    for old in prefix.parent.glob(prefix.name + "-*.jsonl"):
         old.unlink()
     command = ["flock", args.lock, "timeout", "900", args.mpiexec, "-n", str(args.ranks), "bash", "-c", RANK]
     with open(prefix.with_suffix(".log"), "w") as log:
         subprocess.run([*command, args.python, str(prefix), *pytest_args], cwd=args.tests, stdout=log, stderr=log)
-    return outcomes(sorted(prefix.parent.glob(prefix.name + "-*.xml")))
+    return outcomes(sorted(prefix.parent.glob(prefix.name + "-*.jsonl")))
 
 
 def run(args: argparse.Namespace) -> None:
@@ -104,9 +93,10 @@ def run(args: argparse.Namespace) -> None:
         results = pytest_run(args, out / f"run{runs}", ["-x", *left])
         progressed = False
         for test in left:
-            if len(results.get(test, [])) < args.ranks:
+            outcome = combined(results.get(test, []), args.ranks)
+            if outcome[0] == "no result":
                 break  # not run to the end on every rank: again next run
-            done[test] = combined(results[test], args.ranks)
+            done[test] = outcome
             progressed = True
             if done[test][0] == "failed":
                 break
