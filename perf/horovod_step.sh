@@ -5,7 +5,7 @@
 #     allreduce solver's, MODEL (ResNet-18) at each of RANKS, BATCH per rank;
 #   - perf/horovod_latency.py: hvd.allreduce of one tensor beside mpisolve.allreduce's.
 # Each run holds the CPU lock (LOCK). Results: OUT/step-<model>-n<N>.json,
-# OUT/latency-n<N>.jsonl, and OUT/*.load (date, commit, load average before each run).
+# OUT/latency-n<N>.json (JSON lines), and OUT/*.load (date, commit, load average before each run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -24,6 +24,6 @@ for n in $RANKS; do
     flock "$LOCK" timeout 1800 "$MPIEXEC" -n "$n" "$PY" -m mpi4py -m mpisolve bench step --solver allreduce \
         --horovod --model "$MODEL" --batch "$BATCH" --repeats "$REPEATS" --warmup 2 > "$OUT/step-$MODEL-n$n.json"
     stamp "latency-n$n"
-    flock "$LOCK" timeout 900 "$MPIEXEC" -n "$n" "$PY" -m mpi4py perf/horovod_latency.py > "$OUT/latency-n$n.jsonl"
+    flock "$LOCK" timeout 900 "$MPIEXEC" -n "$n" "$PY" -m mpi4py perf/horovod_latency.py > "$OUT/latency-n$n.json"
 done
-cat "$OUT"/step-*.json "$OUT"/latency-*.jsonl
+cat "$OUT"/step-*.json "$OUT"/latency-*.json

@@ -16,8 +16,9 @@
 # Every run holds the CPU lock (LOCK) while it runs, and is bounded (pytest-timeout per
 # test, MPISOLVE_TIMEOUT per wait, `timeout` per mpiexec). test/utils/common.py imports
 # `mock`: installed into this Python if missing. Results: OUT/n<N>/*.jsonl (each rank's
-# outcomes per run, perf/horovod_standin/suite_log.py), OUT/n<N>/*.json (outcomes), OUT/summary.md (perf/horovod_suite.py), and
-# OUT/examples.md: what Horovod's examples/pytorch use of hvd that mpisolve.horovod lacks.
+# outcomes per run, perf/horovod_standin/suite_log.py), OUT/n<N>/*.json (outcomes),
+# OUT/summary.md (perf/horovod_suite.py), and OUT/examples.md: what Horovod's
+# examples/pytorch use of hvd that mpisolve.horovod lacks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
