@@ -4,7 +4,8 @@ The public door::
 
     import mpisolve
     comm = mpisolve.init()                                  # rank, size, local_rank
-    reduced = mpisolve.allreduce(tensors, op="average")     # functional collective
+    reduced = mpisolve.allreduce(tensors, op="average")     # functional collectives: also allgather,
+                                                            # broadcast, alltoall, reducescatter
     solver = mpisolve.make_solver("allreduce", model, optimizer)
     mpisolve.solvers()                                      # every solver's name
 
@@ -25,9 +26,15 @@ _EXPORTS = {
     "Communicator": "mpisolve.comm",
     "ModelMismatchError": "mpisolve.comm",
     "PeerClosed": "mpisolve.comm",
+    "TensorMismatchError": "mpisolve.comm",
     "UnevenSteps": "mpisolve.comm",
+    "allgather": "mpisolve.comm",
     "allreduce": "mpisolve.comm",
+    "alltoall": "mpisolve.comm",
+    "broadcast": "mpisolve.comm",
     "init": "mpisolve.comm",
+    "process_set": "mpisolve.comm",
+    "reducescatter": "mpisolve.comm",
     "OptionError": "mpisolve.options",
     "Solver": "mpisolve.solvers",
     "StepInfo": "mpisolve.solvers",

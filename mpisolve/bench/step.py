@@ -16,6 +16,10 @@ more ranks, with its communication. ``--ddp`` also times the step with
 one), each time including the wait for the GPU work it queued. ``--node-shm off`` keeps
 the solver's sums on MPI's path where node-shared memory would apply (``node_shm`` says
 whether the solver's sums ran in node-shared memory: :attr:`Solver.node_shared`).
+``--horovod`` also times the step through ``mpisolve.horovod``'s ``DistributedOptimizer``
+(``optimizer.zero_grad()``, forward, backward, ``optimizer.step()``; its op is Average, or
+Adasum for ``--solver adasum``) on the world communicator: ``horovod_s`` and
+``horovod_over_solver``.
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--node-shm", choices=("on", "off"), default="on", help="node-shared sums where they apply (off: MPI's path)"
     )
+    parser.add_argument(
+        "--horovod", action="store_true", help="also time mpisolve.horovod's DistributedOptimizer (allreduce, adasum)"
+    )
     add_device_argument(parser)
 
 
@@ -63,6 +70,8 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         raise InputError("--batch must be >= 1")
     if args.solver not in solvers():
         raise InputError(f"--solver must be one of {', '.join(solvers())}, got {args.solver!r}")
+    if args.horovod and args.solver not in ("allreduce", "adasum"):
+        raise InputError("--horovod compares with the allreduce or adasum solver: pass --solver allreduce or adasum")
     if args.ddp and args.device != "cpu":
         raise InputError("--ddp compares with DDP on gloo, on the CPU: leave out --device cuda")
     device = bench_device(args, comm)
@@ -120,6 +129,20 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
             ddp_optimizer.step()
 
         steps["ddp_gloo_s"] = with_ddp
+    if args.horovod:
+        from .. import horovod as hvd
+
+        hvd.init(comm.comm)
+        hvd_model, hvd_base = model_and_optimizer(0.9)
+        op = hvd.Adasum if args.solver == "adasum" else hvd.Average
+        hvd_optimizer = hvd.DistributedOptimizer(hvd_base, named_parameters=hvd_model.named_parameters(), op=op)
+
+        def with_horovod() -> None:
+            hvd_optimizer.zero_grad()
+            loss_fn(hvd_model(x), y).backward()
+            hvd_optimizer.step()
+
+        steps["horovod_s"] = with_horovod
     try:
         timings = interleaved_medians(steps, comm, args.repeats, args.warmup)
     finally:
@@ -141,6 +164,8 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         **timings,
         "solver_over_plain": timings["solver_s"] / timings["plain_s"],
     }
+    if args.horovod:
+        result["horovod_over_solver"] = timings["horovod_s"] / timings["solver_s"]
     if args.ddp:
         result["solver_over_ddp"] = timings["solver_s"] / timings["ddp_gloo_s"]
         result["plain_over_ddp"] = timings["plain_s"] / timings["ddp_gloo_s"]

@@ -2,8 +2,8 @@
 except for type hints of the communicators users pass in."""
 
 from .closing import PeerClosed, UnevenSteps
-from .collectives import allreduce
 from .communicator import CommTimeout, Communicator, as_communicator, init, mpi_buffer
+from .ops import TensorMismatchError, allgather, allreduce, alltoall, broadcast, process_set, reducescatter
 from .state import ModelMismatchError
 
 __all__ = [
@@ -11,9 +11,15 @@ __all__ = [
     "Communicator",
     "ModelMismatchError",
     "PeerClosed",
+    "TensorMismatchError",
     "UnevenSteps",
+    "allgather",
     "allreduce",
+    "alltoall",
     "as_communicator",
+    "broadcast",
     "init",
     "mpi_buffer",
+    "process_set",
+    "reducescatter",
 ]

@@ -372,7 +372,9 @@ class GradientBuckets:
     copy, or is zeroed in ``finish`` if it got none.
 
     Under :meth:`no_sync` backward only accumulates into the buckets; the next backward
-    outside it launches them. A second backward outside ``no_sync`` before the step is
+    outside it launches them. ``passes`` (Horovod's ``backward_passes_per_step``) does the
+    same by count: a gradient reports to its bucket on its ``passes``-th accumulation since
+    the last step. A second backward outside ``no_sync`` before the step is
     refused (its gradients would land in buffers already being reduced).
 
     Every step's reduction also sums a tally of two elements at no extra message: this
@@ -427,8 +429,12 @@ class GradientBuckets:
         weighted: bool = False,
         shared_result: bool = True,
         extra_reads: int = 0,
+        passes: int = 1,
     ) -> None:
+        if passes < 1:
+            raise ValueError(f"passes must be >= 1, got {passes}")
         self.comm = comm
+        self.passes = passes
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no parameters that require gradients")
@@ -501,6 +507,7 @@ class GradientBuckets:
         self.samples = samples
         self._generation = 0  # this step's number: a parameter reported in it carries it
         self._reported = [-1] * len(self._view_of)
+        self._arrivals = [0] * len(self._view_of)  # accumulations this step, counted when passes > 1
         self._next = 0  # the next bucket to start, in bucket order
         self._reduced: Reduction | None = None
         self._withheld = False
@@ -554,6 +561,10 @@ class GradientBuckets:
         self.backward_ran = True
         if self._accumulating:
             return
+        if self.passes > 1:
+            self._arrivals[i] += 1
+            if self._arrivals[i] < self.passes:
+                return
         if self._reduced is not None:
             raise RuntimeError(
                 "mpisolve: backward() ran after solver.synchronize() and before solver.step(): the reduced "
@@ -780,6 +791,8 @@ class GradientBuckets:
             bucket.pending = len(bucket.params)
         self._next = 0
         self._generation += 1
+        if self.passes > 1:
+            self._arrivals = [0] * len(self._arrivals)
         self._reduced = None
         self._withheld = False
         self.backward_ran = False

@@ -479,6 +479,12 @@ class Solver(ABC):
             self._buffers.complete()
         yield self.model
 
+    def broadcast_state(self, root: int = 0) -> None:
+        """Give every rank ``root``'s parameters, buffers and optimizer state (collective): after
+        rank ``root`` alone loaded a checkpoint, or any change made on some ranks only. Between
+        steps; the solver's own state (``state_dict``) is not sent."""
+        broadcast_module_and_optimizer(self.model, self.optimizer, self.comm, root)
+
     def state_dict(self) -> dict[str, Any]:
         """The solver's own state (not the model's or optimizer's)."""
         return {

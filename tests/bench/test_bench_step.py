@@ -37,6 +37,17 @@ def test_bench_step_says_whether_the_solvers_sums_were_node_shared(solver, node_
         assert result["node_shm"] is (node_shm == "on" and solver != "easgd")
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize("solver", ["allreduce", "adasum"])
+def test_bench_step_times_horovods_optimizer_beside_the_solver(solver, capsys):
+    argv = ["bench", "step", "--solver", solver, "--horovod", "--model", "mlp", "--batch", "4", "--repeats", "1"]
+    assert main([*argv, "--warmup", "0"]) == 0
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        result = json.loads(capsys.readouterr().out)
+        assert result["horovod_s"] > 0 and result["horovod_over_solver"] == result["horovod_s"] / result["solver_s"]
+
+
 def test_bench_step_refuses_an_unknown_solver(capsys):
     assert main(["bench", "step", "--model", "mlp", "--solver", "nope"]) == 2
     assert "--solver must be one of" in capsys.readouterr().err

@@ -64,3 +64,10 @@ def test_resnet_on_an_image_folder(tmp_path):
 @pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "examples").glob("*.py")))
 def test_every_example_is_tested(script):
     assert script in Path(__file__).read_text()
+
+
+@pytest.mark.parametrize("flags", [["--fp16-allreduce"], ["--use-adasum"]], ids=["average-fp16", "adasum"])
+def test_a_horovod_script_learns_with_only_its_import_changed(flags):
+    lines = run("horovod_loop.py", "--epochs", "3", *flags)
+    accuracy = float(lines[-1].split()[-1])
+    assert lines[-1].startswith("epoch 2") and accuracy > 0.8, lines

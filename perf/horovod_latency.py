@@ -1,0 +1,58 @@
+"""One allreduce through mpisolve.horovod against mpisolve.allreduce, same tensors, same run.
+
+Run under mpiexec (perf/horovod_step.sh). For each size, a float32 tensor averaged by
+``mpisolve.allreduce`` (the fused, node-aware path, no check across ranks) and by
+``hvd.allreduce`` (a header round, then the data round: the check Horovod's tests ask
+for), timed in turn within each repeat (``interleaved_medians``, the slowest rank's); each
+timing is CALLS calls, reported per call. One JSON line per size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import mpisolve
+import mpisolve.horovod as hvd
+from mpisolve.bench import interleaved_medians
+
+
+def repeat(fn: Callable[[], Any], calls: int) -> None:
+    for _ in range(calls):
+        fn()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", default="4,4096,65536,1048576", help="bytes, comma-separated")
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+    comm = mpisolve.init()
+    hvd.init()
+    for size in (int(s) for s in args.sizes.split(",")):
+        t = torch.rand(max(1, size // 4))
+        calls = max(1, args.calls if size < 1 << 20 else args.calls // 10)
+        fns = {
+            "native": functools.partial(repeat, lambda t=t: mpisolve.allreduce(t, op="average"), calls),
+            "horovod": functools.partial(repeat, lambda t=t: hvd.allreduce(t), calls),
+        }
+        timings = interleaved_medians(fns, comm, args.repeats, 2)
+        if comm.rank == 0:
+            row = {
+                "bytes": t.numel() * 4,
+                "ranks": comm.size,
+                "mpisolve_allreduce_us": timings["native"] / calls * 1e6,
+                "hvd_allreduce_us": timings["horovod"] / calls * 1e6,
+                "hvd_over_mpisolve": timings["horovod"] / timings["native"],
+            }
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
