@@ -28,6 +28,7 @@ _EXPORTS = {
     "UnevenSteps": "mpisolve.comm",
     "allreduce": "mpisolve.comm",
     "init": "mpisolve.comm",
+    "Joined": "mpisolve.solvers",
     "OptionError": "mpisolve.options",
     "Solver": "mpisolve.solvers",
     "StepInfo": "mpisolve.solvers",

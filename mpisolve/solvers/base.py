@@ -67,6 +67,20 @@ class StepInfo:
     next_batch_size: int | None = None
 
 
+@dataclass
+class Joined:
+    """What ``with solver.join() as joined:`` tells once the block is over.
+
+    ``last_rank``: the rank whose loop ended last (of several that ended in the same
+    step, the highest, as DDP's ``Join``), whose model and optimizer state every rank
+    then holds; None inside the block, and for the solvers whose ranks stop apart
+    (``join()`` does nothing there). A loop's own objects (a learning-rate scheduler, a
+    GradScaler, counters) are the user's: re-sync them from this rank if they must agree.
+    """
+
+    last_rank: int | None = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class CommonOptions:
     """Options every solver takes, besides its own (see :mod:`mpisolve.solvers.nonfinite`)."""
@@ -139,6 +153,10 @@ class Solver(ABC):
     tolerates_uneven: ClassVar[bool] = False
     #: What a collective round of this solver is called in messages.
     round_unit: ClassVar[str] = "steps"
+    #: Whether ``join()`` ends by giving every rank the model (parameters and buffers) and the
+    #: optimizer state of the last rank to join, as DDP's ``Join`` gives its model: False where
+    #: the ranks' models differ by design (EASGD's workers; its result is the center).
+    joins_to_one_model: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -179,6 +197,9 @@ class Solver(ABC):
         self._joining = False
         self._active_ranks = 0  # ranks still in their loops in the last round (join ends after one with none)
         self._unscaled_by: GradScaler | None = None
+        #: The GradScaler the last step was given: a rank that joined decides its shadow steps as with it.
+        self._scaler: GradScaler | None = None
+        self._shadowing = False  # a joined rank's step: it decides as the others, and applies nothing
         self._verdict: str | None = None
         buffers = [b for b in model.buffers() if b.numel() > 0]
         self._buffers: BufferBroadcast | None = None
@@ -282,26 +303,50 @@ class Solver(ABC):
         self._unscale(scaler)
 
     @contextmanager
-    def join(self) -> Iterator[None]:
-        """Uneven inputs: ``with solver.join(): for batch in my_loader: ...``.
+    def join(self) -> Iterator[Joined]:
+        """Uneven inputs: ``with solver.join() as joined: for batch in my_loader: ...``.
 
         A rank whose loop ends while others still step takes part in their remaining
-        rounds with an empty contribution (no gradients, no samples) and applies the same
-        updates, so every rank leaves the ``with`` block together with equal models.
-        Each such update counts only the ranks still in their loops (see each solver's
-        docs for what "average" means then). Solvers that tolerate ranks stopping apart
-        (ABS-SGD, the asynchronous ones) need nothing: the context does nothing.
+        rounds with an empty contribution (no gradients, no samples) and decides each
+        step as they do, applying nothing; once every loop has ended, every rank takes the
+        model and optimizer state of the last rank to join (``joined.last_rank``, see
+        :class:`Joined`), so every rank leaves the ``with`` block with equal models and
+        optimizer states whatever the loop did around ``step()`` (a scaler, clipping, a
+        scheduler). Each update counts only the ranks still in their loops (see each
+        solver's docs for what "average" means then). Solvers that tolerate ranks stopping
+        apart (ABS-SGD, the asynchronous ones) need nothing: the context does nothing.
         """
+        joined = Joined()
         if self.tolerates_uneven:
-            yield
+            yield joined
             return
         self._joining = True
         try:
-            yield
+            yield joined
         finally:
             self._joining = False
+        taken = self._steps_taken()
         while self._shadow_round():
             pass
+        joined.last_rank = self._sync_to_last(taken)
+
+    def _steps_taken(self) -> int:
+        """This rank's own steps so far (``join()`` compares them to find the last rank to join)."""
+        return self.rounds
+
+    def _sync_to_last(self, taken: int) -> int:
+        """After ``join()``'s rounds: the last rank to join (most ``taken`` steps, then the highest
+        rank), whose model and optimizer state every rank takes (:attr:`joins_to_one_model`)."""
+        size = self.comm.size
+        if size == 1:
+            return 0
+        key = torch.tensor([taken * size + self.comm.rank], dtype=torch.int64)
+        last = int(self.comm.allreduce_(key, op="max", what="join: the last rank to join").item()) % size
+        if self.joins_to_one_model:
+            if self._buffers is not None and self._buffers.pending:
+                self._buffers.complete()  # rank 0's buffers land before the last rank's
+            broadcast_module_and_optimizer(self.model, self.optimizer, self.comm, root=last)
+        return last
 
     def _shadow_round(self) -> bool:
         """One collective round contributing nothing, on a rank that joined; whether any rank
@@ -374,6 +419,8 @@ class Solver(ABC):
 
     def _unscale(self, scaler: GradScaler | None) -> None:
         """Unscale the gradients the step will apply, once per step."""
+        if scaler is not None:
+            self._scaler = scaler
         if scaler is None or not scaler.is_enabled() or self._unscaled_by is scaler:
             return
         if self._unscaled_by is not None:
@@ -396,7 +443,10 @@ class Solver(ABC):
         return self.nonfinite.ok(tensors, what)
 
     def _step_optimizer(self, scaler: GradScaler | None) -> None:
-        """The user's optimizer steps (through the scaler, which then knows the step was taken)."""
+        """The user's optimizer steps (through the scaler, which then knows the step was taken);
+        not in a joined rank's shadow step (``join()`` gives it the last rank's model after)."""
+        if self._shadowing:
+            return
         if scaler is not None and scaler.is_enabled():
             scaler.step(self.optimizer)
         else:
@@ -453,7 +503,24 @@ class Solver(ABC):
     def _shadow_bucket_round(self, grads: GradientBuckets) -> bool:
         """Join's round for a bucket solver: withhold from the buckets, then the solver's own step."""
         grads.withhold()
-        self.step()
+        return self._shadow_step()
+
+    def _shadow_step(self) -> bool:
+        """A joined rank's step: decided as the ranks in their loops decide theirs, applying
+        nothing; whether any rank contributed.
+
+        With the GradScaler this rank was last given: the step unscales through it as theirs
+        do, and it is updated as their loops update theirs (so its scale stays theirs: K-FAC
+        unscales its factors by it); a last round nobody contributed to leaves its scale as it is.
+        """
+        scaler = self._scaler
+        self._shadowing = True
+        try:
+            self.step(scaler=scaler)
+        finally:
+            self._shadowing = False
+        if scaler is not None and scaler.is_enabled():
+            scaler.update() if self._active_ranks > 0 else scaler.update(new_scale=scaler.get_scale())
         return self._active_ranks > 0
 
     @contextmanager
