@@ -425,7 +425,7 @@ class ABSSGD(Solver):
                 p.add_(step, alpha=self.options.weight_prediction)
 
     @contextmanager
-    def evaluating(self) -> Iterator[torch.nn.Module]:
+    def _evaluation(self) -> Iterator[torch.nn.Module]:
         """The model holds the true weights for the duration (not the predicted ones it trains at)."""
         if self._weights is None or self.closed:
             yield self.model

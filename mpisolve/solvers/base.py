@@ -195,6 +195,7 @@ class Solver(ABC):
         self._round_open = False  # a step (synchronize, join's round) is running: its waits may be interrupted
         self._round_entered = False  # this round's step was entered (and may have ended in an error)
         self._joining = False
+        self._evaluating = 0  # evaluating() contexts open: their forwards are not training ones
         self._active_ranks = 0  # ranks still in their loops in the last round (join ends after one with none)
         self._unscaled_by: GradScaler | None = None
         #: The GradScaler the last step was given: a rank that joined decides its shadow steps as with it.
@@ -226,13 +227,18 @@ class Solver(ABC):
     def _count_samples(self, module: torch.nn.Module, args: tuple) -> None:
         if self._buffers is not None and self._buffers.pending:
             self._buffers.complete()  # the last step's broadcast of rank 0's buffers, before they are read
-        # Only training passes count: evaluation under no_grad/inference_mode does not.
-        if not torch.is_grad_enabled():
+        if not self._training_forward(module):
             return
         if self._forward_at is None:
             self._forward_at = time.perf_counter()
         if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
             self._samples += args[0].shape[0]
+
+    def _training_forward(self, module: torch.nn.Module) -> bool:
+        """Whether a forward of ``module`` now is a training one, which counts its samples (and
+        K-FAC's factors): autograd on (not under ``no_grad`` or ``inference_mode``), the model
+        in training mode (not after ``model.eval()``), outside :meth:`evaluating`."""
+        return torch.is_grad_enabled() and module.training and not self._evaluating
 
     @property
     def node_shared(self) -> bool:
@@ -240,7 +246,7 @@ class Solver(ABC):
         return False
 
     def samples_seen(self) -> int:
-        """Samples the training forward passes (with grad enabled) have seen since the last step."""
+        """Samples the training forward passes (:meth:`_training_forward`) have seen since the last step."""
         return self._samples
 
     def take_samples(self, batch_size: int | None) -> int:
@@ -481,9 +487,10 @@ class Solver(ABC):
         if grads.backward_ran and batch_size is None and self._forward_at is None:
             raise RuntimeError(
                 f"mpisolve {self.name}: gradients arrived but no training forward of the solver's model was seen, "
-                "so the samples cannot be counted. If the model is torch.compile'd, give the compiled module to "
-                "make_solver (or make the solver before the compiled module's first call); else pass "
-                "step(batch_size=...)"
+                "so the samples cannot be counted. A forward in eval mode (model.eval()) or inside "
+                "solver.evaluating() is not a training one: train in model.train(), or pass step(batch_size=...). "
+                "If the model is torch.compile'd, give the compiled module to make_solver (or make the solver "
+                "before the compiled module's first call)"
             )
         reduction = grads.finish(writable=scaler is not None and scaler.is_enabled())  # the scaler unscales in place
         self._unscale(scaler)
@@ -529,8 +536,19 @@ class Solver(ABC):
 
         By default the model as it is (with rank 0's buffers, when they are broadcast);
         solvers whose result lives elsewhere (the EASGD family's center variable) swap it
-        in for the duration.
+        in for the duration (:meth:`_evaluation`). Forwards inside are not training ones,
+        whatever the model's mode and autograd's: they count no samples and no K-FAC factors.
         """
+        self._evaluating += 1
+        try:
+            with self._evaluation() as model:
+                yield model
+        finally:
+            self._evaluating -= 1
+
+    @contextmanager
+    def _evaluation(self) -> Iterator[torch.nn.Module]:
+        """:meth:`evaluating`'s model: this one, with rank 0's buffers when they are broadcast."""
         if self._buffers is not None:
             self._buffers.complete()
         yield self.model

@@ -266,7 +266,7 @@ class _LocalSteps(Solver):
         """Copy the current center (the result) into ``out``."""
 
     @contextmanager
-    def evaluating(self) -> Iterator[torch.nn.Module]:
+    def _evaluation(self) -> Iterator[torch.nn.Module]:
         """The model holds the center for the duration; this worker's parameters come back after."""
         if self._swap is None:
             self._swap = torch.empty_like(self.flat)

@@ -435,7 +435,7 @@ class KFACSolver(BucketSolver):
 
     # ---------------------------------------------------------------- hooks
     def _on_forward(self, index: int, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
-        if not (self._capturing and module.training and torch.is_grad_enabled()):
+        if not (self._capturing and self._training_forward(module)):
             return
         self._capture(2 * index, "forward", lambda out: self.layers[index].computer.compute_a(inputs[0], out))
         if isinstance(output, torch.Tensor) and output.requires_grad:
