@@ -413,6 +413,10 @@ class GradientBuckets:
         self._generation = 0  # this step's number: a parameter reported in it carries it
         self._reported = [-1] * len(self._view_of)
         self._next = 0  # the next bucket to start, in bucket order
+        #: Each bucket's storage version (``Tensor._version``) once its reduction started: any later
+        #: in-place change of a gradient before ``finish`` bumps it (the reducers' own writes do not).
+        self._started_version = [0] * len(self.buckets)
+        self._changed: list[Bucket] = []  # buckets changed after their reduction started, this step
         self._reduced: Reduction | None = None
         self._withheld = False
         self._accumulating = 0
@@ -496,6 +500,7 @@ class GradientBuckets:
         if self.weighted and self.node is not None:  # weighed by this rank's samples (MPI's path: by the reducer)
             bucket.buffer.flat.mul_(float(self._local_samples))
         self.reducer.start(bucket)
+        self._started_version[bucket.index] = bucket.buffer.flat._version
 
     def _start_ready(self) -> None:
         while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
@@ -558,9 +563,22 @@ class GradientBuckets:
         reduced = self._reduced
         if reduced is None:
             reduced = self._reduced = self._reduce()
+            if self._changed:
+                raise RuntimeError(self._changed_message())
         if writable and self._in_window:
             self._own()
         return reduced
+
+    def _changed_message(self) -> str:
+        changed, self._changed = self._changed, []
+        shapes = ", ".join(str(tuple(p.shape)) for bucket in changed for p in bucket.params[:3])
+        return (
+            f"mpisolve: gradients were changed in place after their reduction started (after backward(), before "
+            f"step() or synchronize(); in the bucket(s) of parameters {shapes}): the reduction may or may not have "
+            "read the change, so the ranks' models may differ. Clip, scale or unscale the gradients after "
+            "solver.synchronize(), which completes the reduction, and give a GradScaler to "
+            "synchronize(scaler=...) or step(scaler=...) instead of calling scaler.unscale_ yourself"
+        )
 
     def _reduce(self) -> Reduction:
         for bucket in self.buckets[self._next :]:
@@ -569,6 +587,8 @@ class GradientBuckets:
         while self._next < len(self.buckets):
             self._start(self.buckets[self._next])
             self._next += 1
+        started = self._started_version
+        self._changed = [bucket for bucket in self.buckets if bucket.buffer.flat._version != started[bucket.index]]
         for bucket in self.buckets:
             self.reducer.finish(bucket)
         reduction = self._tally_reduction()

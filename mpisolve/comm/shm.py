@@ -296,8 +296,10 @@ class NodeAllreduce:
             acc = half_acc.view(torch.float32) if self.half else self.result
             self.share = shard_bounds(numel, ranks, "sharded", itemsize)[self._me]
         lo, hi = self.share
-        self._acc_share = acc[lo:hi]
-        self._result_share = self.result[lo:hi]
+        # Aliases of their own version counters: the round's writes are no change of a caller's input
+        # (gradient buckets check theirs, :class:`.buckets.GradientBuckets`).
+        self._acc_share = acc[lo:hi].data
+        self._result_share = self.result[lo:hi].data
         # Each copy's round, its kernels checked once: the sum, once every local rank has arrived,
         # of this rank's share of the slots and of the whole tally; on the latency path also the
         # round's start (the copy in of raw bytes, the arrival, and one try at the sum).

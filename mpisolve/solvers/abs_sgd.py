@@ -440,7 +440,7 @@ class ABSSGD(Solver):
         """The user's optimizer steps with this update's learning rate and momentum (docs/solvers/abs-sgd.md)."""
         scaling, correct = self.options.lr_scaling, self.options.momentum_correction
         if scaling == "none" and not correct:
-            self.optimizer.step()
+            self._step_optimizer(None)
             return
         if self.reference_batch is None:
             self.reference_batch = float(global_samples)
@@ -454,7 +454,7 @@ class ABSSGD(Solver):
                 group["momentum"] = corrected_momentum(momentum, ratio)
                 group["lr"] *= (1.0 - group["momentum"]) / (1.0 - momentum)
         try:
-            self.optimizer.step()
+            self._step_optimizer(None)
         finally:
             for group, (lr, momentum) in zip(groups, given):
                 group["lr"] = lr

@@ -211,6 +211,8 @@ class Solver(ABC):
             self._notices = CloseNotices(self.comm, self._round_waiting, self.name, self.round_unit)
         # Eager under torch.compile too (a graph break): it may wait for the buffers' broadcast.
         self._sample_hook = model.register_forward_pre_hook(torch.compiler.disable(self._count_samples))
+        self._stepping = False  # the solver is stepping the optimizer (any other step is the user's own)
+        self._step_hook = optimizer.register_step_pre_hook(self._refuse_direct_step)
         self.closed = False
         self.setup()
 
@@ -367,11 +369,16 @@ class Solver(ABC):
         raised on every rank.
         """
         if not self.closed:
-            self._sample_hook.remove()
+            self._remove_hooks()
             self.closed = True
             self.comm.free()
             if self._verdict is not None:
                 raise UnevenSteps(self._verdict)
+
+    def _remove_hooks(self) -> None:
+        """The model's and the optimizer's hooks go with the solver (the optimizer may step alone after)."""
+        self._sample_hook.remove()
+        self._step_hook.remove()
 
     # --------------------------------------------------- step API machinery
     def _round_waiting(self) -> int | None:
@@ -398,7 +405,7 @@ class Solver(ABC):
             table = notices.close(self.rounds, self._round_entered or busy, busy)
             stuck = any(c.busy or (drain is None and c.interrupted) for c in table.values())
             if len({c.rounds for c in table.values()}) > 1 or (stuck and drain is None):
-                self._sample_hook.remove()
+                self._remove_hooks()
                 self.closed = True
                 raise UnevenSteps(notices.verdict(table) or "mpisolve: a collective round was left in flight")
             if stuck:
@@ -453,10 +460,24 @@ class Solver(ABC):
         not in a joined rank's shadow step (``join()`` gives it the last rank's model after)."""
         if self._shadowing:
             return
-        if scaler is not None and scaler.is_enabled():
-            scaler.step(self.optimizer)
-        else:
-            self.optimizer.step()
+        self._stepping = True
+        try:
+            if scaler is not None and scaler.is_enabled():
+                scaler.step(self.optimizer)
+            else:
+                self.optimizer.step()
+        finally:
+            self._stepping = False
+
+    def _refuse_direct_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        """The optimizer's step pre-hook: a step the solver did not take is the loop's ``optimizer.step()``."""
+        if not self._stepping:
+            raise RuntimeError(
+                f"mpisolve {self.name}: optimizer.step() was called directly, while the solver's step() is what "
+                "combines the ranks' work and then steps the optimizer: call solver.step() in its place (with a "
+                "GradScaler, solver.step(scaler=scaler) in place of scaler.step(optimizer)). The optimizer did "
+                "not step"
+            )
 
     def _global_samples(self, reduction: Reduction, batch_size: int | None) -> int:
         """The step's global sample count: the forward passes' (it rode with the gradients),
