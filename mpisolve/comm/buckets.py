@@ -417,6 +417,7 @@ class GradientBuckets:
         #: in-place change of a gradient before ``finish`` bumps it (the reducers' own writes do not).
         self._started_version = [0] * len(self.buckets)
         self._changed: list[Bucket] = []  # buckets changed after their reduction started, this step
+        self._refused = False  # a backward was refused this step (it changed the gradients, and was told)
         self._reduced: Reduction | None = None
         self._withheld = False
         self._accumulating = 0
@@ -470,11 +471,13 @@ class GradientBuckets:
         if self._accumulating:
             return
         if self._reduced is not None:
+            self._refused = True
             raise RuntimeError(
                 "mpisolve: backward() ran after solver.synchronize() and before solver.step(): the reduced "
                 "gradients were overwritten; call step() first"
             )
         if self._reported[i] == self._generation:
+            self._refused = True
             raise RuntimeError(
                 f"mpisolve: a second backward() reached parameter {tuple(param.shape)} before solver.step(): its "
                 "gradient is already being reduced. For gradient accumulation, run every backward but the "
@@ -588,7 +591,8 @@ class GradientBuckets:
             self._start(self.buckets[self._next])
             self._next += 1
         started = self._started_version
-        self._changed = [bucket for bucket in self.buckets if bucket.buffer.flat._version != started[bucket.index]]
+        if not self._refused:
+            self._changed = [b for b in self.buckets if b.buffer.flat._version != started[b.index]]
         for bucket in self.buckets:
             self.reducer.finish(bucket)
         reduction = self._tally_reduction()
@@ -679,6 +683,7 @@ class GradientBuckets:
         self._generation += 1
         self._reduced = None
         self._withheld = False
+        self._refused = False
         self.backward_ran = False
 
     def close(self) -> None:
