@@ -117,6 +117,12 @@ class FusedBuffer:
         return all(t.dtype == self.flat.dtype and t.device == self.flat.device for t in tensors)
 
 
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of one float dtype hold the same bits (NaNs included)."""
+    bits = {8: torch.int64, 4: torch.int32, 2: torch.int16}[a.element_size()]
+    return torch.equal(a.view(bits), b.view(bits))
+
+
 def plan_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
     """Group tensor indices, in the given order, into buckets of one dtype and device.
 
@@ -339,6 +345,11 @@ class GradientBuckets:
     gradients in place, as K-FAC's preconditioner does), a step some ranks withheld from
     (the average's divisor is then the contributing ranks, not the one fused into the sum)
     and ``weighted`` (the divisor, the global sample count, is known only with the sum).
+    The user's optimizer may write ``p.grad`` in place too (``SGD(nesterov=True,
+    foreach=True)`` adds its momentum there, a user's optimizer may scale it): its first
+    applied step runs on this rank's own copy, and :meth:`stepped` looks whether it wrote
+    it; one that did gets its own copy at every step, the others read the sums in place
+    from then on (and a later in-place write is an error: :meth:`stepped`).
 
     Arming and launching live here; where a bucket's storage lives and how it is
     reduced are :class:`Bucket`'s and the :class:`BucketReducer`'s.
@@ -435,6 +446,11 @@ class GradientBuckets:
         # A step whose shared sums were read in place ends waiting for the node's other ranks
         # (weighted: each rank stepped on its own copy).
         self._release = self.node.release if self.node is not None and shared_result and not weighted else None
+        #: Whether the optimizer reads the shared sums in place: None until its first applied step
+        #: (on this rank's own copy) shows whether it writes ``p.grad`` (:meth:`stepped`); False where
+        #: no sum is shared.
+        self._read_in_place: bool | None = None if self._release is not None and self._shared_buckets else False
+        self._window_version = [0] * len(self.buckets)  # each shared sum's version, as the optimizer got it
 
     @property
     def in_flight(self) -> bool:
@@ -608,15 +624,36 @@ class GradientBuckets:
             self._own(1.0 / samples if samples > 0 else 0.0)  # sum_r n_r g_r, divided by the samples
         elif self.average and 0 < ranks < self.comm.size:
             self._own(self.comm.size / ranks)  # the sum was scaled by 1 / size: make it 1 / ranks
-        elif self.shared_result:
+        elif self._read_in_place:
             for bucket in self.buckets:
                 if bucket.shared:
                     for p, view in zip(bucket.params, bucket.result.views):
                         p.grad = view
+                    self._window_version[bucket.index] = bucket.result.flat._version
                     self._in_window = True
         else:
             self._own()
         return reduction
+
+    def stepped(self) -> None:
+        """After the optimizer stepped on this step's gradients (before :meth:`rearm`).
+
+        Node-shared sums: the first time, whether the optimizer wrote ``p.grad`` (its own
+        copy, compared bit for bit with the shared sums) decides whether it may read them in
+        place from now on. Once it does, a write (seen by the version counter: one through
+        ``.data`` is not) is an error: the node's ranks read those sums at once.
+        """
+        if self._read_in_place is None:
+            self._read_in_place = all(_same_bits(b.buffer.flat, b.result.flat) for b in self.buckets if b.shared)
+        elif self._in_window:
+            version = self._window_version
+            if any(b.result.flat._version != version[b.index] for b in self.buckets if b.shared):
+                raise RuntimeError(
+                    "mpisolve: the optimizer wrote p.grad in place, which it did not at its first step: the "
+                    "gradients are one node-shared sum that the node's ranks read at once, so their models may now "
+                    "differ. Keep this optimizer's sums on MPI's path (MPISOLVE_NODE_SHM=0, or a solver made on "
+                    "mpisolve.Communicator(node_shm=False))"
+                )
 
     def _tally_reduction(self) -> Reduction:
         """The summed tally as this step's :class:`Reduction` (whole numbers: float64 on the node path,

@@ -522,6 +522,8 @@ class Solver(ABC):
             if before_update is not None:
                 before_update()
             self._step_optimizer(scaler)
+            if not self._shadowing:
+                grads.stepped()
         if after_update is not None:
             after_update(applied)
         grads.rearm()

@@ -105,8 +105,8 @@ def mean_grads(comm: Communicator, x: torch.Tensor, model: nn.Module) -> list[to
 @ALL_SIZES
 @pytest.mark.parametrize("path", ["latency", "bandwidth", "mpi"])
 def test_gradient_buckets_read_the_sum_in_place_and_accumulate_on_it(path, monkeypatch):
-    """Bandwidth-path sums are read where they lie in the window; latency-path and MPI's sums
-    land in the buckets themselves, in place."""
+    """Bandwidth-path sums are read where they lie in the window (once a step showed that the
+    optimizer leaves p.grad alone); latency-path and MPI's sums land in the buckets themselves, in place."""
     if path == "bandwidth":
         monkeypatch.setattr(shm, "LATENCY_MAX_BYTES", 0)
     node_shm = path != "mpi"
@@ -118,6 +118,12 @@ def test_gradient_buckets_read_the_sum_in_place_and_accumulate_on_it(path, monke
     want = mean_grads(comm, x, oracle_model)
     grads = GradientBuckets(model.parameters(), comm, bucket_bytes=200, average=True)
     assert (grads.node is not None) == node_shm and len(grads.buckets) > 1
+    # The first step: an optimizer that leaves p.grad alone (on this rank's own copy, as any first).
+    grads.zero_()
+    model(x + comm.rank).sum().backward()
+    grads.finish()
+    grads.stepped()
+    grads.rearm()
     grads.zero_()
     model(x + comm.rank).sum().backward()
     grads.finish()

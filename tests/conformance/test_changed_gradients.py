@@ -20,9 +20,6 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from mpisolve.comm.communicator import Communicator
-
-from .conftest import TIMEOUT_S
 from .harness import BUCKETS, LR, all_raised, assert_close, cases, global_batch, loss_fn, make_model, oracle, run, shard
 
 
@@ -45,19 +42,12 @@ CHANGES: dict[str, Callable[[torch.nn.Module, torch.optim.Optimizer, torch.amp.G
 }
 
 
-@pytest.fixture(scope="module")
-def mpi_path() -> Communicator:
-    return Communicator(timeout_s=TIMEOUT_S, node_shm=False)
-
-
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.cluster
 @pytest.mark.ranks(2, 3)
-@pytest.mark.parametrize("path", ["node-shared", "mpi"])
 @pytest.mark.parametrize("change", CHANGES)
 @pytest.mark.parametrize("case", cases(BUCKETS), ids=lambda c: c.id)
-def test_a_gradient_changed_before_synchronize_is_an_error_naming_the_fix(comm, mpi_path, case, change, path):
-    on = comm if path == "node-shared" else mpi_path
+def test_a_gradient_changed_before_synchronize_is_an_error_naming_the_fix(on, case, change):
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     solver = case.build(model, optimizer, on)
