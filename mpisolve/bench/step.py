@@ -13,6 +13,9 @@ more ranks, with its communication. ``--ddp`` also times the step with
 one), each time including the wait for the GPU work it queued. ``--node-shm off`` keeps
 the solver's sums on MPI's path where node-shared memory would apply (``node_shm`` says
 whether the solver's sums ran in node-shared memory: :attr:`Solver.node_shared`).
+``--optimizer nesterov-foreach`` steps ``SGD(momentum=0.9, nesterov=True, foreach=True)``,
+which adds its momentum into ``p.grad`` in place: on the node-shared path each rank then
+steps on its own copy of the summed gradients (docs/internals/comm.md).
 """
 
 from __future__ import annotations
@@ -34,12 +37,21 @@ from ..train.models import MODELS, build_model
 from . import add_device_argument, bench_device, interleaved_medians
 from .allreduce import MODEL_INPUTS, _free_port
 
+OPTIMIZERS = ("sgd", "nesterov-foreach")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(MODELS), default="resnet18")
     parser.add_argument("--batch", type=int, default=32, help="examples per rank per step")
     parser.add_argument("--solver", default="allreduce", help="the solver to time (default allreduce)")
     parser.add_argument("--ddp", action="store_true", help="also time DistributedDataParallel on gloo (CPU)")
+    parser.add_argument(
+        "--optimizer",
+        choices=OPTIMIZERS,
+        default="sgd",
+        help="sgd: SGD with momentum 0.9 (none for solvers with their own); nesterov-foreach: with Nesterov "
+        "momentum, foreach, which writes p.grad in place",
+    )
     parser.add_argument(
         "--node-shm", choices=("on", "off"), default="on", help="node-shared sums where they apply (off: MPI's path)"
     )
@@ -64,10 +76,14 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
 
     # Solvers that apply their own momentum (async-msgd, async-measgd) take an optimizer without.
     momentum = 0.0 if "momentum" in {f.name for f in dataclasses.fields(solver_class(args.solver).Options)} else 0.9
+    if args.optimizer == "nesterov-foreach" and momentum == 0.0:
+        raise InputError(f"--optimizer nesterov-foreach: {args.solver} applies its own momentum; leave it at sgd")
 
     def model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(0)
         model = build_model(args.model, in_shape, classes).to(device)
+        if args.optimizer == "nesterov-foreach":
+            return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, foreach=True)
         return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum)
 
     plain_model, plain_optimizer = model_and_optimizer()
@@ -108,6 +124,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     result = {
         "model": args.model,
         "solver": args.solver,
+        "optimizer": args.optimizer,
         "batch_per_rank": args.batch,
         "device": str(device),
         "ranks": comm.size,
