@@ -453,6 +453,11 @@ class GradientBuckets:
         self._window_version = [0] * len(self.buckets)  # each shared sum's version, as the optimizer got it
 
     @property
+    def accumulating(self) -> bool:
+        """Whether backward passes now only accumulate (inside :meth:`no_sync`)."""
+        return self._accumulating > 0
+
+    @property
     def in_flight(self) -> bool:
         """Whether a bucket of this step has started and the step's reduction is not complete."""
         return self._next > 0 and self._reduced is None
