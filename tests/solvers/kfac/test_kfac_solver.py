@@ -180,6 +180,28 @@ def test_lr_is_the_kl_clips_alone_as_kaisas():
     torch.testing.assert_close(updates[1], updates[0] / 2)
 
 
+def test_the_kl_clip_reads_the_learning_rate_an_optimizer_state_loaded_later_gives():
+    """optimizer.load_state_dict after make_solver (a resume, join()'s hand-over) makes new param
+    groups: the KL clip reads their lr, not the replaced groups'."""
+    updates = []
+    for loaded in (False, True):
+        torch.manual_seed(2)
+        model = Net().double()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1 if loaded else 0.2)
+        solver = mpisolve.make_solver("kfac", model, optimizer, **exact_options(kl_clip=1e-8))
+        if loaded:
+            state = optimizer.state_dict()
+            state["param_groups"][0]["lr"] = 0.2
+            optimizer.load_state_dict(state)
+        before = [p.detach().clone() for p in model.parameters()]
+        x = torch.randn(8, 2, 4, 4, dtype=torch.float64)
+        nn.functional.cross_entropy(model(x), torch.randint(0, 2, (8,))).backward()
+        solver.step()
+        updates.append(torch.cat([(p - b).reshape(-1) for p, b in zip(model.parameters(), before)]))
+        solver.close()
+    torch.testing.assert_close(updates[1], updates[0])
+
+
 def test_state_dict_round_trip_resumes_exactly():
     torch.manual_seed(3)
     data = [(torch.randn(4, 2, 4, 4), torch.randint(0, 2, (4,))) for _ in range(6)]
