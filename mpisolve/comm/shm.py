@@ -195,12 +195,28 @@ class NodeGroup:
 #: How many one-shot sums (by size and dtype) a group keeps, each with its window.
 ONE_SHOT_KEPT = 8
 
+STAGE_CHOICE = "staging every tensor (MPISOLVE_STAGE, Communicator(stage_all=...))"
+
 
 def node_group(comm: Communicator) -> NodeGroup | None:
-    """``comm``'s :class:`NodeGroup`, or None where the node-aware path does not apply (collective once)."""
+    """``comm``'s :class:`NodeGroup`, or None where the node-aware path does not apply (collective once).
+
+    The ranks' choices that decide which path a sum takes (``node_shm``, ``stage_all``) must
+    agree: where they differ, ``ValueError`` on every rank (else ranks on different paths
+    would wait for each other until the watchdog).
+    """
     if comm in _GROUPS:
         return _GROUPS[comm]
-    sizes = comm.allgather_object(comm.local_size) if comm.size > 1 else [1]
+    mine = (comm.local_size, comm.node_shm, comm.stage_all)
+    views = comm.allgather_object(mine) if comm.size > 1 else [mine]
+    for i, choice in ((1, "node-shared sums (MPISOLVE_NODE_SHM, Communicator(node_shm=...))"), (2, STAGE_CHOICE)):
+        on = [rank for rank, view in enumerate(views) if view[i]]
+        if 0 < len(on) < len(views):
+            raise ValueError(
+                f"mpisolve: the ranks disagree on {choice}: on at rank(s) {','.join(map(str, on))}, off at the "
+                "others. It decides which path every sum takes: set it alike on every rank"
+            )
+    sizes = [view[0] for view in views]
     applies = comm.node_shm and comm.local_size > 1 and min(sizes) == max(sizes)
     group = NodeGroup(comm) if applies else None
     _GROUPS[comm] = group

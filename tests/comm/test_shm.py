@@ -291,6 +291,17 @@ def test_falls_back_when_off_or_alone_on_the_node():
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("choice, named", [("node_shm", "MPISOLVE_NODE_SHM"), ("stage_all", "MPISOLVE_STAGE")])
+def test_ranks_that_choose_different_paths_are_told_at_construction(choice, named):
+    """Before the fix each rank chose alone: one summed in node-shared memory, the other by MPI,
+    and both waited until the watchdog with a message about a round that never came."""
+    comm = Communicator(timeout_s=10, **{choice: MPI.COMM_WORLD.Get_rank() == 0})
+    with pytest.raises(ValueError, match=f"the ranks disagree on .*{named}.*: on at rank\\(s\\) 0, off at the others"):
+        GradientBuckets(Net().parameters(), comm, bucket_bytes=10**6, average=True)
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2)
 @pytest.mark.parametrize("node_shm", [True, False])
 def test_steps_whose_buckets_finish_starts_leave_nothing_in_flight(node_shm):
