@@ -521,6 +521,8 @@ def kept_sums(
     group = node_group(comm)
     if group is None or not all(takes_layout(comm, dtype, device) for _, dtype, device in buffers):
         return None
+    if any(numel == 0 for numel, _, _ in buffers):
+        return None  # an empty buffer: MPI's path, which sums zero elements
     if len({(numel, dtype) for numel, dtype, _ in buffers}) < len(buffers):
         return None  # two buffers alike in one call: MPI's path (one window each would be kept)
     ops = [group.reusable(numel, dtype) for numel, dtype, _ in buffers]
@@ -582,19 +584,24 @@ class NodeSumReducer:
         self.scale = scale
         self.tally = tally
         self.ops: list[NodeAllreduce] = []
+        self._numels: list[int] = []  # each bucket's elements (its op has one more where it has none)
         self._inflight: list[NodeAllreduce] = []
         self._release = NodeRelease(group)
         #: Whether some bucket's sum is shared by the node's ranks (the bandwidth path).
         self._shared = False
 
     def allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """Storage for the next bucket (collective): its round's input, zeroed; the first round carries the tally."""
-        op = NodeAllreduce(self.group, numel, dtype, scale=self.scale, tally=0 if self.ops else self.tally)
+        """Storage for the next bucket (collective): its round's input, zeroed; the first round carries the tally.
+
+        An empty bucket (a parameter of no elements alone in it) still has its round (the
+        tally may ride in it): one element of padding, zero, that nobody writes."""
+        op = NodeAllreduce(self.group, max(numel, 1), dtype, scale=self.scale, tally=0 if self.ops else self.tally)
         op.input.zero_()
         op.tally_input.zero_()
         self.ops.append(op)
+        self._numels.append(numel)
         self._shared = self._shared or not op.latency
-        return op.input
+        return op.input[:numel]
 
     @property
     def tally_input(self) -> torch.Tensor:
@@ -608,7 +615,7 @@ class NodeSumReducer:
 
     def result(self, index: int) -> torch.Tensor:
         """Where bucket ``index``'s sum lies: the window's shared sum (bandwidth path), else its input, in place."""
-        return self.ops[index].result
+        return self.ops[index].result[: self._numels[index]]
 
     def shared(self, index: int) -> bool:
         """Whether bucket ``index``'s sum is shared by the node's ranks (read in place, written by none)."""
