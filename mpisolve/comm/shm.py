@@ -28,6 +28,16 @@ A round:
      ``n + 1`` saw every local rank arrive at it, so all have finished reading round
      ``n``'s slots, the ones round ``n + 2`` writes.
 
+**Completion order.** A bandwidth-path round completes once every local rank has summed
+its own share, which a rank does only while it tests or waits on that round (or on the
+group's earlier ones, for the inter-node part). So every rank must complete the node-shared
+sums it started in one order, the same on every rank (any order, as long as it is the
+same; or all of them in one wait, as :func:`sum_kept` does): a rank waiting on sum B while
+another waits on sum A, each needing the other's share, wait until the watchdog. MPI's
+persistent sums need no such care. The callers keep it: gradient buckets finish in bucket
+order, K-FAC's factor groups in start order, ABS-SGD has one round in flight, and
+``mpisolve.allreduce`` waits on all of its sums at once.
+
 Counters are int64 in their own cache lines (:class:`NodeCounters`), published with
 release order and read with acquire order. Every wait goes through
 :meth:`Communicator.wait_for`, with its watchdog. Inter-node collectives are posted in the
@@ -251,6 +261,9 @@ class NodeAllreduce:
     ``numel`` elements of ``dtype``) to be the input and the result instead of memory of
     the operation's own, so a caller's tensor is summed in place with no copy of its own;
     unused on the bandwidth path.
+
+    Rounds of several sums must be completed in the same order on every rank (the module's
+    "Completion order"), unlike MPI's.
     """
 
     def __init__(
@@ -502,7 +515,10 @@ class NodePersistentAllreduce:
 
 
 def persistent_sum(comm: Communicator, tensor: torch.Tensor) -> PersistentAllreduce | NodePersistentAllreduce:
-    """A reusable in-place sum of ``tensor``: node-aware where it applies, else MPI's (collective)."""
+    """A reusable in-place sum of ``tensor``: node-aware where it applies, else MPI's (collective).
+
+    Several of them in flight: complete them in the same order on every rank (node-aware
+    rounds need it; see the module's "Completion order")."""
     group = node_group(comm)
     if group is not None and takes(comm, tensor):
         return NodePersistentAllreduce(group, tensor)
