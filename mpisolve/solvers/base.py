@@ -25,6 +25,7 @@ Every solver also takes :class:`CommonOptions` (``nonfinite``); the synchronous 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from abc import ABC, abstractmethod
@@ -588,6 +589,18 @@ class Solver(ABC):
         if state.get("solver") != self.name:
             raise ValueError(f"this state is from solver {state.get('solver')!r}, not {self.name!r}")
         self.nonfinite.skipped = int(state.get("nonfinite_skipped", 0))
+
+    def __repr__(self) -> str:
+        """``AllreduceSolver('allreduce', rank 0 of 2, bucket_mb=10.0)``: the options that differ from
+        their defaults (callables by name), and whether the solver is closed."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self.options)}
+        parts = [repr(self.name), f"rank {self.comm.rank} of {self.comm.size}"] + (["closed"] if self.closed else [])
+        parts += [
+            f"{k}={v if callable(getattr(self.options, k)) else repr(v)}"
+            for k, v in options_to_dict(self.options).items()
+            if getattr(self.options, k) != defaults[k]
+        ]
+        return f"{type(self).__name__}({', '.join(parts)})"
 
     def __enter__(self) -> Solver:
         return self
