@@ -4,11 +4,12 @@ momentum, the scheduler's learning rate and the solver's state all carried over)
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.doc_blocks import python_block
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide" / "your-loop.md"
 STEPS, SAVE_AT = 6, 3
@@ -16,9 +17,7 @@ STEPS, SAVE_AT = 6, 3
 
 def recipe() -> str:
     """The Python block after the ``your-loop-checkpoint`` marker."""
-    match = re.search(r"<!-- your-loop-checkpoint[^>]*-->\n```python\n(.*?)```", GUIDE.read_text(), re.DOTALL)
-    assert match, "docs/guide/your-loop.md has no ```python block after its <!-- your-loop-checkpoint --> marker"
-    return match.group(1)
+    return python_block(GUIDE, "your-loop-checkpoint")
 
 
 def build_model() -> torch.nn.Module:
