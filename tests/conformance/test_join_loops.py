@@ -126,6 +126,7 @@ def with_ddp(comm) -> torch.Tensor:
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
+@pytest.mark.filterwarnings("ignore:mpisolve kfac.*non-finite batch factors")  # the overflowing step's input
 @pytest.mark.parametrize("case", cases(ROUNDS), ids=lambda c: c.id)
 def test_join_ends_with_the_last_ranks_model_and_optimizer_state_whatever_the_loop_does(comm, gloo, case):
     model = make_model()
