@@ -26,6 +26,7 @@ import numba
 import numpy as np
 import torch
 
+from .caching import CACHE
 from .dispatch import BenchCase, by_device, host_array
 
 #: Squared norms below this leave their coefficient at 1 (Horovod: sqrt(DBL_MIN)).
@@ -35,7 +36,7 @@ TINY = float(np.sqrt(sys.float_info.min))
 _FAST = {"reassoc", "contract"}
 
 
-@numba.njit(cache=True, fastmath=_FAST)
+@numba.njit(cache=CACHE, fastmath=_FAST)
 def _segment_stats(a: np.ndarray, b: np.ndarray, bounds: np.ndarray, out: np.ndarray) -> None:
     for t in range(bounds.shape[0] - 1):
         # Loops over slices (not over a[i] for i in [lo, hi)) vectorise fully.
@@ -55,7 +56,7 @@ def _segment_stats(a: np.ndarray, b: np.ndarray, bounds: np.ndarray, out: np.nda
         out[t, 2] = nb
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=CACHE, inline="always")
 def pair_coefficient(dot: float, norm_sq: float) -> float:
     """One operand's Adasum coefficient from the pair's dot product and its squared norm."""
     if norm_sq >= TINY:
@@ -63,7 +64,7 @@ def pair_coefficient(dot: float, norm_sq: float) -> float:
     return 1.0
 
 
-@numba.njit(cache=True, fastmath=_FAST)
+@numba.njit(cache=CACHE, fastmath=_FAST)
 def _segment_combine(a: np.ndarray, b: np.ndarray, bounds: np.ndarray, stats: np.ndarray, out: np.ndarray) -> None:
     for t in range(bounds.shape[0] - 1):
         # In the buffer's dtype: float32 arithmetic runs twice as wide (and vectorises

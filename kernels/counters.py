@@ -23,6 +23,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .caching import CACHE
+
 
 def _item_pointer(context: Any, builder: Any, array_type: Any, array: Any, index_type: Any, index: Any) -> Any:
     ary = context.make_array(array_type)(context, builder, array)
@@ -81,13 +83,13 @@ _store_release: Any = intrinsic(_store_release_typing)
 _spin_hint: Any = intrinsic(_spin_hint_typing)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=CACHE)
 def publish(counters: np.ndarray, index: int, value: int) -> None:
     """Set ``counters[index]`` to ``value`` after every write this thread made before (release)."""
     _store_release(counters, index, value)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=CACHE)
 def reached(counters: np.ndarray, value: int) -> bool:
     """Whether every counter is at least ``value``; if so, later reads see what was written before they were set."""
     for i in range(counters.shape[0]):
@@ -96,13 +98,13 @@ def reached(counters: np.ndarray, value: int) -> bool:
     return True
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=CACHE)
 def reached_one(counters: np.ndarray, index: int, value: int) -> bool:
     """Whether ``counters[index]`` is at least ``value`` (acquire, as :func:`reached`)."""
     return _load_acquire(counters, index) >= value
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=CACHE)
 def reached_within(counters: np.ndarray, value: int, polls: int) -> bool:
     """:func:`reached`, checked again up to ``polls`` times with a spin-wait hint between (a bounded spin)."""
     for _ in range(polls):

@@ -21,10 +21,11 @@ import numba
 import numpy as np
 import torch
 
+from .caching import CACHE
 from .dispatch import BenchCase, by_device, host_array
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=CACHE)
 def _exchange(x: np.ndarray, center: np.ndarray, alpha: np.floating) -> None:
     for j in range(x.shape[0]):
         d = alpha * (x[j] - center[j])

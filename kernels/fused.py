@@ -20,6 +20,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .caching import CACHE
 from .dispatch import BenchCase, by_device, parallel_threads
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def _memcpy(
     return types.none(types.intp, types.intp, types.intp), codegen
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=CACHE)
 def _copy_chunk(addresses: np.ndarray, offsets: np.ndarray, flat: int, into_flat: bool, chunk: int) -> None:
     """Copy bytes ``[chunk * CHUNK, (chunk + 1) * CHUNK)`` of ``flat`` from or to the tensors.
 
@@ -99,13 +100,13 @@ def _copy_chunk(addresses: np.ndarray, offsets: np.ndarray, flat: int, into_flat
         j += 1
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=CACHE)
 def _copy_serial(addresses: np.ndarray, offsets: np.ndarray, flat: int, into_flat: bool) -> None:
     for chunk in range((offsets[-1] + CHUNK - 1) // CHUNK):
         _copy_chunk(addresses, offsets, flat, into_flat, chunk)
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=CACHE, parallel=True)
 def _copy_parallel(addresses: np.ndarray, offsets: np.ndarray, flat: int, into_flat: bool) -> None:
     for chunk in prange((offsets[-1] + CHUNK - 1) // CHUNK):
         _copy_chunk(addresses, offsets, flat, into_flat, chunk)

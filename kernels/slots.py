@@ -27,6 +27,7 @@ from llvmlite import ir  # type: ignore[import-untyped]
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
+from .caching import CACHE
 from .counters import publish, reached_within
 from .dispatch import BenchCase, bind
 
@@ -65,7 +66,7 @@ def _widen_bfloat16(h: np.uint16) -> np.float32:
     return _float32_from_bits(np.uint32(np.uint32(h) << 16))
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=CACHE)
 def _sum_float(slots: np.ndarray, start: int, stop: int, out: np.ndarray, scale: float) -> None:
     rows = slots.shape[0]
     factor = out.dtype.type(scale)
@@ -85,7 +86,7 @@ def _sum_float(slots: np.ndarray, start: int, stop: int, out: np.ndarray, scale:
                 acc[j] *= factor
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=CACHE)
 def _sum_half(slots: np.ndarray, start: int, stop: int, out: np.ndarray, scale: float, brain: bool) -> None:
     rows = slots.shape[0]
     factor = np.float32(scale)
@@ -126,7 +127,7 @@ def _sum_rows_by_dtype(slots: Any, start: Any, stop: Any, out: Any, scale: Any, 
     return full
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=CACHE)
 def _round(
     counters: np.ndarray,
     rows: np.ndarray,
@@ -147,7 +148,7 @@ def _round(
     return True
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=CACHE)
 def _arrive(
     source: np.ndarray,
     slot: np.ndarray,

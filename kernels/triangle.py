@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from numba import njit
 
+from .caching import CACHE
 from .dispatch import BenchCase, by_device, host_array
 
 #: Tile edge for the CPU unpack: the best of 8..256 for n = 4608 (docs/studies/kfac-bench.md).
@@ -38,7 +39,7 @@ def _check(matrix: torch.Tensor, packed: torch.Tensor) -> None:
         raise ValueError(f"matrix and packed triangle differ in dtype: {matrix.dtype} and {packed.dtype}")
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _pack_rows(matrix: np.ndarray, out: np.ndarray) -> None:
     n = matrix.shape[0]
     for i in range(n):
@@ -47,7 +48,7 @@ def _pack_rows(matrix: np.ndarray, out: np.ndarray) -> None:
             out[start + j] = matrix[i, j]
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _unpack_tiles(packed: np.ndarray, out: np.ndarray, tile: int) -> None:
     n = out.shape[0]
     tiles = (n + tile - 1) // tile

@@ -35,6 +35,7 @@ _EXPORTS = {
     "init": "mpisolve.comm",
     "process_set": "mpisolve.comm",
     "reducescatter": "mpisolve.comm",
+    "Joined": "mpisolve.solvers",
     "OptionError": "mpisolve.options",
     "Solver": "mpisolve.solvers",
     "StepInfo": "mpisolve.solvers",

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.data import DistributedSampler, TensorDataset
+
+from tests.doc_blocks import python_block
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SAMPLES, FEATURES, CLASSES = 160, 8, 3
@@ -15,9 +16,7 @@ SAMPLES, FEATURES, CLASSES = 160, 8, 3
 
 def readme_loop() -> str:
     """The Python block that follows the ``readme-loop`` marker in README.md."""
-    match = re.search(r"<!-- readme-loop[^>]*-->\n```python\n(.*?)```", README.read_text(), re.DOTALL)
-    assert match, "README.md has no ```python block after its <!-- readme-loop --> marker"
-    return match.group(1)
+    return python_block(README, "readme-loop")
 
 
 def build_model() -> torch.nn.Module:

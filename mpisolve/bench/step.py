@@ -20,6 +20,9 @@ whether the solver's sums ran in node-shared memory: :attr:`Solver.node_shared`)
 (``optimizer.zero_grad()``, forward, backward, ``optimizer.step()``; its op is Average, or
 Adasum for ``--solver adasum``) on the world communicator: ``horovod_s`` and
 ``horovod_over_solver``.
+``--optimizer nesterov-foreach`` steps ``SGD(momentum=0.9, nesterov=True, foreach=True)``,
+which adds its momentum into ``p.grad`` in place: on the node-shared path each rank then
+steps on its own copy of the summed gradients (docs/internals/comm.md).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from ..train.models import MODELS, build_model
 from . import add_device_argument, bench_device, interleaved_medians
 from .allreduce import MODEL_INPUTS, _free_port
 
+OPTIMIZERS = ("sgd", "nesterov-foreach")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(MODELS), default="resnet18")
@@ -54,6 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a solver option (repeatable), as train's --set; e.g. --set factor_update_steps=1",
     )
     parser.add_argument("--ddp", action="store_true", help="also time DistributedDataParallel on gloo (CPU)")
+    parser.add_argument(
+        "--optimizer",
+        choices=OPTIMIZERS,
+        default="sgd",
+        help="sgd: SGD with momentum 0.9 (none for solvers with their own); nesterov-foreach: with Nesterov "
+        "momentum, foreach, which writes p.grad in place",
+    )
     parser.add_argument(
         "--node-shm", choices=("on", "off"), default="on", help="node-shared sums where they apply (off: MPI's path)"
     )
@@ -84,10 +96,14 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     # Solvers that apply their own (Nesterov) momentum (async-msgd, async-measgd) take an optimizer
     # without; plain PyTorch then steps with torch's SGD and that momentum, the same update.
     own_momentum = "momentum" in {f.name for f in dataclasses.fields(solver_class(args.solver).Options)}
+    if args.optimizer == "nesterov-foreach" and own_momentum:
+        raise InputError(f"--optimizer nesterov-foreach: {args.solver} applies its own momentum; leave it at sgd")
 
     def model_and_optimizer(momentum: float, nesterov: bool = False) -> tuple[nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(0)
         model = build_model(args.model, in_shape, classes).to(device)
+        if args.optimizer == "nesterov-foreach":
+            return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, foreach=True)
         return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum, nesterov=nesterov)
 
     model, optimizer = model_and_optimizer(0.0 if own_momentum else 0.9)
@@ -154,6 +170,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         "solver": args.solver,
         "options": options_to_dict(solver.options),
         "engine": bench_comm.engine,
+        "optimizer": args.optimizer,
         "batch_per_rank": args.batch,
         "device": str(device),
         "ranks": comm.size,

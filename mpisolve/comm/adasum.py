@@ -711,7 +711,8 @@ class AdasumReducer:
         return any(r.node is not None for r in self.reductions.values())
 
     def prepare(self, bucket: Bucket) -> None:
-        self.reductions[bucket.index] = self.adasum.reduction(bucket.wire, bucket.buffer.numels, tag=bucket.index)
+        # An alias of its own version counter: the reduction's writes are not a user's change of the gradients.
+        self.reductions[bucket.index] = self.adasum.reduction(bucket.wire.data, bucket.buffer.numels, tag=bucket.index)
 
     def storage(self, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
         """Node-shared storage for a bucket reduced in place where it applies (:meth:`Adasum.storage`)."""

@@ -156,6 +156,12 @@ class HostTally:
             self._own.free()
 
 
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of one float dtype hold the same bits (NaNs included)."""
+    bits = {8: torch.int64, 4: torch.int32, 2: torch.int16}[a.element_size()]
+    return torch.equal(a.view(bits), b.view(bits))
+
+
 def plan_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
     """Group tensor indices, in the given order, into buckets of one dtype and device.
 
@@ -406,6 +412,11 @@ class GradientBuckets:
     gradients in place, as K-FAC's preconditioner does), a step some ranks withheld from
     (the average's divisor is then the contributing ranks, not the one fused into the sum)
     and ``weighted`` (the divisor, the global sample count, is known only with the sum).
+    The user's optimizer may write ``p.grad`` in place too (``SGD(nesterov=True,
+    foreach=True)`` adds its momentum there, a user's optimizer may scale it): its first
+    applied step runs on this rank's own copy, and :meth:`stepped` looks whether it wrote
+    it; one that did gets its own copy at every step, the others read the sums in place
+    from then on (and a later in-place write is an error: :meth:`stepped`).
 
     ``extra_reads``: slots of a solver's own (:attr:`extra_reads`, on the buckets' device)
     read by the host with the step's tally, so that a step waits on the device once.
@@ -509,6 +520,11 @@ class GradientBuckets:
         self._reported = [-1] * len(self._view_of)
         self._arrivals = [0] * len(self._view_of)  # accumulations this step, counted when passes > 1
         self._next = 0  # the next bucket to start, in bucket order
+        #: Each bucket's storage version (``Tensor._version``) once its reduction started: any later
+        #: in-place change of a gradient before ``finish`` bumps it (the reducers' own writes do not).
+        self._started_version = [0] * len(self.buckets)
+        self._changed: list[Bucket] = []  # buckets changed after their reduction started, this step
+        self._refused = False  # a backward was refused this step (it changed the gradients, and was told)
         self._reduced: Reduction | None = None
         self._withheld = False
         self._accumulating = 0
@@ -526,6 +542,16 @@ class GradientBuckets:
         # A step whose shared sums were read in place ends waiting for the node's other ranks
         # (weighted: each rank stepped on its own copy).
         self._release = self.node.release if self.node is not None and shared_result and not weighted else None
+        #: Whether the optimizer reads the shared sums in place: None until its first applied step
+        #: (on this rank's own copy) shows whether it writes ``p.grad`` (:meth:`stepped`); False where
+        #: no sum is shared.
+        self._read_in_place: bool | None = None if self._release is not None and self._shared_buckets else False
+        self._window_version = [0] * len(self.buckets)  # each shared sum's version, as the optimizer got it
+
+    @property
+    def accumulating(self) -> bool:
+        """Whether backward passes now only accumulate (inside :meth:`no_sync`)."""
+        return self._accumulating > 0
 
     @property
     def in_flight(self) -> bool:
@@ -566,11 +592,13 @@ class GradientBuckets:
             if self._arrivals[i] < self.passes:
                 return
         if self._reduced is not None:
+            self._refused = True
             raise RuntimeError(
                 "mpisolve: backward() ran after solver.synchronize() and before solver.step(): the reduced "
                 "gradients were overwritten; call step() first"
             )
         if self._reported[i] == self._generation:
+            self._refused = True
             raise RuntimeError(
                 f"mpisolve: a second backward() reached parameter {tuple(param.shape)} before solver.step(): its "
                 "gradient is already being reduced. For gradient accumulation, run every backward but the "
@@ -593,6 +621,7 @@ class GradientBuckets:
         if self.weighted and self.node is not None:  # weighed by this rank's samples (MPI's path: by the reducer)
             bucket.buffer.flat.mul_(float(self._local_samples))
         self.reducer.start(bucket)
+        self._started_version[bucket.index] = bucket.buffer.flat._version
 
     def _write_tally(self) -> None:
         """This rank's tally of the step: its samples, and whether it contributes."""
@@ -672,9 +701,22 @@ class GradientBuckets:
         reduced = self._reduced
         if reduced is None:
             reduced = self._reduced = self._reduce(check_finite)
+            if self._changed:
+                raise RuntimeError(self._changed_message())
         if writable and self._in_window:
             self._own()
         return reduced
+
+    def _changed_message(self) -> str:
+        changed, self._changed = self._changed, []
+        shapes = ", ".join(str(tuple(p.shape)) for bucket in changed for p in bucket.params[:3])
+        return (
+            f"mpisolve: gradients were changed in place after their reduction started (after backward(), before "
+            f"step() or synchronize(); in the bucket(s) of parameters {shapes}): the reduction may or may not have "
+            "read the change, so the ranks' models may differ. Clip, scale or unscale the gradients after "
+            "solver.synchronize(), which completes the reduction, and give a GradScaler to "
+            "synchronize(scaler=...) or step(scaler=...) instead of calling scaler.unscale_ yourself"
+        )
 
     def _reduce(self, check_finite: bool) -> Reduction:
         if self.alone:
@@ -686,6 +728,9 @@ class GradientBuckets:
         while self._next < len(self.buckets):
             self._start(self.buckets[self._next])
             self._next += 1
+        started = self._started_version
+        if not self._refused:
+            self._changed = [b for b in self.buckets if b.buffer.flat._version != started[b.index]]
         for bucket in self.buckets:
             self.reducer.finish(bucket)
         if self.node is None:
@@ -703,15 +748,36 @@ class GradientBuckets:
             self._own(1.0 / samples if samples > 0 else 0.0)  # sum_r n_r g_r, divided by the samples
         elif self.average and 0 < ranks < self.comm.size:
             self._own(self.comm.size / ranks)  # the sum was scaled by 1 / size: make it 1 / ranks
-        elif self.shared_result:
+        elif self._read_in_place:
             for bucket in self.buckets:
                 if bucket.shared:
                     for p, view in zip(bucket.params, bucket.result.views):
                         p.grad = view
+                    self._window_version[bucket.index] = bucket.result.flat._version
                     self._in_window = True
         else:
             self._own()
         return reduction
+
+    def stepped(self) -> None:
+        """After the optimizer stepped on this step's gradients (before :meth:`rearm`).
+
+        Node-shared sums: the first time, whether the optimizer wrote ``p.grad`` (its own
+        copy, compared bit for bit with the shared sums) decides whether it may read them in
+        place from now on. Once it does, a write (seen by the version counter: one through
+        ``.data`` is not) is an error: the node's ranks read those sums at once.
+        """
+        if self._read_in_place is None:
+            self._read_in_place = all(_same_bits(b.buffer.flat, b.result.flat) for b in self.buckets if b.shared)
+        elif self._in_window:
+            version = self._window_version
+            if any(b.result.flat._version != version[b.index] for b in self.buckets if b.shared):
+                raise RuntimeError(
+                    "mpisolve: the optimizer wrote p.grad in place, which it did not at its first step: the "
+                    "gradients are one node-shared sum that the node's ranks read at once, so their models may now "
+                    "differ. Keep this optimizer's sums on MPI's path (MPISOLVE_NODE_SHM=0, or a solver made on "
+                    "mpisolve.Communicator(node_shm=False))"
+                )
 
     def _read_back(self, check_finite: bool) -> Reduction:
         """The step's :class:`Reduction`: the summed tally (whole numbers: float64 on the node path,
@@ -795,6 +861,7 @@ class GradientBuckets:
             self._arrivals = [0] * len(self._arrivals)
         self._reduced = None
         self._withheld = False
+        self._refused = False
         self.backward_ran = False
 
     def close(self) -> None:

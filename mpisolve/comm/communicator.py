@@ -207,6 +207,7 @@ class Communicator:
         # Operations started and not yet posted, in start order (see start()).
         self._queued: deque[Posting] = deque()
         self._queue_lock = threading.Lock()
+        choose_threads(self)
 
     # ----------------------------------------------------------------- waiting
     def wait(self, requests: MPI.Request | Sequence[MPI.Request], what: str) -> None:
@@ -716,7 +717,8 @@ def init(
 
     Also makes an uncaught exception on any rank abort the whole job (as
     ``python -m mpi4py`` does), gives each rank its share of the node's cores for
-    torch's intra-op threads unless ``OMP_NUM_THREADS`` or ``threads`` says otherwise,
+    torch's intra-op threads unless ``OMP_NUM_THREADS`` or ``threads`` says otherwise
+    (the first communicator made does that, however it is made: :func:`choose_threads`),
     and, where CUDA is available, makes ``comm.device`` (GPU ``local_rank % count``)
     torch's current device. ``node_shm=False`` keeps every sum on MPI's own path;
     ``engine`` chooses who runs the reusable collectives (see :class:`Communicator`).
@@ -738,10 +740,24 @@ def init(
             if sys.excepthook is sys.__excepthook__:
                 sys.excepthook = _abort_on_uncaught
             if threads is not None:
-                torch.set_num_threads(threads)
-            elif "OMP_NUM_THREADS" not in os.environ:
-                torch.set_num_threads(max(1, _WORLD.cores // _WORLD.host_size))
+                choose_threads(_WORLD, threads)
         return _WORLD
+
+
+#: Whether torch's intra-op thread count was chosen in this process (:func:`choose_threads`).
+_threads_chosen = False
+
+
+def choose_threads(comm: Communicator, threads: int | None = None) -> None:
+    """Torch's intra-op threads: ``threads``; else, once per process (the first communicator made,
+    however it was made) and unless ``OMP_NUM_THREADS`` is set, the machine's cores over ``comm``'s
+    ranks on it, at least 1, as torchrun gives each of its processes."""
+    global _threads_chosen
+    if threads is not None:
+        torch.set_num_threads(threads)
+    elif not _threads_chosen and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, comm.cores // comm.host_size))
+    _threads_chosen = True
 
 
 def mpi4py_version() -> str:

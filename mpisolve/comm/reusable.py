@@ -18,7 +18,10 @@ from .shm import NodePersistentAllreduce, node_group, takes
 
 
 def reusable_sum(comm: Communicator, tensor: torch.Tensor) -> Reusable:
-    """An in-place sum of ``tensor`` over ``comm``'s ranks, to start many times."""
+    """An in-place sum of ``tensor`` over ``comm``'s ranks, to start many times.
+
+    Several of them in flight: complete them in the same order on every rank (node-shared
+    rounds need it; see :mod:`.shm`'s "Completion order")."""
     group = node_group(comm)
     if group is not None and takes(comm, tensor):
         return NodePersistentAllreduce(group, tensor)

@@ -28,6 +28,16 @@ A round:
      ``n + 1`` saw every local rank arrive at it, so all have finished reading round
      ``n``'s slots, the ones round ``n + 2`` writes.
 
+**Completion order.** A bandwidth-path round completes once every local rank has summed
+its own share, which a rank does only while it tests or waits on that round (or on the
+group's earlier ones, for the inter-node part). So every rank must complete the node-shared
+sums it started in one order, the same on every rank (any order, as long as it is the
+same; or all of them in one wait, as :func:`sum_kept` does): a rank waiting on sum B while
+another waits on sum A, each needing the other's share, wait until the watchdog. MPI's
+persistent sums need no such care. The callers keep it: gradient buckets finish in bucket
+order, K-FAC's factor groups in start order, ABS-SGD has one round in flight, and
+``mpisolve.allreduce`` waits on all of its sums at once.
+
 Counters are int64 in their own cache lines (:class:`NodeCounters`), published with
 release order and read with acquire order. Every wait goes through
 :meth:`Communicator.wait_for`, with its watchdog. Inter-node collectives are posted in the
@@ -195,12 +205,28 @@ class NodeGroup:
 #: How many one-shot sums (by size and dtype) a group keeps, each with its window.
 ONE_SHOT_KEPT = 8
 
+STAGE_CHOICE = "staging every tensor (MPISOLVE_STAGE, Communicator(stage_all=...))"
+
 
 def node_group(comm: Communicator) -> NodeGroup | None:
-    """``comm``'s :class:`NodeGroup`, or None where the node-aware path does not apply (collective once)."""
+    """``comm``'s :class:`NodeGroup`, or None where the node-aware path does not apply (collective once).
+
+    The ranks' choices that decide which path a sum takes (``node_shm``, ``stage_all``) must
+    agree: where they differ, ``ValueError`` on every rank (else ranks on different paths
+    would wait for each other until the watchdog).
+    """
     if comm in _GROUPS:
         return _GROUPS[comm]
-    sizes = comm.allgather_object(comm.local_size) if comm.size > 1 else [1]
+    mine = (comm.local_size, comm.node_shm, comm.stage_all)
+    views = comm.allgather_object(mine) if comm.size > 1 else [mine]
+    for i, choice in ((1, "node-shared sums (MPISOLVE_NODE_SHM, Communicator(node_shm=...))"), (2, STAGE_CHOICE)):
+        on = [rank for rank, view in enumerate(views) if view[i]]
+        if 0 < len(on) < len(views):
+            raise ValueError(
+                f"mpisolve: the ranks disagree on {choice}: on at rank(s) {','.join(map(str, on))}, off at the "
+                "others. It decides which path every sum takes: set it alike on every rank"
+            )
+    sizes = [view[0] for view in views]
     # The gloo engine takes every reusable sum (it is how that engine is tested without a GPU).
     applies = comm.node_shm and comm.engine != "gloo" and comm.local_size > 1 and min(sizes) == max(sizes)
     group = NodeGroup(comm) if applies else None
@@ -236,6 +262,9 @@ class NodeAllreduce:
     ``numel`` elements of ``dtype``) to be the input and the result instead of memory of
     the operation's own, so a caller's tensor is summed in place with no copy of its own;
     unused on the bandwidth path.
+
+    Rounds of several sums must be completed in the same order on every rank (the module's
+    "Completion order"), unlike MPI's.
     """
 
     def __init__(
@@ -297,8 +326,10 @@ class NodeAllreduce:
             acc = half_acc.view(torch.float32) if self.half else self.result
             self.share = shard_bounds(numel, ranks, "sharded", itemsize)[self._me]
         lo, hi = self.share
-        self._acc_share = acc[lo:hi]
-        self._result_share = self.result[lo:hi]
+        # Aliases of their own version counters: the round's writes are no change of a caller's input
+        # (gradient buckets check theirs, :class:`.buckets.GradientBuckets`).
+        self._acc_share = acc[lo:hi].data
+        self._result_share = self.result[lo:hi].data
         # Each copy's round, its kernels checked once: the sum, once every local rank has arrived,
         # of this rank's share of the slots and of the whole tally; on the latency path also the
         # round's start (the copy in of raw bytes, the arrival, and one try at the sum).
@@ -496,6 +527,8 @@ def kept_sums(
     group = node_group(comm)
     if group is None or not all(takes_layout(comm, dtype, device) for _, dtype, device in buffers):
         return None
+    if any(numel == 0 for numel, _, _ in buffers):
+        return None  # an empty buffer: MPI's path, which sums zero elements
     if len({(numel, dtype) for numel, dtype, _ in buffers}) < len(buffers):
         return None  # two buffers alike in one call: MPI's path (one window each would be kept)
     ops = [group.reusable(numel, dtype) for numel, dtype, _ in buffers]
@@ -557,19 +590,24 @@ class NodeSumReducer:
         self.scale = scale
         self.tally = tally
         self.ops: list[NodeAllreduce] = []
+        self._numels: list[int] = []  # each bucket's elements (its op has one more where it has none)
         self._inflight: list[NodeAllreduce] = []
         self._release = NodeRelease(group)
         #: Whether some bucket's sum is shared by the node's ranks (the bandwidth path).
         self._shared = False
 
     def allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """Storage for the next bucket (collective): its round's input, zeroed; the first round carries the tally."""
-        op = NodeAllreduce(self.group, numel, dtype, scale=self.scale, tally=0 if self.ops else self.tally)
+        """Storage for the next bucket (collective): its round's input, zeroed; the first round carries the tally.
+
+        An empty bucket (a parameter of no elements alone in it) still has its round (the
+        tally may ride in it): one element of padding, zero, that nobody writes."""
+        op = NodeAllreduce(self.group, max(numel, 1), dtype, scale=self.scale, tally=0 if self.ops else self.tally)
         op.input.zero_()
         op.tally_input.zero_()
         self.ops.append(op)
+        self._numels.append(numel)
         self._shared = self._shared or not op.latency
-        return op.input
+        return op.input[:numel]
 
     @property
     def tally_input(self) -> torch.Tensor:
@@ -583,7 +621,7 @@ class NodeSumReducer:
 
     def result(self, index: int) -> torch.Tensor:
         """Where bucket ``index``'s sum lies: the window's shared sum (bandwidth path), else its input, in place."""
-        return self.ops[index].result
+        return self.ops[index].result[: self._numels[index]]
 
     def shared(self, index: int) -> bool:
         """Whether bucket ``index``'s sum is shared by the node's ranks (read in place, written by none)."""

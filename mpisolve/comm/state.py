@@ -84,7 +84,7 @@ def broadcast_tensors(tensors: Sequence[torch.Tensor], comm: Communicator, root:
         if comm.rank == root:
             piece.copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
         pieces.append(piece)
-    comm.bcast_(flat, root=root, what="broadcast of initial parameters")
+    comm.bcast_(flat, root=root, what="broadcast of parameters and buffers")
     if comm.rank != root:
         with torch.no_grad():
             for t, piece in zip(tensors, pieces):

@@ -18,9 +18,9 @@ from . import (
     lb_bsp,  # noqa: F401  (registers "lb-bsp")
     local_sgd,  # noqa: F401  (registers "local-sgd")
 )
-from .base import Solver, StepInfo, make_solver, register, solvers
+from .base import Joined, Solver, StepInfo, make_solver, register, solvers
 
-__all__ = ["OptionError", "Solver", "StepInfo", "make_solver", "register", "solvers"]
+__all__ = ["Joined", "OptionError", "Solver", "StepInfo", "make_solver", "register", "solvers"]
 
 
 class _SolversPackage(types.ModuleType):

@@ -25,6 +25,14 @@ rank tests it, so every wait on the solver's communicator tests it too (between 
 as the progress thread does while the rank computes. ``progress='mpich'`` keeps MPI's path:
 MPICH's thread moves MPI's operations only.
 
+A rank waiting in a bounded round (``max_round_batches``) waits for the others to post
+their next round, which a rank does in its next ``step()``. A rank waiting meanwhile in a
+collective of the user's (a metric's allreduce every few steps) would never get there, and
+each would wait for the other. So a bounded round's wait ends once the round has been in
+flight :data:`STALL_ROUNDS` times as long as the recent rounds took (at least
+:data:`STALL_MIN_S`; :data:`STALL_FIRST_S` before any round completed): the rank goes on
+computing micro-batches into its next round, past the bound, until that round completes.
+
 The paper's full text was not available: the rule above is reconstructed from its
 abstract, and its open choices are the options below. Three defaults make it converge
 wherever synchronous SGD does (docs/solvers/abs-sgd.md derives them, docs/studies/abs-sgd.md
@@ -79,6 +87,13 @@ MicroBatch = Literal["adaptive", "speed", "fixed"]
 
 #: Rounds of measured speeds whose per-rank median sets the adaptive split (one slow round does not move it).
 SPEED_ROUNDS = 3
+
+#: A bounded round's wait ends once the round has been in flight this many times the median of the
+#: recent rounds' durations (another rank may be in a collective of the user's, not in its step).
+STALL_ROUNDS = 20
+#: ... but never sooner than this many seconds, and this long before any round completed.
+STALL_MIN_S = 0.05
+STALL_FIRST_S = 1.0
 
 #: The least momentum ``momentum_correction`` gives an optimizer that has some: at 0, torch's SGD
 #: would skip its velocity buffer, and the next update would start from a stale one.
@@ -242,6 +257,8 @@ class ABSSGD(Solver):
         self._timed_s = 0.0
         #: The last rounds' speeds of every rank (samples/s), the same on every rank.
         self._speeds: deque[list[float]] = deque(maxlen=SPEED_ROUNDS)
+        #: The last rounds' durations on this rank, from posting to applying (seconds).
+        self._durations: deque[float] = deque(maxlen=SPEED_ROUNDS)
         self._next_batch_size: int | None = None
         #: Rounds this rank has posted, updates it has applied.
         self.rounds = 0
@@ -322,9 +339,10 @@ class ABSSGD(Solver):
             limit = self.options.max_round_batches
             if limit is None or self._round_batches < limit:
                 return StepInfo(applied=False, global_samples=0, local_samples=n)
-            # This rank's share of the round is done: wait for it, unless a rank stopped (it posts no more).
+            # This rank's share of the round is done: wait for it, unless a rank stopped (it posts no more)
+            # or the round stalls (a rank waits in a collective of the user's: it posts at its next step).
             self._complete_in_flight("abs-sgd round", unless_peer_closed=True)
-            if not self._round_over():  # trigger="window", or a rank stopped: the round is not over yet
+            if not self._round_over():  # trigger="window", a rank stopped, a stall: the round is not over yet
                 return StepInfo(applied=False, global_samples=0, local_samples=n)
         applied, samples = self._finish_round() if self._in_flight else (False, 0)
         self._post()
@@ -364,6 +382,7 @@ class ABSSGD(Solver):
         index = 1 - self._acc
         self._rounds[index].wait("abs-sgd round")  # completed already: brings staged results back
         self._in_flight = False
+        self._durations.append(time.perf_counter() - self._posted_at)
         numel = self._numel
         reduced = self._sums[index][: numel + 1]
         if self._carry is not None:
@@ -437,7 +456,7 @@ class ABSSGD(Solver):
                 p.add_(step, alpha=self.options.weight_prediction)
 
     @contextmanager
-    def evaluating(self) -> Iterator[torch.nn.Module]:
+    def _evaluation(self) -> Iterator[torch.nn.Module]:
         """The model holds the true weights for the duration (not the predicted ones it trains at)."""
         if self._weights is None or self.closed:
             yield self.model
@@ -452,7 +471,7 @@ class ABSSGD(Solver):
         """The user's optimizer steps with this update's learning rate and momentum (docs/solvers/abs-sgd.md)."""
         scaling, correct = self.options.lr_scaling, self.options.momentum_correction
         if scaling == "none" and not correct:
-            self.optimizer.step()
+            self._step_optimizer(None)
             return
         if self.reference_batch is None:
             self.reference_batch = float(global_samples)
@@ -466,7 +485,7 @@ class ABSSGD(Solver):
                 group["momentum"] = corrected_momentum(momentum, ratio)
                 group["lr"] *= (1.0 - group["momentum"]) / (1.0 - momentum)
         try:
-            self.optimizer.step()
+            self._step_optimizer(None)
         finally:
             for group, (lr, momentum) in zip(groups, given):
                 group["lr"] = lr
@@ -503,12 +522,21 @@ class ABSSGD(Solver):
         closings = self._closings
         if unless_peer_closed and closings is not None:
             if not self._known_done:
-                self.comm.wait_for(lambda: self._completed() or closings.peer_closed(), what)
+                stall_at = self._posted_at + self._stall_s()
+                self.comm.wait_for(
+                    lambda: self._completed() or closings.peer_closed() or time.perf_counter() > stall_at, what
+                )
             return
         with self._watch_lock:  # no other thread or wait tests the round from here on
             self._watched = None
         self._rounds[1 - self._acc].wait(what)
         self._known_done = True
+
+    def _stall_s(self) -> float:
+        """How long a round may be in flight before a bounded wait for it ends (:data:`STALL_ROUNDS`)."""
+        if not self._durations:
+            return STALL_FIRST_S
+        return max(STALL_MIN_S, STALL_ROUNDS * statistics.median(self._durations))
 
     # --------------------------------------------------------------- lifecycle
     @property

@@ -174,8 +174,11 @@ class AdasumSolver(Solver):
             grads = [] if self._withheld else [p.grad for p in self.params if p.grad is not None]
             checked = self.nonfinite.policy != "ignore" or (scaler is not None and scaler.is_enabled())
             self._all_finite = not checked or self.nonfinite.agreed(all_finite(grads))
-            if not self._all_finite and scaler is not None and scaler.is_enabled() and grads:
-                grads[0].view(-1)[:1].fill_(float("nan"))
+            if not self._all_finite and scaler is not None and scaler.is_enabled():
+                first = self.params[0]
+                if first.grad is None:  # a rank with no gradient (one that joined) skips as well
+                    first.grad = torch.zeros_like(first)
+                first.grad.view(-1)[:1].fill_(float("nan"))
         self._unscale(scaler)
 
     @collective_round
@@ -213,10 +216,9 @@ class AdasumSolver(Solver):
             return self._shadow_bucket_round(self.grads)
         self._withheld = True
         try:
-            self.step()
+            return self._shadow_step()
         finally:
             self._withheld = False
-        return self._active_ranks > 0
 
     @property
     def node_shared(self) -> bool:

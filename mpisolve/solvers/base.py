@@ -25,6 +25,7 @@ Every solver also takes :class:`CommonOptions` (``nonfinite``); the synchronous 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from abc import ABC, abstractmethod
@@ -65,6 +66,20 @@ class StepInfo:
     global_samples: int
     local_samples: int
     next_batch_size: int | None = None
+
+
+@dataclass
+class Joined:
+    """What ``with solver.join() as joined:`` tells once the block is over.
+
+    ``last_rank``: the rank whose loop ended last (of several that ended in the same
+    step, the highest, as DDP's ``Join``), whose model and optimizer state every rank
+    then holds; None inside the block, and for the solvers whose ranks stop apart
+    (``join()`` does nothing there). A loop's own objects (a learning-rate scheduler, a
+    GradScaler, counters) are the user's: re-sync them from this rank if they must agree.
+    """
+
+    last_rank: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,6 +154,10 @@ class Solver(ABC):
     tolerates_uneven: ClassVar[bool] = False
     #: What a collective round of this solver is called in messages.
     round_unit: ClassVar[str] = "steps"
+    #: Whether ``join()`` ends by giving every rank the model (parameters and buffers) and the
+    #: optimizer state of the last rank to join, as DDP's ``Join`` gives its model: False where
+    #: the ranks' models differ by design (EASGD's workers; its result is the center).
+    joins_to_one_model: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -177,8 +196,12 @@ class Solver(ABC):
         self._round_open = False  # a step (synchronize, join's round) is running: its waits may be interrupted
         self._round_entered = False  # this round's step was entered (and may have ended in an error)
         self._joining = False
+        self._evaluating = 0  # evaluating() contexts open: their forwards are not training ones
         self._active_ranks = 0  # ranks still in their loops in the last round (join ends after one with none)
         self._unscaled_by: GradScaler | None = None
+        #: The GradScaler the last step was given: a rank that joined decides its shadow steps as with it.
+        self._scaler: GradScaler | None = None
+        self._shadowing = False  # a joined rank's step: it decides as the others, and applies nothing
         self._verdict: str | None = None
         buffers = [b for b in model.buffers() if b.numel() > 0]
         self._buffers: BufferBroadcast | None = None
@@ -189,6 +212,8 @@ class Solver(ABC):
             self._notices = CloseNotices(self.comm, self._round_waiting, self.name, self.round_unit)
         # Eager under torch.compile too (a graph break): it may wait for the buffers' broadcast.
         self._sample_hook = model.register_forward_pre_hook(torch.compiler.disable(self._count_samples))
+        self._stepping = False  # the solver is stepping the optimizer (any other step is the user's own)
+        self._step_hook = optimizer.register_step_pre_hook(self._refuse_direct_step)
         self.closed = False
         self.setup()
 
@@ -205,13 +230,18 @@ class Solver(ABC):
     def _count_samples(self, module: torch.nn.Module, args: tuple) -> None:
         if self._buffers is not None and self._buffers.pending:
             self._buffers.complete()  # the last step's broadcast of rank 0's buffers, before they are read
-        # Only training passes count: evaluation under no_grad/inference_mode does not.
-        if not torch.is_grad_enabled():
+        if not self._training_forward(module):
             return
         if self._forward_at is None:
             self._forward_at = time.perf_counter()
         if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
             self._samples += args[0].shape[0]
+
+    def _training_forward(self, module: torch.nn.Module) -> bool:
+        """Whether a forward of ``module`` now is a training one, which counts its samples (and
+        K-FAC's factors): autograd on (not under ``no_grad`` or ``inference_mode``), the model
+        in training mode (not after ``model.eval()``), outside :meth:`evaluating`."""
+        return torch.is_grad_enabled() and module.training and not self._evaluating
 
     @property
     def node_shared(self) -> bool:
@@ -219,7 +249,7 @@ class Solver(ABC):
         return False
 
     def samples_seen(self) -> int:
-        """Samples the training forward passes (with grad enabled) have seen since the last step."""
+        """Samples the training forward passes (:meth:`_training_forward`) have seen since the last step."""
         return self._samples
 
     def take_samples(self, batch_size: int | None) -> int:
@@ -283,26 +313,50 @@ class Solver(ABC):
         self._unscale(scaler)
 
     @contextmanager
-    def join(self) -> Iterator[None]:
-        """Uneven inputs: ``with solver.join(): for batch in my_loader: ...``.
+    def join(self) -> Iterator[Joined]:
+        """Uneven inputs: ``with solver.join() as joined: for batch in my_loader: ...``.
 
         A rank whose loop ends while others still step takes part in their remaining
-        rounds with an empty contribution (no gradients, no samples) and applies the same
-        updates, so every rank leaves the ``with`` block together with equal models.
-        Each such update counts only the ranks still in their loops (see each solver's
-        docs for what "average" means then). Solvers that tolerate ranks stopping apart
-        (ABS-SGD, the asynchronous ones) need nothing: the context does nothing.
+        rounds with an empty contribution (no gradients, no samples) and decides each
+        step as they do, applying nothing; once every loop has ended, every rank takes the
+        model and optimizer state of the last rank to join (``joined.last_rank``, see
+        :class:`Joined`), so every rank leaves the ``with`` block with equal models and
+        optimizer states whatever the loop did around ``step()`` (a scaler, clipping, a
+        scheduler). Each update counts only the ranks still in their loops (see each
+        solver's docs for what "average" means then). Solvers that tolerate ranks stopping
+        apart (ABS-SGD, the asynchronous ones) need nothing: the context does nothing.
         """
+        joined = Joined()
         if self.tolerates_uneven:
-            yield
+            yield joined
             return
         self._joining = True
         try:
-            yield
+            yield joined
         finally:
             self._joining = False
+        taken = self._steps_taken()
         while self._shadow_round():
             pass
+        joined.last_rank = self._sync_to_last(taken)
+
+    def _steps_taken(self) -> int:
+        """This rank's own steps so far (``join()`` compares them to find the last rank to join)."""
+        return self.rounds
+
+    def _sync_to_last(self, taken: int) -> int:
+        """After ``join()``'s rounds: the last rank to join (most ``taken`` steps, then the highest
+        rank), whose model and optimizer state every rank takes (:attr:`joins_to_one_model`)."""
+        size = self.comm.size
+        if size == 1:
+            return 0
+        key = torch.tensor([taken * size + self.comm.rank], dtype=torch.int64)
+        last = int(self.comm.allreduce_(key, op="max", what="join: the last rank to join").item()) % size
+        if self.joins_to_one_model:
+            if self._buffers is not None and self._buffers.pending:
+                self._buffers.complete()  # rank 0's buffers land before the last rank's
+            broadcast_module_and_optimizer(self.model, self.optimizer, self.comm, root=last)
+        return last
 
     def _shadow_round(self) -> bool:
         """One collective round contributing nothing, on a rank that joined; whether any rank
@@ -317,11 +371,16 @@ class Solver(ABC):
         raised on every rank.
         """
         if not self.closed:
-            self._sample_hook.remove()
+            self._remove_hooks()
             self.closed = True
             self.comm.free()
             if self._verdict is not None:
                 raise UnevenSteps(self._verdict)
+
+    def _remove_hooks(self) -> None:
+        """The model's and the optimizer's hooks go with the solver (the optimizer may step alone after)."""
+        self._sample_hook.remove()
+        self._step_hook.remove()
 
     # --------------------------------------------------- step API machinery
     def _round_waiting(self) -> int | None:
@@ -348,7 +407,7 @@ class Solver(ABC):
             table = notices.close(self.rounds, self._round_entered or busy, busy)
             stuck = any(c.busy or (drain is None and c.interrupted) for c in table.values())
             if len({c.rounds for c in table.values()}) > 1 or (stuck and drain is None):
-                self._sample_hook.remove()
+                self._remove_hooks()
                 self.closed = True
                 raise UnevenSteps(notices.verdict(table) or "mpisolve: a collective round was left in flight")
             if stuck:
@@ -375,6 +434,8 @@ class Solver(ABC):
 
     def _unscale(self, scaler: GradScaler | None) -> None:
         """Unscale the gradients the step will apply, once per step."""
+        if scaler is not None:
+            self._scaler = scaler
         if scaler is None or not scaler.is_enabled() or self._unscaled_by is scaler:
             return
         if self._unscaled_by is not None:
@@ -402,11 +463,28 @@ class Solver(ABC):
         return self.nonfinite.ok(tensors, what)
 
     def _step_optimizer(self, scaler: GradScaler | None) -> None:
-        """The user's optimizer steps (through the scaler, which then knows the step was taken)."""
-        if scaler is not None and scaler.is_enabled():
-            scaler.step(self.optimizer)
-        else:
-            self.optimizer.step()
+        """The user's optimizer steps (through the scaler, which then knows the step was taken);
+        not in a joined rank's shadow step (``join()`` gives it the last rank's model after)."""
+        if self._shadowing:
+            return
+        self._stepping = True
+        try:
+            if scaler is not None and scaler.is_enabled():
+                scaler.step(self.optimizer)
+            else:
+                self.optimizer.step()
+        finally:
+            self._stepping = False
+
+    def _refuse_direct_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        """The optimizer's step pre-hook: a step the solver did not take is the loop's ``optimizer.step()``."""
+        if not self._stepping:
+            raise RuntimeError(
+                f"mpisolve {self.name}: optimizer.step() was called directly, while the solver's step() is what "
+                "combines the ranks' work and then steps the optimizer: call solver.step() in its place (with a "
+                "GradScaler, solver.step(scaler=scaler) in place of scaler.step(optimizer)). The optimizer did "
+                "not step"
+            )
 
     def _global_samples(self, reduction: Reduction, batch_size: int | None) -> int:
         """The step's global sample count: the forward passes' (it rode with the gradients),
@@ -437,9 +515,10 @@ class Solver(ABC):
         if grads.backward_ran and batch_size is None and self._forward_at is None:
             raise RuntimeError(
                 f"mpisolve {self.name}: gradients arrived but no training forward of the solver's model was seen, "
-                "so the samples cannot be counted. If the model is torch.compile'd, give the compiled module to "
-                "make_solver (or make the solver before the compiled module's first call); else pass "
-                "step(batch_size=...)"
+                "so the samples cannot be counted. A forward in eval mode (model.eval()) or inside "
+                "solver.evaluating() is not a training one: train in model.train(), or pass step(batch_size=...). "
+                "If the model is torch.compile'd, give the compiled module to make_solver (or make the solver "
+                "before the compiled module's first call)"
             )
         scaled = scaler is not None and scaler.is_enabled()
         # The scaler unscales in place; without one the finite check rides with the tally's read.
@@ -455,6 +534,8 @@ class Solver(ABC):
             if before_update is not None:
                 before_update()
             self._step_optimizer(scaler)
+            if not self._shadowing:
+                grads.stepped()
         if after_update is not None:
             after_update(applied)
         grads.rearm()
@@ -464,7 +545,24 @@ class Solver(ABC):
     def _shadow_bucket_round(self, grads: GradientBuckets) -> bool:
         """Join's round for a bucket solver: withhold from the buckets, then the solver's own step."""
         grads.withhold()
-        self.step()
+        return self._shadow_step()
+
+    def _shadow_step(self) -> bool:
+        """A joined rank's step: decided as the ranks in their loops decide theirs, applying
+        nothing; whether any rank contributed.
+
+        With the GradScaler this rank was last given: the step unscales through it as theirs
+        do, and it is updated as their loops update theirs (so its scale stays theirs: K-FAC
+        unscales its factors by it); a last round nobody contributed to leaves its scale as it is.
+        """
+        scaler = self._scaler
+        self._shadowing = True
+        try:
+            self.step(scaler=scaler)
+        finally:
+            self._shadowing = False
+        if scaler is not None and scaler.is_enabled():
+            scaler.update() if self._active_ranks > 0 else scaler.update(new_scale=scaler.get_scale())
         return self._active_ranks > 0
 
     @contextmanager
@@ -473,8 +571,19 @@ class Solver(ABC):
 
         By default the model as it is (with rank 0's buffers, when they are broadcast);
         solvers whose result lives elsewhere (the EASGD family's center variable) swap it
-        in for the duration.
+        in for the duration (:meth:`_evaluation`). Forwards inside are not training ones,
+        whatever the model's mode and autograd's: they count no samples and no K-FAC factors.
         """
+        self._evaluating += 1
+        try:
+            with self._evaluation() as model:
+                yield model
+        finally:
+            self._evaluating -= 1
+
+    @contextmanager
+    def _evaluation(self) -> Iterator[torch.nn.Module]:
+        """:meth:`evaluating`'s model: this one, with rank 0's buffers when they are broadcast."""
         if self._buffers is not None:
             self._buffers.complete()
         yield self.model
@@ -497,6 +606,18 @@ class Solver(ABC):
         if state.get("solver") != self.name:
             raise ValueError(f"this state is from solver {state.get('solver')!r}, not {self.name!r}")
         self.nonfinite.skipped = int(state.get("nonfinite_skipped", 0))
+
+    def __repr__(self) -> str:
+        """``AllreduceSolver('allreduce', rank 0 of 2, bucket_mb=10.0)``: the options that differ from
+        their defaults (callables by name), and whether the solver is closed."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self.options)}
+        parts = [repr(self.name), f"rank {self.comm.rank} of {self.comm.size}"] + (["closed"] if self.closed else [])
+        parts += [
+            f"{k}={v if callable(getattr(self.options, k)) else repr(v)}"
+            for k, v in options_to_dict(self.options).items()
+            if getattr(self.options, k) != defaults[k]
+        ]
+        return f"{type(self).__name__}({', '.join(parts)})"
 
     def __enter__(self) -> Solver:
         return self

@@ -234,6 +234,9 @@ class _LocalSteps(Solver):
     def setup_exchange(self) -> None:
         """Build what the exchange needs (called once, at the end of construction)."""
 
+    def _steps_taken(self) -> int:
+        return self.steps
+
     def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         if self.closed:
             raise RuntimeError(f"solver {self.name!r} is closed")
@@ -279,7 +282,7 @@ class _LocalSteps(Solver):
         """Copy the current center (the result) into ``out``."""
 
     @contextmanager
-    def evaluating(self) -> Iterator[torch.nn.Module]:
+    def _evaluation(self) -> Iterator[torch.nn.Module]:
         """The model holds the center for the duration; this worker's parameters come back after."""
         self._settle()
         if self._swap is None:
@@ -336,6 +339,7 @@ class EASGD(_LocalSteps):
     name = "easgd"
     Options = EASGDOptions
     round_unit = "exchanges"
+    joins_to_one_model = False  # the workers differ by design; the result is the center
     #: Every rank steps and exchanges in lockstep, and an exchange reports the samples all
     #: ranks covered since the previous one (they ride in its allreduce). Counted as the
     #: asynchronous solvers are, a rank could stop or evaluate while another waits in an

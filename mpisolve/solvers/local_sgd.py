@@ -103,6 +103,9 @@ class LocalSGD(Solver):
         self._end_round(still_active)
         return samples, contributors
 
+    def _steps_taken(self) -> int:
+        return self.steps
+
     def _shadow_round(self) -> bool:
         """A joined rank's part in the next average (its model if it moved since the last one)."""
         self.steps += self.options.tau - self.steps % self.options.tau

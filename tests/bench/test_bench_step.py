@@ -48,6 +48,14 @@ def test_bench_step_times_horovods_optimizer_beside_the_solver(solver, capsys):
         assert result["horovod_s"] > 0 and result["horovod_over_solver"] == result["horovod_s"] / result["solver_s"]
 
 
+def test_bench_step_times_an_optimizer_that_writes_the_gradients(capsys):
+    argv = ["bench", "step", "--model", "mlp", "--batch", "4", "--repeats", "1", "--warmup", "1"]
+    assert main([*argv, "--optimizer", "nesterov-foreach"]) == 0
+    assert json.loads(capsys.readouterr().out)["optimizer"] == "nesterov-foreach"
+    assert main([*argv, "--optimizer", "nesterov-foreach", "--solver", "async-msgd"]) == 2
+    assert "async-msgd applies its own momentum" in capsys.readouterr().err
+
+
 def test_bench_step_refuses_an_unknown_solver(capsys):
     assert main(["bench", "step", "--model", "mlp", "--solver", "nope"]) == 2
     assert "--solver must be one of" in capsys.readouterr().err

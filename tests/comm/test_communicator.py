@@ -6,6 +6,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
+from mpisolve.comm import communicator
 from mpisolve.comm.communicator import CommTimeout, Communicator, mpi_buffer
 
 
@@ -104,3 +105,26 @@ def test_a_persistent_collective_in_flight_is_not_freed():
     allreduce.free()
     assert buf.tolist() == [2.0] * 4
     signal.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+def test_the_first_communicator_gives_torch_its_share_of_the_cores(monkeypatch):
+    """Made directly, not through mpisolve.init(): before the fix each rank kept torch's default
+    (every core), so ranks sharing a machine oversubscribed it where torchrun gives each one thread."""
+    before = torch.get_num_threads()
+    try:
+        for omp in (None, "3"):
+            monkeypatch.setattr(communicator, "_threads_chosen", False)  # as in a fresh process
+            if omp is None:
+                monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+            else:
+                monkeypatch.setenv("OMP_NUM_THREADS", omp)
+            torch.set_num_threads(7)
+            comm = Communicator()
+            want = max(1, comm.cores // comm.host_size) if omp is None else 7  # OMP_NUM_THREADS: the user's
+            assert torch.get_num_threads() == want
+            Communicator()  # later ones leave it be
+            assert torch.get_num_threads() == want
+    finally:
+        torch.set_num_threads(before)

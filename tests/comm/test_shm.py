@@ -105,8 +105,8 @@ def mean_grads(comm: Communicator, x: torch.Tensor, model: nn.Module) -> list[to
 @ALL_SIZES
 @pytest.mark.parametrize("path", ["latency", "bandwidth", "mpi"])
 def test_gradient_buckets_read_the_sum_in_place_and_accumulate_on_it(path, monkeypatch):
-    """Bandwidth-path sums are read where they lie in the window; latency-path and MPI's sums
-    land in the buckets themselves, in place."""
+    """Bandwidth-path sums are read where they lie in the window (once a step showed that the
+    optimizer leaves p.grad alone); latency-path and MPI's sums land in the buckets themselves, in place."""
     if path == "bandwidth":
         monkeypatch.setattr(shm, "LATENCY_MAX_BYTES", 0)
     node_shm = path != "mpi"
@@ -118,6 +118,12 @@ def test_gradient_buckets_read_the_sum_in_place_and_accumulate_on_it(path, monke
     want = mean_grads(comm, x, oracle_model)
     grads = GradientBuckets(model.parameters(), comm, bucket_bytes=200, average=True)
     assert (grads.node is not None) == node_shm and len(grads.buckets) > 1
+    # The first step: an optimizer that leaves p.grad alone (on this rank's own copy, as any first).
+    grads.zero_()
+    model(x + comm.rank).sum().backward()
+    grads.finish()
+    grads.stepped()
+    grads.rearm()
     grads.zero_()
     model(x + comm.rank).sum().backward()
     grads.finish()
@@ -282,6 +288,64 @@ def test_falls_back_when_off_or_alone_on_the_node():
     grads = GradientBuckets(model.parameters(), alone, bucket_bytes=10**6)
     assert grads.node is None
     grads.close()
+
+
+class WithEmpty(nn.Module):
+    """Net and, registered last, a float64 parameter of no elements: the first bucket, holding
+    nothing (on the node path the step's tally rides in its round)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = Net()
+        self.tail = nn.ParameterList([nn.Parameter(torch.empty(0, dtype=torch.float64))])
+
+    def forward(self, x):
+        return self.net(x) + self.tail[0].sum()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("path", ["latency", "bandwidth", "mpi"])
+def test_empty_tensors_and_buckets_on_every_path(path, monkeypatch):
+    """Before the fix the node path refused them (``numel must be >= 1``); MPI's took them."""
+    if path == "bandwidth":
+        monkeypatch.setattr(shm, "LATENCY_MAX_BYTES", 0)
+    comm = Communicator(node_shm=path != "mpi")
+    for op, scale in (("sum", 1.0), ("average", 1.0 / comm.size), ("adasum", None)):
+        (alone,) = mpisolve.allreduce([torch.empty(0)], op=op, comm=comm)
+        empty, full = mpisolve.allreduce([torch.empty(0, 2), torch.full((3,), comm.rank + 1.0)], op=op, comm=comm)
+        assert alone.shape == (0,) and empty.shape == (0, 2) and full.shape == (3,)
+        if scale is not None:
+            torch.testing.assert_close(full, torch.full((3,), scale * comm.size * (comm.size + 1) / 2))
+    torch.manual_seed(0)
+    model, oracle_model = WithEmpty(), Net()
+    oracle_model.load_state_dict(model.net.state_dict())
+    x = torch.linspace(-1, 1, 12).view(4, 3)
+    grads = GradientBuckets(model.parameters(), comm, bucket_bytes=200, average=True)
+    assert (grads.node is not None) == (path != "mpi")
+    assert [p.numel() for p in grads.buckets[0].params] == [0]  # registered last: bucketed first, alone
+    for _ in range(2):
+        grads.zero_()
+        model(x + comm.rank).sum().backward()
+        grads.finish()
+        for p, w in zip(model.net.parameters(), mean_grads(comm, x, oracle_model)):
+            torch.testing.assert_close(p.grad, w, rtol=1e-5, atol=1e-6)
+        assert model.tail[0].grad.shape == (0,)
+        grads.stepped()
+        grads.rearm()
+    grads.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("choice, named", [("node_shm", "MPISOLVE_NODE_SHM"), ("stage_all", "MPISOLVE_STAGE")])
+def test_ranks_that_choose_different_paths_are_told_at_construction(choice, named):
+    """Before the fix each rank chose alone: one summed in node-shared memory, the other by MPI,
+    and both waited until the watchdog with a message about a round that never came."""
+    comm = Communicator(timeout_s=10, **{choice: MPI.COMM_WORLD.Get_rank() == 0})
+    with pytest.raises(ValueError, match=f"the ranks disagree on .*{named}.*: on at rank\\(s\\) 0, off at the others"):
+        GradientBuckets(Net().parameters(), comm, bucket_bytes=10**6, average=True)
 
 
 @pytest.mark.mpi(min_size=2)

@@ -38,3 +38,15 @@ def node_shared_path() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def comm() -> Communicator:
     return Communicator(timeout_s=TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def mpi_path() -> Communicator:
+    """A communicator whose sums all take MPI's own path (no node-shared memory)."""
+    return Communicator(timeout_s=TIMEOUT_S, node_shm=False)
+
+
+@pytest.fixture(params=["node-shared", "mpi"])
+def on(request: pytest.FixtureRequest, comm: Communicator, mpi_path: Communicator) -> Communicator:
+    """Each sum path in turn: the default communicator's (node-shared where it applies), MPI's."""
+    return comm if request.param == "node-shared" else mpi_path

@@ -1,7 +1,9 @@
 """Gradient accumulation: micro-batches under ``no_sync()``, then one step, equal one step
 on their concatenated samples (each micro-batch's loss divided by their number, as with
 DDP). A second backward outside ``no_sync()`` either works the same or is refused with a
-clear error on every rank, never a silently different update. K-FAC refuses ``no_sync``.
+clear error on every rank, never a silently different update. K-FAC's factors are
+accumulated over the micro-batches too: it trains as K-FAC in one process on the ranks'
+micro-batches concatenated (before the fix it refused ``no_sync``).
 
 Before the fix, two backward passes before a step raced the bucket allreduce already in
 flight and applied a different update on every rank.
@@ -12,10 +14,15 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 import pytest
+from mpi4py import MPI
 
+from mpisolve.comm.communicator import Communicator
+
+from .conftest import TIMEOUT_S
 from .harness import (
     BATCH,
     BUCKETS,
+    BY_ID,
     all_raised,
     assert_close,
     cases,
@@ -57,20 +64,30 @@ def accumulate(use_no_sync: bool):
 @pytest.mark.ranks(2, 3)
 @pytest.mark.parametrize("case", cases(), ids=lambda c: c.id)
 def test_no_sync_accumulation_equals_one_step_on_the_concatenated_batch(comm, case):
-    if case.id == "kfac":
-        model = make_model()
-        solver = case.build(model, __import__("torch").optim.SGD(model.parameters(), lr=0.1), comm)
-        error = None
-        try:
-            solver.no_sync()
-        except RuntimeError as err:
-            error = err
-        solver.close()
-        messages = all_raised(comm, error)
-        assert all(m is not None and "no_sync() (gradient accumulation) is not supported" in m for m in messages)
-        return
     got = run(case, comm, STEPS, accumulate(use_no_sync=True))
+    if case.id == "kfac":
+        return  # below, against K-FAC in one process
     assert_close(got, expected(case, comm, STEPS), f"{case.id} with no_sync")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("packed", [False, True], ids=["full", "triangles"])
+def test_kfac_accumulates_its_factors_as_one_process_on_the_concatenated_batch(comm, packed):
+    """Every micro-batch's factors, one inversion per step: K-FAC at every rank equals K-FAC in
+    one process stepping on the whole global batch at once (every step here inverts)."""
+    case = BY_ID["kfac"]
+    got = run(case, comm, STEPS, accumulate(use_no_sync=True), pack_triangles=packed)
+
+    def whole_batch(solver, model, optimizer, k):
+        x, y = global_batch(k, comm.size)  # every rank's samples
+        solver.zero_grad()
+        loss_fn(model(x), y).backward()
+        solver.step()
+
+    alone = Communicator(MPI.COMM_SELF, timeout_s=TIMEOUT_S)
+    assert_close(got, run(case, alone, STEPS, whole_batch, pack_triangles=packed), "kfac with no_sync")
 
 
 @pytest.mark.mpi(min_size=2)
@@ -92,7 +109,7 @@ def test_second_backward_without_no_sync_works_or_is_refused_on_every_rank(comm,
         error = err
     final_params(solver, model)  # close() completes what the refused step left in flight
     messages = all_raised(comm, error)
-    want = "computed twice" if case.id == "kfac" else "run every backward but the last inside `with solver.no_sync():`"
+    want = "run every backward but the last inside `with solver.no_sync():`"
     assert all(m is not None and want in m for m in messages), messages
 
 

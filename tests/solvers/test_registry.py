@@ -38,3 +38,25 @@ def test_single_rank_step_is_plain_sgd():
     ref.step()
     for a, b in zip(model.parameters(), twin.parameters()):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("name", mpisolve.solvers())
+def test_a_solver_prints_its_name_rank_and_chosen_options(name):
+    model = torch.nn.Linear(2, 2)
+    chosen = {"nonfinite": "skip"}
+    with mpisolve.make_solver(name, model, torch.optim.SGD(model.parameters(), lr=0.1), **chosen) as solver:
+        shown = repr(solver)
+        assert shown == str(solver) and " at 0x" not in shown
+        assert shown.startswith(f"{type(solver).__name__}('{name}', rank 0 of 1") and shown.endswith(
+            "nonfinite='skip')"
+        )
+    assert "closed" in repr(solver)
+
+
+def test_a_callable_option_is_printed_by_name():
+    def damping(step):
+        return 0.01
+
+    model = torch.nn.Linear(2, 2)
+    with mpisolve.make_solver("kfac", model, torch.optim.SGD(model.parameters(), lr=0.1), damping=damping) as solver:
+        assert repr(solver) == "KFACSolver('kfac', rank 0 of 1, damping=damping)"

@@ -53,7 +53,7 @@ class DelayedSolver(Solver):
             for p in self.params:
                 p.grad.copy_(self.flat[offset : offset + p.numel()].view_as(p) / total)
                 offset += p.numel()
-            self.optimizer.step()
+            self._step_optimizer(None)
             applied, self.in_flight = True, False
         if not self.in_flight:
             self.flat.copy_(self.acc)
@@ -82,7 +82,7 @@ class LocalSolver(Solver):
 
     def step(self, batch_size=None):
         n = self.take_samples(batch_size)
-        self.optimizer.step()
+        self._step_optimizer(None)
         self.updates += 1
         return StepInfo(applied=True, global_samples=n, local_samples=n)
 

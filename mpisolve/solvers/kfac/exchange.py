@@ -11,6 +11,10 @@ factors: a layer that did not run on some rank (or anywhere) is averaged over th
 that did (or left alone), instead of being pulled towards zero. The counts are host
 values (:class:`~mpisolve.comm.buckets.HostTally`): at the end of each group's message
 on the CPU, in a host buffer of their own beside device messages.
+
+Gradient accumulation: the micro-batches before a step's last are added into their
+factors' slots (:meth:`FactorExchange.accumulate`, each weighted by the caller), and the
+last one's :meth:`FactorExchange.ready` scales the sum and sends it.
 """
 
 from __future__ import annotations
@@ -55,8 +59,11 @@ class FactorExchange:
         self.groups = [list(g) for g in groups]
         self.packed = packed
         self.eager = eager
-        # Packed factors are computed (their upper triangles) into a scratch matrix per size, then packed.
+        # Packed factors are computed (their upper triangles) into a scratch matrix per size, then packed;
+        # a micro-batch's factor after the first of an accumulated step too (made when first needed).
+        self._dtype, self._device = dtype, device
         self._scratch = {n: torch.empty(n, n, dtype=dtype, device=device) for n in set(self.dims)} if packed else {}
+        self._packed_scratch: dict[int, torch.Tensor] = {}  # packed: an accumulated micro-batch's triangle
         self.buffers: list[FusedBuffer] = []
         self._slot: list[torch.Tensor] = [torch.empty(0)] * len(dims)
         self._group_of = [0] * len(dims)
@@ -79,6 +86,8 @@ class FactorExchange:
         #: Each factor's count: (its group's tally, its place there).
         self._count = [count_of[f] for f in range(len(dims))]
         self.captured = [False] * len(dims)
+        #: Factors whose slot holds a weighted sum of this step's micro-batches so far (not yet ready).
+        self.partial = [False] * len(dims)
         self._pending = [len(g) for g in self.groups]
         self._next = 0
         self._finished = False
@@ -96,17 +105,40 @@ class FactorExchange:
     # ---------------------------------------------------------------- hooks
     def target(self, f: int) -> torch.Tensor:
         """Where factor ``f``'s batch value is to be computed (an n x n tensor)."""
-        return self._scratch[self.dims[f]] if self.packed else self._slot[f]
+        if self.packed or self.partial[f]:
+            n = self.dims[f]
+            if n not in self._scratch:
+                self._scratch[n] = torch.empty(n, n, dtype=self._dtype, device=self._device)
+            return self._scratch[n]
+        return self._slot[f]
 
-    def ready(self, f: int) -> None:
-        """Factor ``f`` is in :meth:`target`: put it in its message; maybe start messages."""
-        if self.captured[f]:
-            raise RuntimeError(
-                f"mpisolve kfac: factor {self.names[f]} was computed twice in one step: the layer ran "
-                "forward or backward twice between two step() calls (gradient accumulation, weight "
-                "sharing and activation recomputation are not supported)"
-            )
+    def accumulate(self, f: int, weight: float) -> None:
+        """A micro-batch's factor ``f`` is in :meth:`target`: add it, times ``weight``, to the step's sum
+        (not sent: a later micro-batch's :meth:`ready` sends it)."""
+        self._check_once(f)
+        slot = self._slot[f]
+        if not self.partial[f]:
+            if self.packed:
+                pack_triu(self._scratch[self.dims[f]], slot)
+            slot.mul_(weight)
+            self.partial[f] = True
+            return
+        value = self._scratch[self.dims[f]]
         if self.packed:
+            n = self.dims[f]
+            if n not in self._packed_scratch:
+                self._packed_scratch[n] = torch.empty_like(slot)
+            value = pack_triu(value, self._packed_scratch[n])
+        slot.add_(value, alpha=weight)
+
+    def ready(self, f: int, scale: float = 1.0) -> None:
+        """Factor ``f`` is in :meth:`target` (its micro-batches' sum is in the slot, after
+        :meth:`accumulate`: times ``scale`` it is the factor): put it in its message; maybe start messages."""
+        self._check_once(f)
+        if self.partial[f]:
+            self._slot[f].mul_(scale)
+            self.partial[f] = False
+        elif self.packed:
             pack_triu(self._scratch[self.dims[f]], self._slot[f])
         tally, i = self._count[f]
         tally.host[i] = 1
@@ -117,6 +149,15 @@ class FactorExchange:
             while self._next < len(self.groups) and self._pending[self._next] == 0:
                 self._start(self._next)
         self.progress()
+
+    def _check_once(self, f: int) -> None:
+        if self.captured[f]:
+            raise RuntimeError(
+                f"mpisolve kfac: factor {self.names[f]} was computed twice in one step: the layer ran "
+                "forward or backward twice between two step() calls outside no_sync() (for gradient "
+                "accumulation, run every backward but the last inside `with solver.no_sync():`; weight "
+                "sharing and activation recomputation are not supported)"
+            )
 
     def progress(self) -> None:
         """Let MPI move the messages in flight along."""
@@ -154,6 +195,7 @@ class FactorExchange:
     def rearm(self) -> None:
         """Expect the next step's factors."""
         self.captured = [False] * len(self.dims)
+        self.partial = [False] * len(self.dims)
         self._pending = [len(g) for g in self.groups]
         self._next = 0
         self._finished = False

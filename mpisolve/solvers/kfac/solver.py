@@ -27,7 +27,6 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
@@ -77,10 +76,16 @@ class KFACOptions(SynchronousOptions):
     )
     factor_decay: float = option(0.95, "running-average decay of the Kronecker factors, in [0, 1)")
     kl_clip: float | None = option(0.001, "KL clip of the preconditioned step; None disables it")
-    factor_update_steps: int = option(10, "steps between factor updates")
-    inv_update_steps: int = option(100, "steps between inversions; a multiple of factor_update_steps")
+    factor_update_steps: int | Callable[[int], int] = option(
+        10, "steps between factor updates, or callable(step) -> steps (KAISA's); >= 1"
+    )
+    inv_update_steps: int | Callable[[int], int] = option(
+        100, "steps between inversions, or callable(step) -> steps; a multiple of factor_update_steps"
+    )
     lr: float | Callable[[int], float] | None = option(
-        None, "sets every param group's lr before each step (float or callable(step)); None keeps the optimizer's"
+        None,
+        "the learning rate the KL clip assumes (float or callable(step)), as KAISA's; None: each param group's "
+        "own. The optimizer's lr is left alone",
     )
     skip: tuple | list = option((), "module names, class names or classes left unpreconditioned")
     bucket_mb: float = option(25.0, "gradient bucket size in MB, as the allreduce solver's")
@@ -112,12 +117,16 @@ class KFACOptions(SynchronousOptions):
             require(math.isfinite(self.damping) and self.damping > 0, f"damping must be > 0, got {self.damping}")
         require(0.0 <= self.factor_decay < 1.0, f"factor_decay must be in [0, 1), got {self.factor_decay}")
         require(self.kl_clip is None or self.kl_clip > 0, f"kl_clip must be > 0 or None, got {self.kl_clip}")
-        require(self.factor_update_steps >= 1, f"factor_update_steps must be >= 1, got {self.factor_update_steps}")
-        require(
-            self.inv_update_steps >= 1 and self.inv_update_steps % self.factor_update_steps == 0,
-            f"inv_update_steps must be a positive multiple of factor_update_steps ({self.factor_update_steps}), "
-            f"got {self.inv_update_steps}",
-        )
+        factor, inverse = self.factor_update_steps, self.inv_update_steps
+        if not callable(factor):
+            require(factor >= 1, f"factor_update_steps must be >= 1, got {factor}")
+        if not callable(inverse):
+            require(inverse >= 1, f"inv_update_steps must be >= 1, got {inverse}")
+        if not callable(factor) and not callable(inverse):
+            require(
+                inverse % factor == 0,
+                f"inv_update_steps must be a positive multiple of factor_update_steps ({factor}), got {inverse}",
+            )
         if self.lr is not None and not callable(self.lr):
             require(self.lr >= 0, f"lr must be >= 0, got {self.lr}")
         for entry in self.skip:
@@ -149,6 +158,14 @@ class KFACOptions(SynchronousOptions):
             "replicate": "auto" if spd else "never",
             "pack_triangles": spd,
         }[knob]
+
+
+def _every(value: int | Callable[[int], int], step: int, name: str) -> bool:
+    """Whether ``step`` is one of every ``value`` (or ``value(step)``) steps."""
+    interval = value(step) if callable(value) else value
+    if not isinstance(interval, int) or interval < 1:
+        raise OptionError(f"the {name} schedule gave {interval!r} at step {step}: an int >= 1")
+    return step % interval == 0
 
 
 def _schedule(value: float | Callable[[int], float], step: int, name: str) -> float:
@@ -227,7 +244,8 @@ class KFACSolver(BucketSolver):
         self.packed = bool(o.resolved("pack_triangles"))
         self.layers = [KFACLayer(s, o.method, dtype, self.device, self.packed) for s in specs]
         self.factors = [f for layer in self.layers for f in (layer.a, layer.g)]
-        self._group_lr = {id(p): group for group in self.optimizer.param_groups for p in group["params"]}
+        # By index, not the group itself: optimizer.load_state_dict (a resume, join()'s hand-over) makes new groups.
+        self._group_of = {id(p): i for i, group in enumerate(self.optimizer.param_groups) for p in group["params"]}
         self.comm_models: dict[str, CommModel] = {}
         self.inverting_ranks = self._inverting_ranks()
         self._place()
@@ -262,6 +280,7 @@ class KFACSolver(BucketSolver):
         self._ready_sum = torch.zeros(len(self.factors) + 1, dtype=torch.float64)  # + profiled steps
         self._stream_start: dict[str, float] = {}
         self._captures = 0
+        self._accumulated = [0] * len(self.factors)  # samples of this step's micro-batches summed into each factor
         self._hooks = [
             # Run eagerly under torch.compile (a graph break per layer): the capture talks to MPI.
             layer.spec.module.register_forward_hook(torch.compiler.disable(partial(self._on_forward, i)))
@@ -438,36 +457,58 @@ class KFACSolver(BucketSolver):
 
     # ---------------------------------------------------------------- hooks
     def _on_forward(self, index: int, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
-        if not (self._capturing and module.training and torch.is_grad_enabled()):
+        if not (self._capturing and self._training_forward(module)):
             return
-        self._capture(2 * index, "forward", lambda out: self.layers[index].computer.compute_a(inputs[0], out))
+        x = inputs[0]
+        self._capture(2 * index, "forward", lambda out: self.layers[index].computer.compute_a(x, out), x.shape[0])
         if isinstance(output, torch.Tensor) and output.requires_grad:
             output.register_hook(partial(self._on_grad_output, index))
 
     def _on_grad_output(self, index: int, grad: torch.Tensor) -> None:
-        self._capture(2 * index + 1, "backward", lambda out: self.layers[index].computer.compute_g(grad, out))
+        compute = partial(self.layers[index].computer.compute_g, grad)
+        self._capture(2 * index + 1, "backward", compute, grad.shape[0])
 
-    def _capture(self, f: int, stream: str, compute: Callable[[torch.Tensor], None]) -> None:
+    def _capture(self, f: int, stream: str, compute: Callable[[torch.Tensor], None], batch: int) -> None:
+        """Factor ``f`` of a micro-batch of ``batch`` samples: computed and sent, or (under ``no_sync()``,
+        gradient accumulation) added to the step's sum, which the step's last micro-batch sends."""
         start = time.perf_counter()
         compute(self.exchange.target(f))
-        self.exchange.ready(f)
+        if self.grads.accumulating or self._accumulated[f]:
+            self._accumulate(f, batch)
+        else:
+            self.exchange.ready(f)
         now = time.perf_counter()
         self.timings["factor_compute"] += now - start
         if self._fusion_pending:
             self._ready_at[f] = now - self._stream_start.setdefault(stream, now)
 
+    def _accumulate(self, f: int, batch: int) -> None:
+        """Gradient accumulation: one process's factor on the micro-batches together.
+
+        A micro-batch's A is the mean over its n samples of a a^T; its G, from a loss
+        divided by the number of micro-batches (as the documented loop does), is n/S times
+        the sum of e e^T of the per-sample output gradients e, which are the concatenated
+        batch's. So the step's A is sum(n A) / N and its G is N sum(G / n) over its N samples.
+        """
+        is_a = f % 2 == 0
+        self.exchange.accumulate(f, float(batch) if is_a else 1.0 / batch)
+        total = self._accumulated[f] = self._accumulated[f] + batch
+        if not self.grads.accumulating:  # the step's last micro-batch
+            self._send_accumulated(f, total)
+
+    def _send_accumulated(self, f: int, total: int) -> None:
+        self.exchange.ready(f, 1.0 / total if f % 2 == 0 else float(total))
+        self._accumulated[f] = 0
+
     # ----------------------------------------------------------------- step
-    def no_sync(self) -> AbstractContextManager[None]:
-        """Refused: K-FAC's factors come from one forward and backward per step."""
-        raise RuntimeError(
-            "mpisolve kfac: no_sync() (gradient accumulation) is not supported: the Kronecker factors are "
-            "computed from a single forward and backward pass per step. Use one larger batch per step"
-        )
 
     @collective_round
     def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         o = self.options
         step = self.steps
+        for f, total in enumerate(self._accumulated):
+            if total:  # every micro-batch of this step ran inside no_sync()
+                self._send_accumulated(f, total)
         if self._capturing and self.grads.backward_ran and not any(self.exchange.captured):
             raise RuntimeError(
                 "mpisolve kfac: backward ran but no layer's Kronecker factors were captured: the layer hooks "
@@ -483,17 +524,13 @@ class KFACSolver(BucketSolver):
             self.timings["factor_compute"] += time.perf_counter() - middle
             if self._fusion_pending:
                 self._profile()
-        inverting = step % o.inv_update_steps == 0 or self._invert_next
+        inverting = _every(o.inv_update_steps, step, "inv_update_steps") or self._invert_next
         self._invert_next = False
         if inverting:
             self._start_inverses(_schedule(o.damping, step, "damping"))
 
         def precondition() -> None:
-            lr = None if o.lr is None else _schedule(o.lr, step, "lr")
-            if lr is not None:
-                for group in self.optimizer.param_groups:
-                    group["lr"] = lr
-            self._precondition(inverting)
+            self._precondition(inverting, None if o.lr is None else _schedule(o.lr, step, "lr"))
 
         # The averaged gradients are the same everywhere: every rank decides alike, unasked.
         def finish_inverses(applied: bool) -> None:
@@ -511,7 +548,7 @@ class KFACSolver(BucketSolver):
         if self._capturing:
             self._warn_nonfinite_factors(scaler)
             self.exchange.rearm()
-        self._capturing = self.steps % o.factor_update_steps == 0
+        self._capturing = _every(o.factor_update_steps, self.steps, "factor_update_steps")
         return info
 
     def _drain(self) -> None:
@@ -594,9 +631,10 @@ class KFACSolver(BucketSolver):
         if self.comm.rank == 0:
             warnings.warn(f"mpisolve kfac, step {self.steps}: {message}", RuntimeWarning, stacklevel=3)
 
-    def _precondition(self, inverting: bool) -> None:
+    def _precondition(self, inverting: bool, lr: float | None) -> None:
         """Precondition this rank's layers, each as soon as its decompositions are here (while
-        the others' broadcasts travel), send each result to the row, and write every layer's."""
+        the others' broadcasts travel), send each result to the row, and write every layer's.
+        ``lr``: the KL clip's learning rate (None: each layer's param group's)."""
         o = self.options
         self.sharing.post()
         pending = list(self.own_layers)
@@ -627,11 +665,12 @@ class KFACSolver(BucketSolver):
         active = [(layer, flag) for layer, flag in zip(self.layers, flags) if layer.spec.module.weight.grad is not None]
         scale = None
         if o.kl_clip is not None and active:
+            groups = self.optimizer.param_groups
             terms = []
             for layer, flag in active:
-                lr = float(self._group_lr[id(layer.spec.module.weight)]["lr"])
+                rate = float(groups[self._group_of[id(layer.spec.module.weight)]]["lr"]) if lr is None else lr
                 dot = torch.dot(layer.result.reshape(-1), layer.gradient().reshape(-1))
-                terms.append(dot.mul_(flag).mul_(lr * lr))
+                terms.append(dot.mul_(flag).mul_(rate * rate))
             quadratic = torch.stack(terms).sum().abs_()
             # min(1, sqrt(kl_clip / |q|)), and 1 where nothing was preconditioned (q = 0)
             scale = torch.where(quadratic > 0, quadratic.reciprocal_().mul_(o.kl_clip).sqrt_().clamp_(max=1.0), 1.0)
@@ -693,7 +732,7 @@ class KFACSolver(BucketSolver):
         self._damping_used = float(state["damping_used"])
         for layer in self.layers:
             layer.refresh_scale(self._damping_used)
-        self._capturing = self.steps % self.options.factor_update_steps == 0
+        self._capturing = _every(self.options.factor_update_steps, self.steps, "factor_update_steps")
         # A rank's state holds the decompositions of the layers it preconditioned; loaded where
         # other layers are this rank's (another world size or fraction), invert at the next step.
         own = {self.layers[i].spec.name for i in self.own_layers}

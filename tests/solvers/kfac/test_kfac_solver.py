@@ -112,17 +112,94 @@ def test_running_average_kl_clip_and_schedules_in_a_plain_loop():
     )
     data = [(torch.randn(8, 2, 4, 4), torch.randint(0, 2, (8,))) for _ in range(6)]
     updates = []
-    for step, (x, y) in enumerate(data):
+    for x, y in data:
         solver.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         info = solver.step()
         assert info.applied and info.local_samples == 8 and info.global_samples == 8
         updates.append(solver.layers[0].a.updates)
-        assert solver.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 / (1 + step))
+        assert solver.optimizer.param_groups[0]["lr"] == 0.1  # the KL clip's lr is not the optimizer's
     assert updates == [1, 1, 2, 2, 3, 3]  # factors every 2 steps
     assert seen == [0, 4]  # damping read at inversion steps
     assert all(torch.isfinite(p).all() for p in model.parameters())
     solver.close()
+
+
+def test_intervals_may_follow_a_schedule():
+    torch.manual_seed(2)
+    model = Net()
+    solver = mpisolve.make_solver(
+        "kfac",
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        factor_update_steps=lambda step: 1 if step < 2 else 3,  # KAISA's callables
+        inv_update_steps=lambda step: 2 if step < 3 else 6,
+    )
+    factors, inverses = [], []
+    for _ in range(8):
+        x, y = torch.randn(8, 2, 4, 4), torch.randint(0, 2, (8,))
+        solver.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        inverse = solver.layers[0].a.inverse.clone()
+        solver.step()
+        factors.append(solver.layers[0].a.updates)
+        inverses.append(not torch.equal(inverse, solver.layers[0].a.inverse))
+    assert factors == [1, 2, 2, 3, 3, 3, 4, 4]  # at steps s with s % schedule(s) == 0: 0, 1, 3, 6
+    assert inverses == [True, False, True, False, False, False, True, False]  # 0, 2, 6
+    solver.close()
+
+
+@pytest.mark.parametrize("knob", ["factor_update_steps", "inv_update_steps"])
+def test_an_interval_schedule_that_gives_no_positive_int_is_refused(knob):
+    model = Net()
+    solver = mpisolve.make_solver("kfac", model, torch.optim.SGD(model.parameters(), lr=0.1), **{knob: lambda s: 0})
+    nn.functional.cross_entropy(model(torch.randn(4, 2, 4, 4)), torch.randint(0, 2, (4,))).backward()
+    with pytest.raises(mpisolve.OptionError, match=f"the {knob} schedule gave 0 at step [01]: an int >= 1"):
+        solver.step()
+        solver.step()
+    solver.close()
+
+
+def test_lr_is_the_kl_clips_alone_as_kaisas():
+    """The KL clip's nu = min(1, sqrt(kl_clip / (lr^2 |<U, V>|))): twice the lr, half the
+    (clipped) step; the optimizer steps at its own lr either way."""
+    updates = []
+    for lr in (None, 0.2):
+        torch.manual_seed(2)
+        model = Net().double()  # updates of ~1e-4 on weights of ~0.1: float32 would round them
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        solver = mpisolve.make_solver("kfac", model, optimizer, lr=lr, **exact_options(kl_clip=1e-8))
+        preconditioned = [p for name, p in model.named_parameters() if not name.startswith("bn.")]
+        before = [p.detach().clone() for p in preconditioned]
+        x = torch.randn(8, 2, 4, 4, dtype=torch.float64)
+        nn.functional.cross_entropy(model(x), torch.randint(0, 2, (8,))).backward()
+        solver.step()
+        assert optimizer.param_groups[0]["lr"] == 0.1
+        updates.append(torch.cat([(p - b).reshape(-1) for p, b in zip(preconditioned, before)]))
+        solver.close()
+    torch.testing.assert_close(updates[1], updates[0] / 2)
+
+
+def test_the_kl_clip_reads_the_learning_rate_an_optimizer_state_loaded_later_gives():
+    """optimizer.load_state_dict after make_solver (a resume, join()'s hand-over) makes new param
+    groups: the KL clip reads their lr, not the replaced groups'."""
+    updates = []
+    for loaded in (False, True):
+        torch.manual_seed(2)
+        model = Net().double()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1 if loaded else 0.2)
+        solver = mpisolve.make_solver("kfac", model, optimizer, **exact_options(kl_clip=1e-8))
+        if loaded:
+            state = optimizer.state_dict()
+            state["param_groups"][0]["lr"] = 0.2
+            optimizer.load_state_dict(state)
+        before = [p.detach().clone() for p in model.parameters()]
+        x = torch.randn(8, 2, 4, 4, dtype=torch.float64)
+        nn.functional.cross_entropy(model(x), torch.randint(0, 2, (8,))).backward()
+        solver.step()
+        updates.append(torch.cat([(p - b).reshape(-1) for p, b in zip(model.parameters(), before)]))
+        solver.close()
+    torch.testing.assert_close(updates[1], updates[0])
 
 
 def test_state_dict_round_trip_resumes_exactly():
