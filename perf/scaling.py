@@ -83,6 +83,7 @@ FIELDS = (
     "device_overruns",
     "load_before",
     "load_after",
+    "outside_cores",
 )
 
 
@@ -134,11 +135,13 @@ def run_piece(model: str, ranks: int, series: str, args: argparse.Namespace, cor
     names = registered() if args.solvers == "all" else args.solvers.split(",")
     device = ["--device-ms", f"{device_ms(model, args, cores):.6g}"] if series == "emulated" else []
     epochs = args.batches * args.batch * ranks / len(load_dataset("digits").train)
+    outside: dict[str, dict[str, float]] = {}
     for lockstep in (True, False):
         group = [n for n in names if solver_class(n).lockstep == lockstep]
         if not group:
             continue
         per_rank = 1 if lockstep else ranks  # an asynchronous solver's updates are every rank's
+        usage: dict[str, float] = {}
         run_mpisolve(
             ranks,
             [
@@ -165,8 +168,11 @@ def run_piece(model: str, ranks: int, series: str, args: argparse.Namespace, cor
             ],
             timeout_s=args.timeout,
             env={"OMP_NUM_THREADS": "1"},
+            usage=usage,
         )
-    (out / "load.json").write_text(json.dumps({"before": load_before, "after": os.getloadavg()[0]}) + "\n")
+        outside.update((name, usage) for name in group)
+    load = {"before": load_before, "after": os.getloadavg()[0], "outside": outside}
+    (out / "load.json").write_text(json.dumps(load) + "\n")
 
 
 def steady(log: Path) -> dict[str, float]:
@@ -215,6 +221,7 @@ def collect(out: Path, cores: int) -> list[dict[str, object]]:
                 "device_overruns": sum(overruns) / len(overruns) if overruns and workload.get("device_ms") else "",
                 "load_before": load.get("before", ""),
                 "load_after": load.get("after", ""),
+                "outside_cores": load.get("outside", {}).get(summary["solver"], {}).get("outside_cores", ""),
             }
         )
     single = {(r["series"], r["model"], r["solver"]): r["samples_per_s"] for r in rows if r["ranks"] == 1}

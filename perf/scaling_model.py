@@ -3,20 +3,30 @@ projected to 16-1,024 GPUs.
 
 Write-up, figures and provenance: docs/studies/performance-model.md.
 
-1. Calibration: alpha and beta fitted to the ``bucketed`` rows of the communication
-   sweep (perf/results/comm_sweep/*.csv: the solvers' own allreduce path), Adasum's gamma
-   to its ``adasum`` rows, once per rank count; the window exchange's alpha and beta, per
-   mode (locked, wild), to ``bench windows`` (perf/results/comm_windows/*.csv, shared
-   path, sharded layout), once per rank count.
+1. Calibration, from perf/model_calibration.py's runs (``--calibration``, default
+   perf/results/model_calibration/; none of them a scaling-study run):
+
+   - alpha and beta fitted to the ``bucketed`` rows of its sweep (``sweep_n<P>.csv``: the
+     solvers' own allreduce path), Adasum's gamma to its ``adasum`` rows, once per rank
+     count; the window exchange's alpha and beta, per mode (locked, wild), to its
+     ``bench windows`` rows (``windows_n<P>.csv``, shared path, sharded layout);
+   - each study workload's compute contention (:mod:`mpisolve.perfmodel.sharing`) fitted
+     to P one-rank trainings at once (``compute.csv``);
+   - the machine's cost of a blocking exchange and of a lock acquisition per extra rank a
+     core, fitted to what the synthetic workload's runs (``sync_<numel>/scaling.csv``:
+     ``allreduce``, ``async-sgd``) leave over their compute (its contention fitted to its
+     ``hogwild-sgd`` runs, which neither block nor lock) and their exchanges' alpha-beta price.
+
 2. Validation: for each series, model and solver of the scaling study
    (perf/results/scaling/scaling.csv), the model is given the measured 1-rank iteration
-   time of the same series (compute) and, for the ``real`` series, the machine's core
-   count (P ranks on C cores compute P/C times slower; an ``emulated`` rank has a device
-   of its own), and predicts the 2-8 rank iteration, each solver on its own schedule
-   (tau) and exchange (window solvers priced by the window fit; ``error_allreduce_priced``
-   keeps what pricing them with the allreduce fit gave). The relative errors go to
-   validation.csv, validation.md (the study's tables: per run, and per solver) and
-   validation.png.
+   of the same series as the compute, the cores the run had (the machine's, less what
+   other processes used meanwhile: ``outside_cores``) and the calibration, and predicts
+   the 2-8 rank iteration, each solver on its own schedule (tau) and exchange. An
+   ``emulated`` rank sleeps through its device time: only its host work (the 1-rank
+   iteration less the device time) shares the cores, and only while it runs (the ranks a
+   core count that share). ``error_alpha_beta`` keeps what the model gives without the
+   sharing terms. The relative errors go to validation.csv, validation.md (the study's
+   tables: per run, and per solver) and validation.png.
 3. Projection: ``python -m mpisolve model`` for ResNet-18 and ResNet-50 on 100 Gb/s
    InfiniBand with H100-class compute, 16 to 1,024 GPUs: projection_<model>.csv, the
    command's printed table (projection_<model>.txt) and projection.png.
@@ -30,17 +40,21 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
+import json
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from launch import RESULTS
 
 from mpisolve.perfmodel.calibrate import (
+    MIN_FREE_CORES,
     fit_adasum_gamma,
+    fit_contention,
     fit_network,
+    fit_through_origin,
     fit_window,
     read_sweep,
     read_window_bench,
@@ -48,20 +62,37 @@ from mpisolve.perfmodel.calibrate import (
 )
 from mpisolve.perfmodel.iteration import MODELS, Case, Compute, iteration, model_options
 from mpisolve.perfmodel.network import Network, window_exchange
-from mpisolve.perfmodel.workloads import workload
+from mpisolve.perfmodel.sharing import SharedCores
+from mpisolve.perfmodel.workloads import Workload, workload
 
 OUT = RESULTS / "scaling_model"
+CALIBRATION = RESULTS / "model_calibration"
 PROJECTED = ("allreduce", "adasum", "easgd", "local-sgd", "async-sgd", "ea-wild", "kfac")
 PROJECTION_RANKS = "16,32,64,128,256,512,1024"
+WIRE_BYTES = 4
 
 
-def calibrate(sweep_dir: Path) -> dict[int, tuple[Network, float, float]]:
+@dataclass(frozen=True)
+class Calibration:
+    """What the model knows of this machine: per rank count the allreduce network, Adasum's
+    gamma, the fit's median error and the window networks; the cores; per (series, model)
+    the compute contention; the cost of a wait and of a lock per extra rank a core."""
+
+    nets: dict[int, tuple[Network, float, float]]
+    windows: dict[int, dict[str, Network]]
+    cores: int
+    contention: dict[tuple[str, str], float]
+    wait_s: float
+    lock_s: float
+
+
+def calibrate_networks(directory: Path) -> dict[int, tuple[Network, float, float]]:
     """Per rank count: the fitted network, Adasum's gamma, the fit's median |relative error|.
 
     One fit per rank count: on an oversubscribed machine alpha and beta change with the
     number of ranks sharing the cores, which one alpha-beta law over all counts cannot follow.
     """
-    rows = read_sweep(sorted(sweep_dir.glob("comm_sweep_n*.csv")))
+    rows = read_sweep(sorted(directory.glob("sweep_n*.csv")))
     fits = {}
     for p in sorted({int(r["ranks"]) for r in rows}):
         mine = [r for r in rows if int(r["ranks"]) == p]
@@ -76,9 +107,9 @@ def calibrate(sweep_dir: Path) -> dict[int, tuple[Network, float, float]]:
     return fits
 
 
-def calibrate_windows(windows_dir: Path) -> dict[int, dict[str, Network]]:
+def calibrate_windows(directory: Path) -> dict[int, dict[str, Network]]:
     """Per rank count: the window exchange's fitted network per mode ("locked", "wild")."""
-    rows = read_window_bench(sorted(windows_dir.glob("windows_n*.csv")))
+    rows = read_window_bench(sorted(directory.glob("windows_n*.csv")))
     fits = {}
     for p in sorted({int(r["ranks"]) for r in rows}):
         mine = [r for r in rows if int(r["ranks"]) == p]
@@ -98,29 +129,113 @@ def calibrate_windows(windows_dir: Path) -> dict[int, dict[str, Network]]:
     return fits
 
 
-def validate(
-    fits: dict[int, tuple[Network, float, float]],
-    window_fits: dict[int, dict[str, Network]],
-    scaling_csv: Path,
-    cores: int,
-) -> list[dict[str, object]]:
-    with scaling_csv.open(newline="") as f:
-        measured = list(csv.DictReader(f))
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def free_cores(cores: int, row: dict[str, str]) -> float:
+    """The cores a run had: the machine's less what other processes used meanwhile."""
+    return max(cores - float(row["outside_cores"] or 0), MIN_FREE_CORES)
+
+
+def calibrate(directory: Path) -> Calibration:
+    cores = int(json.loads((directory / "machine.json").read_text())["cores"])
+    nets, windows = calibrate_networks(directory), calibrate_windows(directory)
+    compute_rows = read_rows(directory / "compute.csv")
+    contention = {}
+    for series, model in dict.fromkeys((r["series"], r["model"]) for r in compute_rows):
+        mine = [
+            {"ranks": float(r["ranks"]), "seconds": float(r["iteration_s"]), "outside_cores": float(r["outside_cores"])}
+            for r in compute_rows
+            if (r["series"], r["model"]) == (series, model)
+        ]
+        contention[(series, model)] = fit_contention(mine, cores) if any(r["ranks"] > cores for r in mine) else 0.0
+        print(f"contention of {model} ({series}): {contention[(series, model)]:.3f} per extra rank a core")
+    waits: list[tuple[float, float]] = []
+    locks: list[tuple[float, float]] = []
+    for sync in sorted(directory.glob("sync_*/scaling.csv")):
+        numel = int(json.loads((sync.parent / "workload.json").read_text())["numel"])
+        load = Workload("synthetic", numel, 3, ())
+        rows = {(r["solver"], int(r["ranks"])): r for r in read_rows(sync)}
+        ranks = sorted({p for _, p in rows if p > 1})
+        # the synthetic workload's compute: hogwild-sgd's iteration less its wild exchange
+        hogwild = [
+            {
+                "ranks": float(p),
+                "seconds": float(rows[("hogwild-sgd", p)]["iteration_s"])
+                - (window_exchange(windows[p]["wild"], p, numel * WIRE_BYTES, locked=False) if p > 1 else 0.0),
+                "outside_cores": float(rows[("hogwild-sgd", p)]["outside_cores"] or 0),
+            }
+            for p in [1, *ranks]
+        ]
+        synthetic = fit_contention(hogwild, cores)
+        for solver, into in (("allreduce", waits), ("async-sgd", locks)):
+            one = float(rows[(solver, 1)]["iteration_s"])
+            for p in ranks:
+                row = rows[(solver, p)]
+                plain = SharedCores(cores=free_cores(cores, row), contention=synthetic)
+                net, gamma, _ = nets[p]
+                case = Case(load, net, Compute(step_s=one, batch=32, sharing=plain), p, WIRE_BYTES, gamma, windows[p])
+                left = float(row["iteration_s"]) - iteration(solver, case).total
+                count = 1.0 if solver == "allreduce" else 2.0 * (p - 1)  # blocking exchanges, lock acquisitions
+                into.append((count * plain.extra(p), left))
+        print(f"synthetic workload, {numel} parameters: contention {synthetic:.3f}")
+    wait_s, lock_s = fit_through_origin(waits), fit_through_origin(locks)
+    print(
+        f"a blocking exchange: {wait_s * 1e3:.2f} ms, a lock acquisition: {lock_s * 1e3:.2f} ms, per extra rank a core"
+    )
+    return Calibration(nets, windows, cores, contention, wait_s, lock_s)
+
+
+def sharing_for(cal: Calibration, row: dict[str, str], single: float, device_ms: float) -> tuple[SharedCores, float]:
+    """The run's shared cores and the 1-rank step (s) its compute scales from.
+
+    An emulated rank (device_ms > 0) sleeps through its device time: its host work (the
+    iteration less the device time) is what shares the cores, and it runs only that share
+    of the time, so its ranks a core count in that proportion.
+    """
+    cores = free_cores(cal.cores, row)
+    contention = cal.contention.get(("real", row["model"]), 0.0)
+    sharing = SharedCores(cores=cores, contention=contention, wait_s=cal.wait_s, lock_s=cal.lock_s)
+    if not device_ms:
+        return sharing, single
+    device_s = device_ms * 1e-3 * int(row["batch"])
+    host = max(single - device_s, 1e-6)
+    return replace(sharing, cores=cores * single / host), host
+
+
+def validate(cal: Calibration, scaling_csv: Path) -> list[dict[str, object]]:
+    measured = read_rows(scaling_csv)
     single = {(r["series"], r["model"], r["solver"]): float(r["iteration_s"]) for r in measured if int(r["ranks"]) == 1}
-    loads = {}
+    loads: dict[str, Workload] = {}
     out = []
     for r in measured:
         p, key = int(r["ranks"]), (r["series"], r["model"], r["solver"])
-        if p not in fits or key not in single or r["solver"] not in MODELS:
+        if p == 1 or p not in cal.nets or key not in single or r["solver"] not in MODELS:
             continue
-        net, gamma_adasum, _ = fits[p]
+        net, gamma_adasum, _ = cal.nets[p]
         load = loads.setdefault(r["model"], workload(r["model"]))
-        compute = Compute(step_s=single[key], batch=int(r["batch"]), cores=cores if r["series"] == "real" else None)
+        sharing, host = sharing_for(cal, r, single[key], float(r["device_ms"] or 0))
+        fixed = single[key] - host  # an emulated rank's device time, which no sharing lengthens
         options = model_options(r["solver"], {})
-        it = iteration(r["solver"], Case(load, net, compute, p, 4, gamma_adasum, window_fits.get(p)), options)
-        plain = iteration(
-            r["solver"], Case(load, net, compute, p, 4, gamma_adasum), options
-        )  # windows priced as allreduce
+        runs = {
+            shared: iteration(
+                r["solver"],
+                Case(
+                    load,
+                    net,
+                    Compute(step_s=host, batch=int(r["batch"]), sharing=shared),
+                    p,
+                    WIRE_BYTES,
+                    gamma_adasum,
+                    cal.windows.get(p),
+                ),
+                options,
+            )
+            for shared in (sharing, None)
+        }
+        it, alpha_beta = runs[sharing], runs[None]
         seen = float(r["iteration_s"])
         out.append(
             {
@@ -128,12 +243,13 @@ def validate(
                 "model": r["model"],
                 "solver": r["solver"],
                 "ranks": p,
+                "free_cores": free_cores(cal.cores, r),
                 "measured_ms": seen * 1e3,
-                "predicted_ms": it.total * 1e3,
-                "compute_ms": it.compute * 1e3,
+                "predicted_ms": (it.total + fixed) * 1e3,
+                "compute_ms": (it.compute + fixed) * 1e3,
                 "comm_ms": it.comm * 1e3,
-                "error": (it.total - seen) / seen,
-                "error_allreduce_priced": (plain.total - seen) / seen,
+                "error": (it.total + fixed - seen) / seen,
+                "error_alpha_beta": (alpha_beta.total + fixed - seen) / seen,
             }
         )
     return out
@@ -152,13 +268,15 @@ def validation_tables(validation: list[dict[str, object]]) -> list[str]:
         errors = " | ".join(f"{at[p]['error']:+.0%}" if p in at else "" for p in (2, 4, 8))
         lines.append(f"| {series} | {model} | {solver} | {measured} | {predicted} | {errors} |")
     abs_errors = [abs(float(r["error"])) for r in validation]
+    plain = [abs(float(r["error_alpha_beta"])) for r in validation]
     lines.append(
         f"\n|error| over {len(abs_errors)} runs: median {statistics.median(abs_errors):.0%}, "
-        f"max {max(abs_errors):.0%}.\n"
+        f"max {max(abs_errors):.0%} (the alpha-beta terms alone: median {statistics.median(plain):.0%}, "
+        f"max {max(plain):.0%}).\n"
     )
     lines += [
         "| solver | runs | median abs. error, real | median abs. error, emulated | median abs. error, all | "
-        "all, window solvers priced as allreduce |",
+        "all, alpha-beta alone (no sharing terms) |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
 
@@ -170,7 +288,7 @@ def validation_tables(validation: list[dict[str, object]]) -> list[str]:
         lines.append(
             f"| {solver} | {len(mine)} | {median([r for r in mine if r['series'] == 'real'])} | "
             f"{median([r for r in mine if r['series'] == 'emulated'])} | {median(mine)} | "
-            f"{median(mine, 'error_allreduce_priced')} |"
+            f"{median(mine, 'error_alpha_beta')} |"
         )
     return lines
 
@@ -301,42 +419,44 @@ def plot(validation: list[dict[str, object]], projections: dict[str, Path], out:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sweep", type=Path, default=RESULTS / "comm_sweep", help="directory of comm_sweep_n*.csv")
-    parser.add_argument("--windows", type=Path, default=RESULTS / "comm_windows", help="directory of windows_n*.csv")
+    parser.add_argument(
+        "--calibration", type=Path, default=CALIBRATION, help="perf/model_calibration.py's output directory"
+    )
     parser.add_argument(
         "--scaling", type=Path, default=RESULTS / "scaling" / "scaling.csv", help="the scaling study's CSV"
     )
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--no-projection", action="store_true", help="calibrate and validate only")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    cores = len(os.sched_getaffinity(0))
-    fits = calibrate(args.sweep)
-    window_fits = calibrate_windows(args.windows)
-    validation = validate(fits, window_fits, args.scaling, cores)
+    cal = calibrate(args.calibration)
+    validation = validate(cal, args.scaling)
     with (args.out / "validation.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(validation[0]))
         writer.writeheader()
         writer.writerows(validation)
     with (args.out / "calibration.csv").open("w", newline="") as f:
         csv.writer(f).writerows(
-            [
-                (
-                    "ranks",
-                    "exchange",
-                    "alpha_s",
-                    "beta_s_per_byte",
-                    "gamma_adasum_s_per_byte",
-                    "median_abs_error",
-                    "cores",
-                )
-            ]
-            + [(p, "allreduce", net.alpha, net.beta, gamma, error, cores) for p, (net, gamma, error) in fits.items()]
+            [("ranks", "exchange", "alpha_s", "beta_s_per_byte", "gamma_adasum_s_per_byte", "median_abs_error")]
+            + [(p, "allreduce", net.alpha, net.beta, gamma, error) for p, (net, gamma, error) in cal.nets.items()]
             + [
-                (p, f"window {mode}", net.alpha, net.beta, "", "", cores)
-                for p, nets in window_fits.items()
+                (p, f"window {mode}", net.alpha, net.beta, "", "")
+                for p, nets in cal.windows.items()
                 for mode, net in nets.items()
             ]
         )
+    (args.out / "sharing.json").write_text(
+        json.dumps(
+            {
+                "cores": cal.cores,
+                "contention": {f"{series} {model}": c for (series, model), c in cal.contention.items()},
+                "wait_s": cal.wait_s,
+                "lock_s": cal.lock_s,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     lines = validation_tables(validation)
     lines += [
         "",
@@ -347,19 +467,33 @@ def main() -> int:
     lines += [
         f"| {p} | {net.alpha * 1e6:.1f} | {net.beta * 1e9:.3f} | {gamma * 1e9:.3f} | {error:.0%} | "
         + " | ".join(
-            f"{w[m].alpha * 1e6:.1f}, {w[m].beta * 1e9:.3f}" if (w := window_fits.get(p)) else "-"
+            f"{w[m].alpha * 1e6:.1f}, {w[m].beta * 1e9:.3f}" if (w := cal.windows.get(p)) else "-"
             for m in ("locked", "wild")
         )
         + " |"
-        for p, (net, gamma, error) in fits.items()
+        for p, (net, gamma, error) in cal.nets.items()
+    ]
+    lines += [
+        "",
+        "| ranks sharing cores | fitted |",
+        "| --- | --- |",
+        *(
+            f"| contention, {model} ({series}) | {c:.3f} per extra rank a core |"
+            for (series, model), c in cal.contention.items()
+        ),
+        f"| a blocking exchange | {cal.wait_s * 1e3:.2f} ms per extra rank a core |",
+        f"| a lock acquisition | {cal.lock_s * 1e3:.2f} ms per extra rank a core |",
     ]
     (args.out / "validation.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    projections = project(args.out)
-    (args.out / "projection.md").write_text(projection_table(projections))
-    print(projection_table(projections))
-    plot(validation, projections, args.out)
-    print(f"wrote {args.out}/: calibration.csv, validation.csv/.md/.png, projection_*.csv/.txt, projection.md/.png")
+    written = ["calibration.csv", "sharing.json", "validation.csv/.md"]
+    if not args.no_projection:
+        projections = project(args.out)
+        (args.out / "projection.md").write_text(projection_table(projections))
+        print(projection_table(projections))
+        plot(validation, projections, args.out)
+        written += ["validation.png", "projection_*.csv/.txt", "projection.md/.png"]
+    print(f"wrote {args.out}/: {', '.join(written)}")
     return 0
 
 
