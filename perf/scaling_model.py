@@ -54,11 +54,11 @@ from mpisolve.perfmodel.calibrate import (
     fit_adasum_gamma,
     fit_contention,
     fit_network,
+    fit_node_sum,
     fit_through_origin,
     fit_window,
     read_sweep,
     read_window_bench,
-    relative_errors,
 )
 from mpisolve.perfmodel.iteration import MODELS, Case, Compute, iteration, model_options
 from mpisolve.perfmodel.network import Network, window_exchange
@@ -87,22 +87,29 @@ class Calibration:
 
 
 def calibrate_networks(directory: Path) -> dict[int, tuple[Network, float, float]]:
-    """Per rank count: the fitted network, Adasum's gamma, the fit's median |relative error|.
+    """Per rank count: the fitted network, Adasum's gamma, the node-sum fit's median |relative error|.
 
-    One fit per rank count: on an oversubscribed machine alpha and beta change with the
-    number of ranks sharing the cores, which one alpha-beta law over all counts cannot follow.
+    The solvers' bucketed sums on one node go through node-shared memory: priced by the
+    node's memory bandwidth and counter wait (:func:`fit_node_sum`); alpha and beta
+    (halving-doubling) carry Adasum, whose gamma is fitted on top. One fit per rank count:
+    on an oversubscribed machine they change with the number of ranks sharing the cores.
     """
     rows = read_sweep(sorted(directory.glob("sweep_n*.csv")))
     fits = {}
     for p in sorted({int(r["ranks"]) for r in rows}):
         mine = [r for r in rows if int(r["ranks"]) == p]
-        net = fit_network(mine, op="bucketed", algorithm="halving-doubling", name=f"this machine, {p} ranks")
-        errors = [abs(e) for e in relative_errors(mine, net, op="bucketed")]
-        fits[p] = (net, fit_adasum_gamma(mine, net), statistics.median(errors))
+        links = fit_network(mine, op="bucketed", algorithm="halving-doubling", name=f"this machine, {p} ranks")
+        net = replace(links, per_node=p, memory=fit_node_sum(mine))
+        errors = [
+            abs(net.allreduce(p, float(r["bytes"])) / float(r["seconds"]) - 1) for r in mine if r["op"] == "bucketed"
+        ]
+        fits[p] = (net, fit_adasum_gamma(mine, links), statistics.median(errors))
+        memory = net.memory
+        assert memory is not None
         print(
-            f"calibration at {p} ranks: alpha {net.alpha * 1e6:.1f} us, beta {net.beta * 1e9:.3f} ns/B, gamma_adasum "
-            f"{fits[p][1] * 1e9:.3f} ns/B; |error| over the bucketed rows: median {fits[p][2]:.0%}, "
-            f"max {max(errors):.0%}"
+            f"calibration at {p} ranks: node sums {memory.node_Bps / 1e9:.2f} GB/s, {memory.sync_s * 1e6:.1f} us a wait"
+            f" (|error| over the bucketed rows: median {fits[p][2]:.0%}, max {max(errors):.0%}); alpha "
+            f"{net.alpha * 1e6:.1f} us, beta {net.beta * 1e9:.3f} ns/B, gamma_adasum {fits[p][1] * 1e9:.3f} ns/B"
         )
     return fits
 
@@ -437,10 +444,25 @@ def main() -> int:
         writer.writerows(validation)
     with (args.out / "calibration.csv").open("w", newline="") as f:
         csv.writer(f).writerows(
-            [("ranks", "exchange", "alpha_s", "beta_s_per_byte", "gamma_adasum_s_per_byte", "median_abs_error")]
-            + [(p, "allreduce", net.alpha, net.beta, gamma, error) for p, (net, gamma, error) in cal.nets.items()]
+            [
+                (
+                    "ranks",
+                    "exchange",
+                    "alpha_s",
+                    "beta_s_per_byte",
+                    "gamma_adasum_s_per_byte",
+                    "node_bytes_per_s",
+                    "node_wait_s",
+                    "median_abs_error",
+                )
+            ]
             + [
-                (p, f"window {mode}", net.alpha, net.beta, "", "")
+                (p, "allreduce", net.alpha, net.beta, gamma, net.memory.node_Bps, net.memory.sync_s, error)
+                for p, (net, gamma, error) in cal.nets.items()
+                if net.memory is not None
+            ]
+            + [
+                (p, f"window {mode}", net.alpha, net.beta, "", "", "", "")
                 for p, nets in cal.windows.items()
                 for mode, net in nets.items()
             ]
@@ -460,18 +482,20 @@ def main() -> int:
     lines = validation_tables(validation)
     lines += [
         "",
-        "| ranks | alpha (us) | beta (ns/B) | Adasum gamma (ns/B) | fit's median abs. error over the sweep | "
-        "window locked: alpha (us), beta (ns/B) | window wild: alpha (us), beta (ns/B) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| ranks | node sums: GB/s, us a wait | median abs. error over the sweep | Adasum: alpha (us), beta (ns/B), "
+        "gamma (ns/B) | window locked: alpha (us), beta (ns/B) | window wild: alpha (us), beta (ns/B) |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     lines += [
-        f"| {p} | {net.alpha * 1e6:.1f} | {net.beta * 1e9:.3f} | {gamma * 1e9:.3f} | {error:.0%} | "
+        f"| {p} | {net.memory.node_Bps / 1e9:.2f}, {net.memory.sync_s * 1e6:.1f} | {error:.0%} | "
+        f"{net.alpha * 1e6:.1f}, {net.beta * 1e9:.3f}, {gamma * 1e9:.3f} | "
         + " | ".join(
             f"{w[m].alpha * 1e6:.1f}, {w[m].beta * 1e9:.3f}" if (w := cal.windows.get(p)) else "-"
             for m in ("locked", "wild")
         )
         + " |"
         for p, (net, gamma, error) in cal.nets.items()
+        if net.memory is not None
     ]
     lines += [
         "",

@@ -13,6 +13,9 @@ Window exchanges (one-sided gets, accumulates and locks) cost something else tha
 allreduce's messages: :func:`fit_window` fits :func:`.network.window_exchange`'s alpha
 and beta, per mode (locked, wild), to the measured exchanges of ``bench windows``.
 
+:func:`fit_node_sum` fits a node's memory bandwidth and counter wait to one rank count's
+node-shared sums (:mod:`.node`), all ranks on one node.
+
 Ranks sharing cores (:mod:`.sharing`): :func:`fit_contention` fits a workload's compute
 contention to its steps with several ranks computing at once, and
 :func:`fit_through_origin` the per-extra-rank costs of waits and locks to what runs on a
@@ -30,6 +33,7 @@ import numpy as np
 
 from ..options import InputError
 from .network import Algorithm, Network, adasum_allreduce, window_exchange
+from .node import NodeMemory, node_sum
 from .sharing import SharedCores
 
 #: Columns a sweep CSV must have.
@@ -245,3 +249,30 @@ def fit_through_origin(points: Sequence[tuple[float, float]]) -> float:
     """The least-squares ``c`` of ``y = c x`` over ``(x, y)`` points, bounded at 0 (0 with no x > 0)."""
     denominator = sum(x * x for x, _ in points)
     return max(0.0, sum(x * y for x, y in points) / denominator) if denominator > 0 else 0.0
+
+
+def fit_node_sum(rows: Sequence[Mapping[str, float | str]], *, op: str = "bucketed") -> NodeMemory:
+    """The node's memory bandwidth and counter wait fitted to the ``op`` rows of one rank
+    count, every rank on one node (:func:`.node.node_sum`: ``waits x sync_s + moved / node_Bps``,
+    linear in ``sync_s`` and ``1 / node_Bps``; weighted by 1/t, bounded at 0)."""
+    mine = [r for r in rows if r["op"] == op]
+    counts = {int(r["ranks"]) for r in mine}
+    if len(counts) != 1 or min(counts) < 2 or len({float(r["bytes"]) for r in mine}) < 2:
+        raise InputError(
+            f"a node-sum fit needs '{op}' rows of one rank count (2 or more) at two sizes or more, "
+            f"got rank counts {sorted(counts) or 'none'}"
+        )
+    (p,) = counts
+    with_wait, bytes_only = NodeMemory(node_Bps=1.0, sync_s=1.0), NodeMemory(node_Bps=1.0, sync_s=0.0)
+    design = np.array(
+        [
+            [node_sum(with_wait, p, n) - node_sum(bytes_only, p, n), node_sum(bytes_only, p, n)]
+            for n in (float(r["bytes"]) for r in mine)
+        ]
+    )
+    seconds = np.array([float(r["seconds"]) for r in mine])
+    weights = 1 / seconds
+    sync, per_byte = _nonnegative_lstsq(design * weights[:, None], seconds * weights)
+    if per_byte <= 0:
+        raise InputError(f"the '{op}' rows at {p} ranks do not grow with the bytes: no bandwidth to fit")
+    return NodeMemory(node_Bps=1 / float(per_byte), sync_s=float(sync))

@@ -7,10 +7,13 @@ A message of ``n`` bytes between two ranks costs ``alpha + n * beta`` seconds; r
 Large allreduces use ``algorithm``: ring, halving-doubling, or ``auto`` (the cheaper).
 A network of nodes of ``per_node`` ranks each (GPUs sharing a node's link): among the
 ranks of one node, a byte costs ``intra_beta`` (NVLink, PCIe); across nodes, ``beta``
-(the node's link). Across nodes every bandwidth-optimal allreduce passes about 2n bytes
-through each node's link whatever the ranks per node (ring: the ring enters and leaves
-each node once; halving-doubling: the node's ranks send their shares through it at once),
-so the formulas below keep ``beta``: the node level changes only a one-node job.
+(the node's link). With ``memory`` (:class:`.node.NodeMemory`), an allreduce is
+mpisolve's node-aware one (:func:`.node.node_allreduce`: sums in the node's shared
+memory, priced by its bandwidth, then the network between nodes). Otherwise, across
+nodes, every bandwidth-optimal allreduce passes about 2n bytes through each node's link
+whatever the ranks per node (ring: the ring enters and leaves each node once;
+halving-doubling: the node's ranks send their shares through it at once), so the formulas
+below keep ``beta``: the node level changes only a one-node job.
 
 - ring allreduce: ``2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma``;
 - halving-doubling allreduce (Rabenseifner: reduce-scatter by recursive halving, then
@@ -36,6 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from ..options import require
+from .node import NodeMemory, node_allreduce
 
 Algorithm = Literal["ring", "halving-doubling", "auto"]
 #: "auto": the cheaper of the two for each message, as a tuned library would choose.
@@ -46,7 +50,8 @@ ALGORITHMS: tuple[str, ...] = ("ring", "halving-doubling", "auto")
 class Network:
     """Per-message latency ``alpha`` (s), per-byte time ``beta`` (s/B), per-byte reduction
     time ``gamma`` (s/B), and the allreduce algorithm for large messages; ``per_node``
-    ranks share a node, among which a byte costs ``intra_beta`` (None: ``beta``)."""
+    ranks share a node, among which a byte costs ``intra_beta`` (None: ``beta``), or which
+    sum in its shared memory (``memory``)."""
 
     alpha: float
     beta: float
@@ -55,6 +60,7 @@ class Network:
     name: str = "custom"
     per_node: int = 1
     intra_beta: float | None = None
+    memory: NodeMemory | None = None
 
     def __post_init__(self) -> None:
         for key in ("alpha", "beta", "gamma"):
@@ -72,7 +78,7 @@ class Network:
     def at(self, p: int) -> Network:
         """The network ``p`` ranks use: the node's links when they fit in one node."""
         if p <= self.per_node and self.intra_beta is not None:
-            return replace(self, beta=self.intra_beta, per_node=1, intra_beta=None)
+            return replace(self, beta=self.intra_beta, per_node=1, intra_beta=None, memory=None)
         return self
 
     @classmethod
@@ -83,7 +89,9 @@ class Network:
 
     # ------------------------------------------------------------- collectives
     def allreduce(self, p: int, n: float) -> float:
-        """Allreduce of ``n`` bytes with this network's large-message algorithm."""
+        """Allreduce of ``n`` bytes with this network's large-message algorithm (or the node-aware one)."""
+        if self.memory is not None:
+            return self._node_aware(p, n)
         net = self.at(p)
         if self.algorithm == "ring":
             return ring_allreduce(net, p, n)
@@ -92,7 +100,14 @@ class Network:
         return min(ring_allreduce(net, p, n), halving_doubling_allreduce(net, p, n))
 
     def small_allreduce(self, p: int, n: float) -> float:
+        if self.memory is not None:
+            return self._node_aware(p, n)
         return recursive_doubling_allreduce(self.at(p), p, n)
+
+    def _node_aware(self, p: int, n: float) -> float:
+        assert self.memory is not None
+        nodes = math.ceil(p / self.per_node)
+        return node_allreduce(self.memory, self, nodes, min(p, self.per_node), n)
 
 
 def ring_allreduce(net: Network, p: int, n: float) -> float:
