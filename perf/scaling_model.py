@@ -76,14 +76,15 @@ WIRE_BYTES = 4
 class Calibration:
     """What the model knows of this machine: per rank count the allreduce network, Adasum's
     gamma, the fit's median error and the window networks; the cores; per (series, model)
-    the compute contention; the cost of a wait and of a lock per extra rank a core."""
+    the compute contention; per rank count the cost of a wait and of a lock per extra rank
+    a core."""
 
     nets: dict[int, tuple[Network, float, float]]
     windows: dict[int, dict[str, Network]]
     cores: int
     contention: dict[tuple[str, str], float]
-    wait_s: float
-    lock_s: float
+    wait_s: dict[int, float]
+    lock_s: dict[int, float]
 
 
 def calibrate_networks(directory: Path) -> dict[int, tuple[Network, float, float]]:
@@ -159,8 +160,8 @@ def calibrate(directory: Path) -> Calibration:
         ]
         contention[(series, model)] = fit_contention(mine, cores) if any(r["ranks"] > cores for r in mine) else 0.0
         print(f"contention of {model} ({series}): {contention[(series, model)]:.3f} per extra rank a core")
-    waits: list[tuple[float, float]] = []
-    locks: list[tuple[float, float]] = []
+    waits: dict[int, list[tuple[float, float]]] = {}
+    locks: dict[int, list[tuple[float, float]]] = {}
     for sync in sorted(directory.glob("sync_*/scaling.csv")):
         numel = int(json.loads((sync.parent / "workload.json").read_text())["numel"])
         load = Workload("synthetic", numel, 3, ())
@@ -186,12 +187,15 @@ def calibrate(directory: Path) -> Calibration:
                 case = Case(load, net, Compute(step_s=one, batch=32, sharing=plain), p, WIRE_BYTES, gamma, windows[p])
                 left = float(row["iteration_s"]) - iteration(solver, case).total
                 count = 1.0 if solver == "allreduce" else 2.0 * (p - 1)  # blocking exchanges, lock acquisitions
-                into.append((count * plain.extra(p), left))
+                into.setdefault(p, []).append((count * plain.extra(p), left))
         print(f"synthetic workload, {numel} parameters: contention {synthetic:.3f}")
-    wait_s, lock_s = fit_through_origin(waits), fit_through_origin(locks)
-    print(
-        f"a blocking exchange: {wait_s * 1e3:.2f} ms, a lock acquisition: {lock_s * 1e3:.2f} ms, per extra rank a core"
-    )
+    wait_s = {p: fit_through_origin(points) for p, points in waits.items()}
+    lock_s = {p: fit_through_origin(points) for p, points in locks.items()}
+    for p in wait_s:
+        print(
+            f"at {p} ranks, per extra rank a core: a blocking exchange {wait_s[p] * 1e3:.2f} ms, "
+            f"a lock acquisition {lock_s[p] * 1e3:.2f} ms"
+        )
     return Calibration(nets, windows, cores, contention, wait_s, lock_s)
 
 
@@ -202,9 +206,11 @@ def sharing_for(cal: Calibration, row: dict[str, str], single: float, device_ms:
     iteration less the device time) is what shares the cores, and it runs only that share
     of the time, so its ranks a core count in that proportion.
     """
-    cores = free_cores(cal.cores, row)
+    cores, p = free_cores(cal.cores, row), int(row["ranks"])
     contention = cal.contention.get(("real", row["model"]), 0.0)
-    sharing = SharedCores(cores=cores, contention=contention, wait_s=cal.wait_s, lock_s=cal.lock_s)
+    sharing = SharedCores(
+        cores=cores, contention=contention, wait_s=cal.wait_s.get(p, 0.0), lock_s=cal.lock_s.get(p, 0.0)
+    )
     if not device_ms:
         return sharing, single
     device_s = device_ms * 1e-3 * int(row["batch"])
@@ -505,8 +511,11 @@ def main() -> int:
             f"| contention, {model} ({series}) | {c:.3f} per extra rank a core |"
             for (series, model), c in cal.contention.items()
         ),
-        f"| a blocking exchange | {cal.wait_s * 1e3:.2f} ms per extra rank a core |",
-        f"| a lock acquisition | {cal.lock_s * 1e3:.2f} ms per extra rank a core |",
+        *(
+            f"| at {p} ranks: a blocking exchange, a lock acquisition | {cal.wait_s[p] * 1e3:.2f} ms, "
+            f"{cal.lock_s[p] * 1e3:.2f} ms per extra rank a core |"
+            for p in sorted(cal.wait_s)
+        ),
     ]
     (args.out / "validation.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
