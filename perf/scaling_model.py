@@ -13,9 +13,10 @@ Write-up, figures and provenance: docs/studies/performance-model.md.
    - each study workload's compute contention (:mod:`mpisolve.perfmodel.sharing`) fitted
      to P one-rank trainings at once (``compute.csv``);
    - the machine's cost of a blocking exchange and of a lock acquisition per extra rank a
-     core, fitted to what the synthetic workload's runs (``sync_<numel>/scaling.csv``:
-     ``allreduce``, ``async-sgd``) leave over their compute (its contention fitted to its
-     ``hogwild-sgd`` runs, which neither block nor lock) and their exchanges' alpha-beta price.
+     core, per rank count above the cores, fitted to what the synthetic workload's runs
+     (``sync_<numel>/scaling.csv``: ``allreduce``, ``async-sgd``) leave over their compute
+     (its contention fitted to its ``hogwild-sgd`` runs, which neither block nor lock) and
+     their exchanges' price; none at as many ranks as cores or fewer.
 
 2. Validation: for each series, model and solver of the scaling study
    (perf/results/scaling/scaling.csv), the model is given the measured 1-rank iteration
@@ -167,6 +168,7 @@ def calibrate(directory: Path) -> Calibration:
         load = Workload("synthetic", numel, 3, ())
         rows = {(r["solver"], int(r["ranks"])): r for r in read_rows(sync)}
         ranks = sorted({p for _, p in rows if p > 1})
+        shared = [p for p in ranks if p > cores]  # where ranks share cores by their number
         # the synthetic workload's compute: hogwild-sgd's iteration less its wild exchange
         hogwild = [
             {
@@ -180,7 +182,7 @@ def calibrate(directory: Path) -> Calibration:
         synthetic = fit_contention(hogwild, cores)
         for solver, into in (("allreduce", waits), ("async-sgd", locks)):
             one = float(rows[(solver, 1)]["iteration_s"])
-            for p in ranks:
+            for p in shared:
                 row = rows[(solver, p)]
                 plain = SharedCores(cores=free_cores(cores, row), contention=synthetic)
                 net, gamma, _ = nets[p]
