@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import fcntl
 import os
-import resource
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+
+import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -47,26 +49,70 @@ def _machine_busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def _own_cpu_s() -> float:
-    """CPU seconds of this process and of the children it has waited for (their children too)."""
-    total = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        usage = resource.getrusage(who)
-        total += usage.ru_utime + usage.ru_stime
+def _tree_cpu_s() -> float:
+    """CPU seconds of this process and its descendants: the live ones' own and their
+    finished children's (/proc/PID/stat: utime, stime, cutime, cstime)."""
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        cpu[int(entry)] = sum(int(v) for v in fields[11:15]) / tick
+    total, stack = 0.0, [os.getpid()]
+    while stack:
+        pid = stack.pop()
+        total += cpu.get(pid, 0.0)
+        stack.extend(children.get(pid, ()))
     return total
 
 
-@contextmanager
-def outside_load() -> Iterator[dict[str, float]]:
-    """While the block runs, how many cores' worth other processes kept busy: the
-    machine's busy time less this process's and its finished children's, over the wall
-    time; ``usage["outside_cores"]`` and ``usage["wall_s"]`` are set when the block ends."""
-    usage: dict[str, float] = {}
-    busy, own, start = _machine_busy_s(), _own_cpu_s(), time.perf_counter()
-    yield usage
-    wall = time.perf_counter() - start
-    outside = (_machine_busy_s() - busy) - (_own_cpu_s() - own)
-    usage.update(wall_s=wall, outside_cores=max(0.0, outside) / wall)
+class OutsideLoad:
+    """How many cores' worth other processes kept busy while a run measured: every
+    ``interval`` seconds (from a thread) the machine's busy time (/proc/stat) less this
+    process tree's CPU time; :meth:`cores` over the whole run or a part of it."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        self.interval = interval
+        self.samples: list[tuple[float, float]] = []  # (wall-clock time, outside CPU seconds since the start)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample_until_stopped, daemon=True)
+        self._base = (0.0, 0.0)
+
+    def _sample(self) -> None:
+        machine, own = _machine_busy_s(), _tree_cpu_s()
+        self.samples.append((time.time(), (machine - self._base[0]) - (own - self._base[1])))
+
+    def _sample_until_stopped(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> OutsideLoad:
+        self._base = (_machine_busy_s(), _tree_cpu_s())
+        self.samples = [(time.time(), 0.0)]
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def cores(self, start: float | None = None, end: float | None = None) -> float:
+        """Other processes' cores between two wall-clock times (default: the whole run)."""
+        times = [t for t, _ in self.samples]
+        used = [u for _, u in self.samples]
+        start = times[0] if start is None else max(start, times[0])
+        end = times[-1] if end is None else min(end, times[-1])
+        if end <= start:
+            return 0.0
+        return max(0.0, float(np.interp(end, times, used) - np.interp(start, times, used))) / (end - start)
 
 
 def run_mpisolve(
@@ -75,12 +121,12 @@ def run_mpisolve(
     *,
     timeout_s: float,
     env: Mapping[str, str] | None = None,
-    usage: dict[str, float] | None = None,
+    load: OutsideLoad | None = None,
 ) -> str:
     """``mpiexec -n ranks python -m mpi4py -m mpisolve args``; its stdout (fails loudly).
 
-    The run holds the machine lock (:func:`machine_lock`); ``usage``, if given, gets the
-    outside load while it ran (:func:`outside_load`).
+    The run holds the machine lock (:func:`machine_lock`); ``load``, if given, measures
+    the other processes' load while it runs.
     """
     command = [
         mpiexec(),
@@ -95,10 +141,8 @@ def run_mpisolve(
     ]
     print("+", " ".join(command), flush=True)
     full_env = {**os.environ, "MPIEXEC_TIMEOUT": str(int(timeout_s)), **(env or {})}
-    with machine_lock(), outside_load() as measured:
+    with machine_lock(), load if load is not None else nullcontext():
         done = subprocess.run(
             command, check=True, timeout=timeout_s + 30, env=full_env, stdout=subprocess.PIPE, text=True
         )
-    if usage is not None:
-        usage.update(measured)
     return done.stdout

@@ -13,7 +13,7 @@ one of the scaling study's (perf/scaling.py), which the model is checked against
    the study trains (the allreduce solver, 32 samples a step, plain SGD,
    OMP_NUM_THREADS=1). A rank's iteration at P is the mean over the P jobs
    -> ``compute.csv`` (series, model, ranks, iteration_s, spread, and outside_cores: the
-   cores' worth other processes used meanwhile, perf/launch.py's ``outside_load``).
+   cores' worth other processes used meanwhile, perf/launch.py's ``OutsideLoad``).
 3. ``sync``: the study's harness (perf/scaling.py) on a synthetic workload
    (perf/synthetic_load.py: about ``--loop-ms`` of matrix products a step and 64 Ki or
    1 Mi parameters) with one solver per kind of exchange: ``allreduce`` (a lockstep
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import torch
-from launch import RESULTS, machine_lock, mpiexec, outside_load, run_mpisolve
+from launch import RESULTS, OutsideLoad, machine_lock, mpiexec, run_mpisolve
 from scaling import collect, run_piece
 
 OUT = RESULTS / "model_calibration"
@@ -103,7 +103,7 @@ def measure_compute(args: argparse.Namespace) -> None:
     for series, model, batches, log_every in WORKLOADS:
         device_ms = float(device[model]["device_ms"]) if series == "emulated" else None
         for ranks in args.ranks:
-            with machine_lock(), outside_load() as usage:
+            with machine_lock(), OutsideLoad() as load:
                 seconds = concurrent_iterations(series, model, batches, log_every, ranks, out, device_ms)
             mean = statistics.fmean(seconds)
             rows.append(
@@ -113,12 +113,12 @@ def measure_compute(args: argparse.Namespace) -> None:
                     "ranks": ranks,
                     "iteration_s": mean,
                     "spread": (max(seconds) - min(seconds)) / mean,
-                    "outside_cores": usage["outside_cores"],
+                    "outside_cores": load.cores(),
                 }
             )
             print(
                 f"{series} {model}: {ranks} at once, {mean * 1e3:.2f} ms a micro-batch "
-                f"(other processes: {usage['outside_cores']:.2f} cores)"
+                f"(other processes: {load.cores():.2f} cores)"
             )
     with (args.out / "compute.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)

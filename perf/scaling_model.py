@@ -19,13 +19,13 @@ Write-up, figures and provenance: docs/studies/performance-model.md.
      their exchanges' price; none at as many ranks as cores or fewer.
 
 2. Validation: for each series, model and solver of the scaling study
-   (perf/results/scaling/scaling.csv), the model is given the measured 1-rank iteration
+   (perf/results/scaling/scaling.csv and its repeats, ``repeat-<k>/scaling.csv``: the
+   median of each run's iteration and load), the model is given the measured 1-rank iteration
    of the same series as the compute, the cores the run had (the machine's, less what
    other processes used meanwhile: ``outside_cores``) and the calibration, and predicts
    the 2-8 rank iteration, each solver on its own schedule (tau) and exchange. An
    ``emulated`` rank sleeps through its device time: only its host work (the 1-rank
-   iteration less the device time) shares the cores, and only while it runs (the ranks a
-   core count that share). ``error_alpha_beta`` keeps what the model gives without the
+   iteration less the device time) shares the cores. ``error_alpha_beta`` keeps what the model gives without the
    sharing terms. The relative errors go to validation.csv, validation.md (the study's
    tables: per run, and per solver) and validation.png.
 3. Projection: ``python -m mpisolve model`` for ResNet-18 and ResNet-50 on 100 Gb/s
@@ -201,28 +201,51 @@ def calibrate(directory: Path) -> Calibration:
     return Calibration(nets, windows, cores, contention, wait_s, lock_s)
 
 
-def sharing_for(cal: Calibration, row: dict[str, str], single: float, device_ms: float) -> tuple[SharedCores, float]:
-    """The run's shared cores and the 1-rank step (s) its compute scales from.
+def sharing_for(cal: Calibration, row: dict[str, str], one: dict[str, str]) -> tuple[SharedCores, float, float]:
+    """The run's shared cores, the step alone its compute scales from, and the device time
+    (s) that no sharing lengthens.
 
-    An emulated rank (device_ms > 0) sleeps through its device time: its host work (the
-    iteration less the device time) is what shares the cores, and it runs only that share
-    of the time, so its ranks a core count in that proportion.
+    The step alone is the same series' 1-rank iteration (``one``) less what sharing cost it
+    (other processes may have left that rank less than a core). An emulated rank sleeps
+    through its device time, and only its host work (the iteration less the device time)
+    shares the cores; the exchanges wake the ranks together, so their host work runs at
+    the same time and every rank counts.
     """
-    cores, p = free_cores(cal.cores, row), int(row["ranks"])
-    contention = cal.contention.get(("real", row["model"]), 0.0)
-    sharing = SharedCores(
-        cores=cores, contention=contention, wait_s=cal.wait_s.get(p, 0.0), lock_s=cal.lock_s.get(p, 0.0)
-    )
-    if not device_ms:
-        return sharing, single
-    device_s = device_ms * 1e-3 * int(row["batch"])
+    p, contention = int(row["ranks"]), cal.contention.get(("real", row["model"]), 0.0)
+    device_s = float(row["device_ms"] or 0) * 1e-3 * int(row["batch"])
+    single = float(one["iteration_s"])
     host = max(single - device_s, 1e-6)
-    return replace(sharing, cores=cores * single / host), host
+    at_one = SharedCores(cores=free_cores(cal.cores, one), contention=contention)
+    sharing = SharedCores(
+        cores=free_cores(cal.cores, row),
+        contention=contention,
+        wait_s=cal.wait_s.get(p, 0.0),
+        lock_s=cal.lock_s.get(p, 0.0),
+    )
+    return sharing, host / at_one.slowdown(1), device_s
 
 
-def validate(cal: Calibration, scaling_csv: Path) -> list[dict[str, object]]:
-    measured = read_rows(scaling_csv)
-    single = {(r["series"], r["model"], r["solver"]): float(r["iteration_s"]) for r in measured if int(r["ranks"]) == 1}
+def medians(paths: list[Path]) -> list[dict[str, str]]:
+    """The study's runs, one row per series, model, solver and rank count: the median over
+    the CSVs (repeats of the study) of its iteration and of the other processes' load."""
+    runs: dict[tuple[str, ...], list[dict[str, str]]] = {}
+    for path in paths:
+        for r in read_rows(path):
+            runs.setdefault((r["series"], r["model"], r["solver"], r["ranks"]), []).append(r)
+    return [
+        {
+            **repeats[0],
+            "iteration_s": str(statistics.median(float(r["iteration_s"]) for r in repeats)),
+            "outside_cores": str(statistics.median(float(r["outside_cores"] or 0) for r in repeats)),
+            "repeats": str(len(repeats)),
+        }
+        for repeats in runs.values()
+    ]
+
+
+def validate(cal: Calibration, scaling_csvs: list[Path]) -> list[dict[str, object]]:
+    measured = medians(scaling_csvs)
+    single = {(r["series"], r["model"], r["solver"]): r for r in measured if int(r["ranks"]) == 1}
     loads: dict[str, Workload] = {}
     out = []
     for r in measured:
@@ -231,8 +254,7 @@ def validate(cal: Calibration, scaling_csv: Path) -> list[dict[str, object]]:
             continue
         net, gamma_adasum, _ = cal.nets[p]
         load = loads.setdefault(r["model"], workload(r["model"]))
-        sharing, host = sharing_for(cal, r, single[key], float(r["device_ms"] or 0))
-        fixed = single[key] - host  # an emulated rank's device time, which no sharing lengthens
+        sharing, alone, fixed = sharing_for(cal, r, single[key])
         options = model_options(r["solver"], {})
         runs = {
             shared: iteration(
@@ -240,7 +262,7 @@ def validate(cal: Calibration, scaling_csv: Path) -> list[dict[str, object]]:
                 Case(
                     load,
                     net,
-                    Compute(step_s=host, batch=int(r["batch"]), sharing=shared),
+                    Compute(step_s=alone, batch=int(r["batch"]), sharing=shared),
                     p,
                     WIRE_BYTES,
                     gamma_adasum,
@@ -258,6 +280,7 @@ def validate(cal: Calibration, scaling_csv: Path) -> list[dict[str, object]]:
                 "model": r["model"],
                 "solver": r["solver"],
                 "ranks": p,
+                "repeats": int(r["repeats"]),
                 "free_cores": free_cores(cal.cores, r),
                 "measured_ms": seen * 1e3,
                 "predicted_ms": (it.total + fixed) * 1e3,
@@ -438,7 +461,11 @@ def main() -> int:
         "--calibration", type=Path, default=CALIBRATION, help="perf/model_calibration.py's output directory"
     )
     parser.add_argument(
-        "--scaling", type=Path, default=RESULTS / "scaling" / "scaling.csv", help="the scaling study's CSV"
+        "--scaling",
+        type=Path,
+        nargs="+",
+        default=sorted((RESULTS / "scaling").glob("**/scaling.csv")),
+        help="the scaling study's CSVs (its repeats: the median of each run is checked)",
     )
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--no-projection", action="store_true", help="calibrate and validate only")

@@ -253,9 +253,11 @@ def _allreduce(case: Case, options: BucketOptions) -> Exchange:
 
 def _abs_sgd(case: Case, options: BucketOptions) -> Exchange:
     """ABS-SGD computes micro-batches until its delayed allreduce completes: only what
-    outlasts a step's compute is waited for."""
+    outlasts a step's compute is waited for; with its bounded rounds (one micro-batch a
+    round, the default) each step still waits for the round before, a blocking exchange."""
     comm = _bucketed(case, options.bucket_mb, lambda n: case.net.allreduce(case.p, n))
-    return Exchange(0.0, comm, max(0.0, comm - case.compute.seconds(case.p)))
+    waits = _waits(case, len(_bucket_sizes(case, options.bucket_mb)))
+    return Exchange(0.0, comm + waits, max(0.0, comm - case.compute.seconds(case.p)) + waits)
 
 
 def _adasum(case: Case, options: BucketOptions) -> Exchange:
