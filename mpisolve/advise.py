@@ -8,23 +8,32 @@ Under ``mpiexec``, every rank at once measures, for ``--model`` on micro-batches
   with momentum), all ranks computing at the same time, as they do in training; or,
   with ``--device-ms MS``, an emulated device's step, batch x MS ms (the study's);
 - ``allreduce_s``: the ``allreduce`` solver's averaging of the model's gradients (its
-  fused buckets, as in a training step; the ``bench allreduce`` code);
+  fused buckets, as in a training step; the ``bench allreduce`` code), and
+  ``latency_s``, the same path's averaging of one 4 KiB tensor;
 
-both medians over ``--repeats`` (each repeat timed by its slowest rank), and their
-ratio ``compute_s / allreduce_s``. The rule comes from the study ``perf/easgd.sh``
-(docs/studies/easgd-async.md), measured at 4 ranks with a device emulated per rank:
-``ea-wild`` reached the target sooner than ``allreduce`` on the workload of the lower
-ratio (the MLP, communication-bound) and later on the higher one (the CNN,
-compute-bound), as the EA-wild paper found on GPU clusters. So a ratio below
-:data:`EA_WILD_BELOW` (between the two measured ratios) recommends ``ea-wild``, any
-higher ``allreduce``. ``--threshold`` replaces it (a study of your own cluster). Rank 0
-prints the figures, the rule and the recommendation (``--json``: one JSON object).
+all medians over ``--repeats`` (each repeat timed by its slowest rank), and the ratio
+``compute_s / allreduce_s``. The measured evidence is the EASGD study's
+(docs/studies/easgd-async.md; its figures, package data ``studies.json``, come from
+``perf/advise_studies.py``): at 4 ranks, each rank on an emulated device, ``ea-wild``
+reached the target sooner than ``allreduce`` on the workload of the lower ratio (the
+MLP, communication-bound) and later on the higher one (the CNN, compute-bound), as the
+EA-wild paper found on GPU clusters. The recommendation is the winner of the study's
+workload whose ratio is nearest this one's (on a log scale: below the geometric mean of
+the two ratios, ``ea-wild``); ``--threshold`` replaces that boundary (a study of your own
+cluster). The performance model (:mod:`.perfmodel`) then prices both solvers' iterations
+on these figures: the network's alpha and beta fitted to the two measured allreduces,
+the step as measured, ``ea-wild`` exchanging every 4 steps. Rank 0 prints the figures,
+the measured figure and the model figure the recommendation rests on (``--json``: one
+JSON object).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,12 +44,32 @@ from .options import InputError
 if TYPE_CHECKING:
     from .comm.communicator import Communicator
 
-#: Below this computation/communication ratio, recommend ea-wild: it lies between the ratios
-#: of the study's two workloads, ea-wild ahead on the lower and allreduce on the higher (their
-#: ratios and times to target: docs/studies/easgd-async.md, perf/results/easgd/*/advise.json).
-EA_WILD_BELOW = 3.0
-#: Where the rule and the study's ratios are written up, for the printed reason.
-STUDY = "docs/studies/easgd-async.md"
+#: The study's measured points (written by perf/advise_studies.py).
+STUDIES = Path(__file__).with_name("studies.json")
+#: The solvers the study compared; the recommendation is one of them.
+CANDIDATES = ("allreduce", "ea-wild")
+#: Bytes of the small allreduce that fixes the network's per-message latency.
+LATENCY_BYTES = 4096
+
+
+@cache
+def studies() -> dict[str, Any]:
+    """The study's points: workload, ratio, target, seeds, median times to target, winner."""
+    loaded: dict[str, Any] = json.loads(STUDIES.read_text())
+    return loaded
+
+
+def boundary() -> float:
+    """The ratio between the study's two workloads (their geometric mean): below it the
+    lower ratio's workload is the nearer, on a log scale."""
+    low, high = sorted(point["ratio"] for point in studies()["points"])
+    return math.sqrt(low * high)
+
+
+def nearest(ratio: float, threshold: float) -> dict[str, Any]:
+    """The study's point on ``ratio``'s side of ``threshold``."""
+    low, high = sorted(studies()["points"], key=lambda point: point["ratio"])
+    return low if ratio < threshold else high
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,8 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threshold",
         type=float,
-        default=EA_WILD_BELOW,
-        help=f"recommend ea-wild below this ratio (default {EA_WILD_BELOW:g}, the study's)",
+        help=f"recommend ea-wild below this ratio (default: between the study's two workloads, {boundary():.3g})",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
@@ -98,7 +126,7 @@ def check(args: argparse.Namespace) -> None:
         raise InputError(f"--bucket-mb must be > 0, got {args.bucket_mb}")
     if args.repeats < 1 or args.warmup < 0:
         raise InputError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
-    if not args.threshold >= 0:
+    if args.threshold is not None and not args.threshold >= 0:
         raise InputError(f"--threshold must be >= 0, got {args.threshold}")
 
 
@@ -114,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def advise(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
-    """Measure on every rank of ``comm``; the figures, the rule and the recommendation."""
+    """Measure on every rank of ``comm``; the figures, the evidence, the model and the recommendation."""
     from .bench import median_seconds
     from .bench.allreduce import solver_allreduce_seconds
     from .train.data import load_dataset, seed_everything
@@ -137,10 +165,14 @@ def advise(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
     else:  # the study's emulated device: a micro-batch of n samples takes n x MS ms
         compute_s = args.batch_size * args.device_ms / 1e3
     params = list(model.parameters())
-    allreduce_s, _, _ = solver_allreduce_seconds(params, comm, int(args.bucket_mb * 1e6), args.repeats, args.warmup)
+    bucket_bytes = int(args.bucket_mb * 1e6)
+    allreduce_s, _, _ = solver_allreduce_seconds(params, comm, bucket_bytes, args.repeats, args.warmup)
+    small = [torch.nn.Parameter(torch.zeros(LATENCY_BYTES // 4))]
+    latency_s, _, _ = solver_allreduce_seconds(small, comm, bucket_bytes, args.repeats, args.warmup)
     ratio = compute_s / allreduce_s
-    solver = "ea-wild" if ratio < args.threshold else "allreduce"
-    return {
+    threshold = boundary() if args.threshold is None else args.threshold
+    evidence = nearest(ratio, threshold)
+    figures = {
         "model": args.model,
         "dataset": args.dataset,
         "batch_size": args.batch_size,
@@ -149,31 +181,71 @@ def advise(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         "compute_s": compute_s,
         "device_ms": args.device_ms,
         "allreduce_s": allreduce_s,
+        "latency_s": latency_s,
         "ratio": ratio,
-        "threshold": args.threshold,
-        "recommendation": solver,
+        "threshold": threshold,
+    }
+    modelled = model_figures(figures, model, x[:1])
+    return {**figures, **modelled, "measured": evidence, "recommendation": evidence["winner"]}
+
+
+def model_figures(figures: dict[str, Any], model: torch.nn.Module, example: torch.Tensor) -> dict[str, Any]:
+    """The performance model's iterations of the candidates on the measured figures: the
+    network fitted to the two allreduces, the measured step as the compute."""
+    from .perfmodel.calibrate import fit_network
+    from .perfmodel.iteration import Case, Compute, iteration
+    from .perfmodel.workloads import of_module
+
+    load = of_module(model, example, figures["model"])
+    p = figures["ranks"]
+    rows = [
+        {"ranks": p, "op": "bucketed", "bytes": float(LATENCY_BYTES), "seconds": figures["latency_s"]},
+        {"ranks": p, "op": "bucketed", "bytes": float(load.params * 4), "seconds": figures["allreduce_s"]},
+    ]
+    net = fit_network(rows, op="bucketed", algorithm="halving-doubling", name="this cluster")
+    case = Case(load, net, Compute(step_s=figures["compute_s"], batch=figures["batch_size"]), p, 4, 0.0)
+    iterations = {solver: iteration(solver, case) for solver in CANDIDATES}
+    return {
+        "alpha_s": net.alpha,
+        "beta_s_per_byte": net.beta,
+        "modelled_iteration_s": {solver: it.total for solver, it in iterations.items()},
+        "modelled_exposed_s": {solver: it.exposed for solver, it in iterations.items()},
     }
 
 
 def explain(result: dict[str, Any]) -> str:
-    """The figures, the rule and the recommendation, as lines of text."""
-    ratio, threshold = result["ratio"], result["threshold"]
-    side = "below" if ratio < threshold else "at or above"
+    """The figures, the evidence, the model figure and the recommendation, as lines of text."""
+    ratio, threshold, point = result["ratio"], result["threshold"], result["measured"]
+    times = point["median_time_to_target_s"]
+    modelled, exposed = result["modelled_iteration_s"], result["modelled_exposed_s"]
+    other = next(s for s in CANDIDATES if s != point["winner"])
     return "\n".join(
         [
             f"{result['model']} on {result['dataset']}, batch {result['batch_size']} per rank, {result['ranks']} ranks,"
             f" {result['parameters']:,} parameters",
-            f"computation: {result['compute_s'] * 1e3:.2f} ms per step "
+            f"computation: {result['compute_s'] * 1e3:.4g} ms per step "
             + (
                 "(forward, backward, SGD step; all ranks at once)"
                 if result["device_ms"] is None
                 else f"(an emulated device: {result['batch_size']} samples x {result['device_ms']:g} ms)"
             ),
-            f"communication: {result['allreduce_s'] * 1e3:.2f} ms per gradient allreduce "
-            "(the allreduce solver's buckets)",
+            f"communication: {result['allreduce_s'] * 1e3:.4g} ms per gradient allreduce "
+            f"(the allreduce solver's buckets), {result['latency_s'] * 1e6:.0f} us for {LATENCY_BYTES} bytes",
             f"computation/communication ratio: {ratio:.3f}",
-            f"rule: ratio < {threshold:g} -> ea-wild, else allreduce"
-            f" (default {EA_WILD_BELOW:g}: between the ratios of the study's two workloads, {STUDY})",
-            f"recommendation: {result['recommendation']} (the ratio is {side} {threshold:g})",
+            f"rule: the winner of the study's workload nearest this ratio (log scale): ratio < {threshold:.3g}"
+            f" -> ea-wild, else allreduce ({studies()['study']})",
+            f"measured: {point['workload']}, ratio {point['ratio']:.3g}: {point['winner']} reached"
+            f" {point['target_accuracy']:g} accuracy in {times[point['winner']]:.2f} s against {times[other]:.2f} s"
+            f" for {other} (median over seeds {', '.join(map(str, point['seeds']))})",
+            f"model: alpha {result['alpha_s'] * 1e6:.1f} us, beta {result['beta_s_per_byte'] * 1e9:.3f} ns/B fitted"
+            " to the two allreduces; an iteration "
+            + ", ".join(
+                f"{s} {modelled[s] * 1e3:.2f} ms ({exposed[s] * 1e3:.2f} of it communication)" for s in CANDIDATES
+            )
+            + f": {point['winner']} runs {modelled[other] / modelled[point['winner']]:.2f}x"
+            f" {other}'s iterations a second",
+            f"recommendation: {result['recommendation']} (the ratio is "
+            + ("below" if ratio < threshold else "at or above")
+            + f" {threshold:.3g}: nearest the study's {point['workload'].split(',')[0]})",
         ]
     )

@@ -55,7 +55,7 @@ import os
 import sys
 from pathlib import Path
 
-from launch import RESULTS, run_mpisolve
+from launch import RESULTS, OutsideLoad, run_mpisolve
 
 from mpisolve.solvers import solvers as registered
 from mpisolve.solvers.base import solver_class
@@ -83,6 +83,7 @@ FIELDS = (
     "device_overruns",
     "load_before",
     "load_after",
+    "outside_cores",
 )
 
 
@@ -134,11 +135,13 @@ def run_piece(model: str, ranks: int, series: str, args: argparse.Namespace, cor
     names = registered() if args.solvers == "all" else args.solvers.split(",")
     device = ["--device-ms", f"{device_ms(model, args, cores):.6g}"] if series == "emulated" else []
     epochs = args.batches * args.batch * ranks / len(load_dataset("digits").train)
+    outside: dict[str, float] = {}
     for lockstep in (True, False):
         group = [n for n in names if solver_class(n).lockstep == lockstep]
         if not group:
             continue
         per_rank = 1 if lockstep else ranks  # an asynchronous solver's updates are every rank's
+        load = OutsideLoad()
         run_mpisolve(
             ranks,
             [
@@ -165,8 +168,14 @@ def run_piece(model: str, ranks: int, series: str, args: argparse.Namespace, cor
             ],
             timeout_s=args.timeout,
             env={"OMP_NUM_THREADS": "1"},
+            load=load,
         )
-    (out / "load.json").write_text(json.dumps({"before": load_before, "after": os.getloadavg()[0]}) + "\n")
+        for name in group:  # each solver's run: its summary's time, back by its training's wall time
+            summary = out / f"{name}.summary.json"
+            end = summary.stat().st_mtime
+            outside[name] = load.cores(end - json.loads(summary.read_text())["wall_s"], end)
+    loads = {"before": load_before, "after": os.getloadavg()[0], "outside_cores": outside}
+    (out / "load.json").write_text(json.dumps(loads) + "\n")
 
 
 def steady(log: Path) -> dict[str, float]:
@@ -215,6 +224,7 @@ def collect(out: Path, cores: int) -> list[dict[str, object]]:
                 "device_overruns": sum(overruns) / len(overruns) if overruns and workload.get("device_ms") else "",
                 "load_before": load.get("before", ""),
                 "load_after": load.get("after", ""),
+                "outside_cores": load.get("outside_cores", {}).get(summary["solver"], ""),
             }
         )
     single = {(r["series"], r["model"], r["solver"]): r["samples_per_s"] for r in rows if r["ranks"] == 1}

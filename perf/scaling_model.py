@@ -3,20 +3,31 @@ projected to 16-1,024 GPUs.
 
 Write-up, figures and provenance: docs/studies/performance-model.md.
 
-1. Calibration: alpha and beta fitted to the ``bucketed`` rows of the communication
-   sweep (perf/results/comm_sweep/*.csv: the solvers' own allreduce path), Adasum's gamma
-   to its ``adasum`` rows, once per rank count; the window exchange's alpha and beta, per
-   mode (locked, wild), to ``bench windows`` (perf/results/comm_windows/*.csv, shared
-   path, sharded layout), once per rank count.
+1. Calibration, from perf/model_calibration.py's runs (``--calibration``, default
+   perf/results/model_calibration/; none of them a scaling-study run):
+
+   - alpha and beta fitted to the ``bucketed`` rows of its sweep (``sweep_n<P>.csv``: the
+     solvers' own allreduce path), Adasum's gamma to its ``adasum`` rows, once per rank
+     count; the window exchange's alpha and beta, per mode (locked, wild), to its
+     ``bench windows`` rows (``windows_n<P>.csv``, shared path, sharded layout);
+   - each study workload's compute contention (:mod:`mpisolve.perfmodel.sharing`) fitted
+     to P one-rank trainings at once (``compute.csv``);
+   - the machine's cost of a blocking exchange and of a lock acquisition per extra rank a
+     core, per rank count above the cores, fitted to what the synthetic workload's runs
+     (``sync_<numel>/scaling.csv``: ``allreduce``, ``async-sgd``) leave over their compute
+     (its contention fitted to its ``hogwild-sgd`` runs, which neither block nor lock) and
+     their exchanges' price; none at as many ranks as cores or fewer.
+
 2. Validation: for each series, model and solver of the scaling study
-   (perf/results/scaling/scaling.csv), the model is given the measured 1-rank iteration
-   time of the same series (compute) and, for the ``real`` series, the machine's core
-   count (P ranks on C cores compute P/C times slower; an ``emulated`` rank has a device
-   of its own), and predicts the 2-8 rank iteration, each solver on its own schedule
-   (tau) and exchange (window solvers priced by the window fit; ``error_allreduce_priced``
-   keeps what pricing them with the allreduce fit gave). The relative errors go to
-   validation.csv, validation.md (the study's tables: per run, and per solver) and
-   validation.png.
+   (perf/results/scaling/scaling.csv and its repeats, ``repeat-<k>/scaling.csv``: the
+   median of each run's iteration and load), the model is given the measured 1-rank iteration
+   of the same series as the compute, the cores the run had (the machine's, less what
+   other processes used meanwhile: ``outside_cores``) and the calibration, and predicts
+   the 2-8 rank iteration, each solver on its own schedule (tau) and exchange. An
+   ``emulated`` rank sleeps through its device time: only its host work (the 1-rank
+   iteration less the device time) shares the cores. ``error_alpha_beta`` keeps what the model gives without the
+   sharing terms. The relative errors go to validation.csv, validation.md (the study's
+   tables: per run, and per solver) and validation.png.
 3. Projection: ``python -m mpisolve model`` for ResNet-18 and ResNet-50 on 100 Gb/s
    InfiniBand with H100-class compute, 16 to 1,024 GPUs: projection_<model>.csv, the
    command's printed table (projection_<model>.txt) and projection.png.
@@ -30,55 +41,84 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
+import json
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from launch import RESULTS
 
 from mpisolve.perfmodel.calibrate import (
+    MIN_FREE_CORES,
     fit_adasum_gamma,
+    fit_contention,
     fit_network,
+    fit_node_sum,
+    fit_through_origin,
     fit_window,
     read_sweep,
     read_window_bench,
-    relative_errors,
 )
 from mpisolve.perfmodel.iteration import MODELS, Case, Compute, iteration, model_options
 from mpisolve.perfmodel.network import Network, window_exchange
-from mpisolve.perfmodel.workloads import workload
+from mpisolve.perfmodel.sharing import SharedCores
+from mpisolve.perfmodel.workloads import Workload, workload
 
 OUT = RESULTS / "scaling_model"
+CALIBRATION = RESULTS / "model_calibration"
 PROJECTED = ("allreduce", "adasum", "easgd", "local-sgd", "async-sgd", "ea-wild", "kfac")
 PROJECTION_RANKS = "16,32,64,128,256,512,1024"
+WIRE_BYTES = 4
 
 
-def calibrate(sweep_dir: Path) -> dict[int, tuple[Network, float, float]]:
-    """Per rank count: the fitted network, Adasum's gamma, the fit's median |relative error|.
+@dataclass(frozen=True)
+class Calibration:
+    """What the model knows of this machine: per rank count the allreduce network, Adasum's
+    gamma, the fit's median error and the window networks; the cores; per (series, model)
+    the compute contention; per rank count the cost of a wait and of a lock per extra rank
+    a core."""
 
-    One fit per rank count: on an oversubscribed machine alpha and beta change with the
-    number of ranks sharing the cores, which one alpha-beta law over all counts cannot follow.
+    nets: dict[int, tuple[Network, float, float]]
+    windows: dict[int, dict[str, Network]]
+    cores: int
+    contention: dict[tuple[str, str], float]
+    wait_s: dict[int, float]
+    lock_s: dict[int, float]
+
+
+def calibrate_networks(directory: Path) -> dict[int, tuple[Network, float, float]]:
+    """Per rank count: the fitted network, Adasum's gamma, the node-sum fit's median |relative error|.
+
+    The solvers' bucketed sums on one node go through node-shared memory: priced by the
+    node's memory bandwidth and counter wait (:func:`fit_node_sum`); alpha and beta
+    (halving-doubling) carry Adasum, whose gamma is fitted on top. One fit per rank count:
+    on an oversubscribed machine they change with the number of ranks sharing the cores.
     """
-    rows = read_sweep(sorted(sweep_dir.glob("comm_sweep_n*.csv")))
+    rows = read_sweep(sorted(directory.glob("sweep_n*.csv")))
     fits = {}
     for p in sorted({int(r["ranks"]) for r in rows}):
         mine = [r for r in rows if int(r["ranks"]) == p]
-        net = fit_network(mine, op="bucketed", algorithm="halving-doubling", name=f"this machine, {p} ranks")
-        errors = [abs(e) for e in relative_errors(mine, net, op="bucketed")]
-        fits[p] = (net, fit_adasum_gamma(mine, net), statistics.median(errors))
+        links = fit_network(mine, op="bucketed", algorithm="halving-doubling", name=f"this machine, {p} ranks")
+        net = replace(links, per_node=p, memory=fit_node_sum(mine))
+        errors = [
+            abs(net.allreduce(p, float(r["bytes"])) / float(r["seconds"]) - 1) for r in mine if r["op"] == "bucketed"
+        ]
+        fits[p] = (net, fit_adasum_gamma(mine, links), statistics.median(errors))
+        memory = net.memory
+        assert memory is not None
         print(
-            f"calibration at {p} ranks: alpha {net.alpha * 1e6:.1f} us, beta {net.beta * 1e9:.3f} ns/B, gamma_adasum "
-            f"{fits[p][1] * 1e9:.3f} ns/B; |error| over the bucketed rows: median {fits[p][2]:.0%}, "
-            f"max {max(errors):.0%}"
+            f"calibration at {p} ranks: node sums {memory.node_Bps / 1e9:.2f} GB/s, {memory.sync_s * 1e6:.1f} us a wait"
+            f" (|error| over the bucketed rows: median {fits[p][2]:.0%}, max {max(errors):.0%}); alpha "
+            f"{net.alpha * 1e6:.1f} us, beta {net.beta * 1e9:.3f} ns/B, gamma_adasum {fits[p][1] * 1e9:.3f} ns/B"
         )
     return fits
 
 
-def calibrate_windows(windows_dir: Path) -> dict[int, dict[str, Network]]:
+def calibrate_windows(directory: Path) -> dict[int, dict[str, Network]]:
     """Per rank count: the window exchange's fitted network per mode ("locked", "wild")."""
-    rows = read_window_bench(sorted(windows_dir.glob("windows_n*.csv")))
+    rows = read_window_bench(sorted(directory.glob("windows_n*.csv")))
     fits = {}
     for p in sorted({int(r["ranks"]) for r in rows}):
         mine = [r for r in rows if int(r["ranks"]) == p]
@@ -98,29 +138,141 @@ def calibrate_windows(windows_dir: Path) -> dict[int, dict[str, Network]]:
     return fits
 
 
-def validate(
-    fits: dict[int, tuple[Network, float, float]],
-    window_fits: dict[int, dict[str, Network]],
-    scaling_csv: Path,
-    cores: int,
-) -> list[dict[str, object]]:
-    with scaling_csv.open(newline="") as f:
-        measured = list(csv.DictReader(f))
-    single = {(r["series"], r["model"], r["solver"]): float(r["iteration_s"]) for r in measured if int(r["ranks"]) == 1}
-    loads = {}
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def free_cores(cores: int, row: dict[str, str]) -> float:
+    """The cores a run had: the machine's less what other processes used meanwhile."""
+    return max(cores - float(row["outside_cores"] or 0), MIN_FREE_CORES)
+
+
+def calibrate(directory: Path) -> Calibration:
+    cores = int(json.loads((directory / "machine.json").read_text())["cores"])
+    nets, windows = calibrate_networks(directory), calibrate_windows(directory)
+    compute_rows = read_rows(directory / "compute.csv")
+    contention = {}
+    for series, model in dict.fromkeys((r["series"], r["model"]) for r in compute_rows):
+        mine = [
+            {"ranks": float(r["ranks"]), "seconds": float(r["iteration_s"]), "outside_cores": float(r["outside_cores"])}
+            for r in compute_rows
+            if (r["series"], r["model"]) == (series, model)
+        ]
+        contention[(series, model)] = fit_contention(mine, cores) if any(r["ranks"] > cores for r in mine) else 0.0
+        print(f"contention of {model} ({series}): {contention[(series, model)]:.3f} per extra rank a core")
+    waits: dict[int, list[tuple[float, float]]] = {}
+    locks: dict[int, list[tuple[float, float]]] = {}
+    for sync in sorted(directory.glob("sync_*/scaling.csv")):
+        numel = int(json.loads((sync.parent / "workload.json").read_text())["numel"])
+        load = Workload("synthetic", numel, 3, ())
+        rows = {(r["solver"], int(r["ranks"])): r for r in read_rows(sync)}
+        ranks = sorted({p for _, p in rows if p > 1})
+        shared = [p for p in ranks if p > cores]  # where ranks share cores by their number
+        # the synthetic workload's compute: hogwild-sgd's iteration less its wild exchange
+        hogwild = [
+            {
+                "ranks": float(p),
+                "seconds": float(rows[("hogwild-sgd", p)]["iteration_s"])
+                - (window_exchange(windows[p]["wild"], p, numel * WIRE_BYTES, locked=False) if p > 1 else 0.0),
+                "outside_cores": float(rows[("hogwild-sgd", p)]["outside_cores"] or 0),
+            }
+            for p in [1, *ranks]
+        ]
+        synthetic = fit_contention(hogwild, cores)
+        for solver, into in (("allreduce", waits), ("async-sgd", locks)):
+            one = float(rows[(solver, 1)]["iteration_s"])
+            for p in shared:
+                row = rows[(solver, p)]
+                plain = SharedCores(cores=free_cores(cores, row), contention=synthetic)
+                net, gamma, _ = nets[p]
+                case = Case(load, net, Compute(step_s=one, batch=32, sharing=plain), p, WIRE_BYTES, gamma, windows[p])
+                left = float(row["iteration_s"]) - iteration(solver, case).total
+                count = 1.0 if solver == "allreduce" else 2.0 * (p - 1)  # blocking exchanges, lock acquisitions
+                into.setdefault(p, []).append((count * plain.extra(p), left))
+        print(f"synthetic workload, {numel} parameters: contention {synthetic:.3f}")
+    wait_s = {p: fit_through_origin(points) for p, points in waits.items()}
+    lock_s = {p: fit_through_origin(points) for p, points in locks.items()}
+    for p in wait_s:
+        print(
+            f"at {p} ranks, per extra rank a core: a blocking exchange {wait_s[p] * 1e3:.2f} ms, "
+            f"a lock acquisition {lock_s[p] * 1e3:.2f} ms"
+        )
+    return Calibration(nets, windows, cores, contention, wait_s, lock_s)
+
+
+def sharing_for(cal: Calibration, row: dict[str, str], one: dict[str, str]) -> tuple[SharedCores, float, float]:
+    """The run's shared cores, the step alone its compute scales from, and the device time
+    (s) that no sharing lengthens.
+
+    The step alone is the same series' 1-rank iteration (``one``) less what sharing cost it
+    (other processes may have left that rank less than a core). An emulated rank sleeps
+    through its device time, and only its host work (the iteration less the device time)
+    shares the cores; the exchanges wake the ranks together, so their host work runs at
+    the same time and every rank counts.
+    """
+    p, contention = int(row["ranks"]), cal.contention.get(("real", row["model"]), 0.0)
+    device_s = float(row["device_ms"] or 0) * 1e-3 * int(row["batch"])
+    single = float(one["iteration_s"])
+    host = max(single - device_s, 1e-6)
+    at_one = SharedCores(cores=free_cores(cal.cores, one), contention=contention)
+    sharing = SharedCores(
+        cores=free_cores(cal.cores, row),
+        contention=contention,
+        wait_s=cal.wait_s.get(p, 0.0),
+        lock_s=cal.lock_s.get(p, 0.0),
+    )
+    return sharing, host / at_one.slowdown(1), device_s
+
+
+def medians(paths: list[Path]) -> list[dict[str, str]]:
+    """The study's runs, one row per series, model, solver and rank count: the median over
+    the CSVs (repeats of the study) of its iteration and of the other processes' load."""
+    runs: dict[tuple[str, ...], list[dict[str, str]]] = {}
+    for path in paths:
+        for r in read_rows(path):
+            runs.setdefault((r["series"], r["model"], r["solver"], r["ranks"]), []).append(r)
+    return [
+        {
+            **repeats[0],
+            "iteration_s": str(statistics.median(float(r["iteration_s"]) for r in repeats)),
+            "outside_cores": str(statistics.median(float(r["outside_cores"] or 0) for r in repeats)),
+            "repeats": str(len(repeats)),
+        }
+        for repeats in runs.values()
+    ]
+
+
+def validate(cal: Calibration, scaling_csvs: list[Path]) -> list[dict[str, object]]:
+    measured = medians(scaling_csvs)
+    single = {(r["series"], r["model"], r["solver"]): r for r in measured if int(r["ranks"]) == 1}
+    loads: dict[str, Workload] = {}
     out = []
     for r in measured:
         p, key = int(r["ranks"]), (r["series"], r["model"], r["solver"])
-        if p not in fits or key not in single or r["solver"] not in MODELS:
+        if p == 1 or p not in cal.nets or key not in single or r["solver"] not in MODELS:
             continue
-        net, gamma_adasum, _ = fits[p]
+        net, gamma_adasum, _ = cal.nets[p]
         load = loads.setdefault(r["model"], workload(r["model"]))
-        compute = Compute(step_s=single[key], batch=int(r["batch"]), cores=cores if r["series"] == "real" else None)
+        sharing, alone, fixed = sharing_for(cal, r, single[key])
         options = model_options(r["solver"], {})
-        it = iteration(r["solver"], Case(load, net, compute, p, 4, gamma_adasum, window_fits.get(p)), options)
-        plain = iteration(
-            r["solver"], Case(load, net, compute, p, 4, gamma_adasum), options
-        )  # windows priced as allreduce
+        runs = {
+            shared: iteration(
+                r["solver"],
+                Case(
+                    load,
+                    net,
+                    Compute(step_s=alone, batch=int(r["batch"]), sharing=shared),
+                    p,
+                    WIRE_BYTES,
+                    gamma_adasum,
+                    cal.windows.get(p),
+                ),
+                options,
+            )
+            for shared in (sharing, None)
+        }
+        it, alpha_beta = runs[sharing], runs[None]
         seen = float(r["iteration_s"])
         out.append(
             {
@@ -128,12 +280,14 @@ def validate(
                 "model": r["model"],
                 "solver": r["solver"],
                 "ranks": p,
+                "repeats": int(r["repeats"]),
+                "free_cores": free_cores(cal.cores, r),
                 "measured_ms": seen * 1e3,
-                "predicted_ms": it.total * 1e3,
-                "compute_ms": it.compute * 1e3,
+                "predicted_ms": (it.total + fixed) * 1e3,
+                "compute_ms": (it.compute + fixed) * 1e3,
                 "comm_ms": it.comm * 1e3,
-                "error": (it.total - seen) / seen,
-                "error_allreduce_priced": (plain.total - seen) / seen,
+                "error": (it.total + fixed - seen) / seen,
+                "error_alpha_beta": (alpha_beta.total + fixed - seen) / seen,
             }
         )
     return out
@@ -152,13 +306,15 @@ def validation_tables(validation: list[dict[str, object]]) -> list[str]:
         errors = " | ".join(f"{at[p]['error']:+.0%}" if p in at else "" for p in (2, 4, 8))
         lines.append(f"| {series} | {model} | {solver} | {measured} | {predicted} | {errors} |")
     abs_errors = [abs(float(r["error"])) for r in validation]
+    plain = [abs(float(r["error_alpha_beta"])) for r in validation]
     lines.append(
         f"\n|error| over {len(abs_errors)} runs: median {statistics.median(abs_errors):.0%}, "
-        f"max {max(abs_errors):.0%}.\n"
+        f"max {max(abs_errors):.0%} (the alpha-beta terms alone: median {statistics.median(plain):.0%}, "
+        f"max {max(plain):.0%}).\n"
     )
     lines += [
         "| solver | runs | median abs. error, real | median abs. error, emulated | median abs. error, all | "
-        "all, window solvers priced as allreduce |",
+        "all, alpha-beta alone (no sharing terms) |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
 
@@ -170,7 +326,7 @@ def validation_tables(validation: list[dict[str, object]]) -> list[str]:
         lines.append(
             f"| {solver} | {len(mine)} | {median([r for r in mine if r['series'] == 'real'])} | "
             f"{median([r for r in mine if r['series'] == 'emulated'])} | {median(mine)} | "
-            f"{median(mine, 'error_allreduce_priced')} |"
+            f"{median(mine, 'error_alpha_beta')} |"
         )
     return lines
 
@@ -301,18 +457,22 @@ def plot(validation: list[dict[str, object]], projections: dict[str, Path], out:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sweep", type=Path, default=RESULTS / "comm_sweep", help="directory of comm_sweep_n*.csv")
-    parser.add_argument("--windows", type=Path, default=RESULTS / "comm_windows", help="directory of windows_n*.csv")
     parser.add_argument(
-        "--scaling", type=Path, default=RESULTS / "scaling" / "scaling.csv", help="the scaling study's CSV"
+        "--calibration", type=Path, default=CALIBRATION, help="perf/model_calibration.py's output directory"
+    )
+    parser.add_argument(
+        "--scaling",
+        type=Path,
+        nargs="+",
+        default=sorted((RESULTS / "scaling").glob("**/scaling.csv")),
+        help="the scaling study's CSVs (its repeats: the median of each run is checked)",
     )
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--no-projection", action="store_true", help="calibrate and validate only")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    cores = len(os.sched_getaffinity(0))
-    fits = calibrate(args.sweep)
-    window_fits = calibrate_windows(args.windows)
-    validation = validate(fits, window_fits, args.scaling, cores)
+    cal = calibrate(args.calibration)
+    validation = validate(cal, args.scaling)
     with (args.out / "validation.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(validation[0]))
         writer.writeheader()
@@ -326,40 +486,76 @@ def main() -> int:
                     "alpha_s",
                     "beta_s_per_byte",
                     "gamma_adasum_s_per_byte",
+                    "node_bytes_per_s",
+                    "node_wait_s",
                     "median_abs_error",
-                    "cores",
                 )
             ]
-            + [(p, "allreduce", net.alpha, net.beta, gamma, error, cores) for p, (net, gamma, error) in fits.items()]
             + [
-                (p, f"window {mode}", net.alpha, net.beta, "", "", cores)
-                for p, nets in window_fits.items()
+                (p, "allreduce", net.alpha, net.beta, gamma, net.memory.node_Bps, net.memory.sync_s, error)
+                for p, (net, gamma, error) in cal.nets.items()
+                if net.memory is not None
+            ]
+            + [
+                (p, f"window {mode}", net.alpha, net.beta, "", "", "", "")
+                for p, nets in cal.windows.items()
                 for mode, net in nets.items()
             ]
         )
+    (args.out / "sharing.json").write_text(
+        json.dumps(
+            {
+                "cores": cal.cores,
+                "contention": {f"{series} {model}": c for (series, model), c in cal.contention.items()},
+                "wait_s": cal.wait_s,
+                "lock_s": cal.lock_s,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     lines = validation_tables(validation)
     lines += [
         "",
-        "| ranks | alpha (us) | beta (ns/B) | Adasum gamma (ns/B) | fit's median abs. error over the sweep | "
-        "window locked: alpha (us), beta (ns/B) | window wild: alpha (us), beta (ns/B) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| ranks | node sums: GB/s, us a wait | median abs. error over the sweep | Adasum: alpha (us), beta (ns/B), "
+        "gamma (ns/B) | window locked: alpha (us), beta (ns/B) | window wild: alpha (us), beta (ns/B) |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     lines += [
-        f"| {p} | {net.alpha * 1e6:.1f} | {net.beta * 1e9:.3f} | {gamma * 1e9:.3f} | {error:.0%} | "
+        f"| {p} | {net.memory.node_Bps / 1e9:.2f}, {net.memory.sync_s * 1e6:.1f} | {error:.0%} | "
+        f"{net.alpha * 1e6:.1f}, {net.beta * 1e9:.3f}, {gamma * 1e9:.3f} | "
         + " | ".join(
-            f"{w[m].alpha * 1e6:.1f}, {w[m].beta * 1e9:.3f}" if (w := window_fits.get(p)) else "-"
+            f"{w[m].alpha * 1e6:.1f}, {w[m].beta * 1e9:.3f}" if (w := cal.windows.get(p)) else "-"
             for m in ("locked", "wild")
         )
         + " |"
-        for p, (net, gamma, error) in fits.items()
+        for p, (net, gamma, error) in cal.nets.items()
+        if net.memory is not None
+    ]
+    lines += [
+        "",
+        "| ranks sharing cores | fitted |",
+        "| --- | --- |",
+        *(
+            f"| contention, {model} ({series}) | {c:.3f} per extra rank a core |"
+            for (series, model), c in cal.contention.items()
+        ),
+        *(
+            f"| at {p} ranks: a blocking exchange, a lock acquisition | {cal.wait_s[p] * 1e3:.2f} ms, "
+            f"{cal.lock_s[p] * 1e3:.2f} ms per extra rank a core |"
+            for p in sorted(cal.wait_s)
+        ),
     ]
     (args.out / "validation.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    projections = project(args.out)
-    (args.out / "projection.md").write_text(projection_table(projections))
-    print(projection_table(projections))
-    plot(validation, projections, args.out)
-    print(f"wrote {args.out}/: calibration.csv, validation.csv/.md/.png, projection_*.csv/.txt, projection.md/.png")
+    written = ["calibration.csv", "sharing.json", "validation.csv/.md"]
+    if not args.no_projection:
+        projections = project(args.out)
+        (args.out / "projection.md").write_text(projection_table(projections))
+        print(projection_table(projections))
+        plot(validation, projections, args.out)
+        written += ["validation.png", "projection_*.csv/.txt", "projection.md/.png"]
+    print(f"wrote {args.out}/: {', '.join(written)}")
     return 0
 
 

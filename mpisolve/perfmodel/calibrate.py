@@ -12,6 +12,14 @@ the ``adasum`` rows as ``gamma_adasum`` on top of the fitted network.
 Window exchanges (one-sided gets, accumulates and locks) cost something else than an
 allreduce's messages: :func:`fit_window` fits :func:`.network.window_exchange`'s alpha
 and beta, per mode (locked, wild), to the measured exchanges of ``bench windows``.
+
+:func:`fit_node_sum` fits a node's memory bandwidth and counter wait to one rank count's
+node-shared sums (:mod:`.node`), all ranks on one node.
+
+Ranks sharing cores (:mod:`.sharing`): :func:`fit_contention` fits a workload's compute
+contention to its steps with several ranks computing at once, and
+:func:`fit_through_origin` the per-extra-rank costs of waits and locks to what runs on a
+synthetic workload left over (perf/scaling_model.py does that part).
 """
 
 from __future__ import annotations
@@ -25,9 +33,13 @@ import numpy as np
 
 from ..options import InputError
 from .network import Algorithm, Network, adasum_allreduce, window_exchange
+from .node import NodeMemory, node_sum
+from .sharing import SharedCores
 
 #: Columns a sweep CSV must have.
 SWEEP_COLUMNS = ("ranks", "op", "bytes", "latency_us")
+#: The fewest cores a job is counted to have, however busy other processes kept the machine.
+MIN_FREE_CORES = 0.5
 #: Columns a ``bench windows`` CSV must have.
 WINDOW_COLUMNS = ("ranks", "path", "mode", "layout", "bytes", "seconds")
 
@@ -204,3 +216,63 @@ def relative_errors(rows: Sequence[Mapping[str, float | str]], net: Network, *, 
         for r in rows
         if r["op"] == op and int(r["ranks"]) >= 2
     ]
+
+
+def _extra(p: int, cores: float, outside: float) -> float:
+    """Ranks a core beyond the first, with ``outside`` of ``cores`` kept busy by other processes."""
+    return SharedCores(cores=max(cores - outside, MIN_FREE_CORES)).extra(p)
+
+
+def fit_contention(rows: Sequence[Mapping[str, float]], cores: float) -> float:
+    """A workload's ``contention`` (:mod:`.sharing`) from its steps at several rank counts.
+
+    ``rows``: ``ranks``, ``seconds`` (a rank's step, every rank computing at once, none
+    communicating) and ``outside_cores`` (what other processes used meanwhile); the
+    one-rank row is the step alone. The least-squares slope of ``t_p / (t_1 (1 + x)) - 1``
+    against ``x`` (ranks a core beyond the first), through 0, bounded at 0.
+    """
+    alone = [r for r in rows if int(r["ranks"]) == 1]
+    if len(alone) != 1:
+        raise InputError(f"a contention fit needs one 1-rank row, got {len(alone)}")
+    one = float(alone[0]["seconds"]) / (1 + _extra(1, cores, float(alone[0]["outside_cores"])))
+    points = [
+        (x, float(r["seconds"]) / (one * (1 + x)) - 1)
+        for r in rows
+        if (x := _extra(int(r["ranks"]), cores, float(r["outside_cores"]))) > 0
+    ]
+    if not points:
+        raise InputError("no row has more ranks than free cores: nothing to fit the contention to")
+    return max(0.0, sum(x * y for x, y in points) / sum(x * x for x, _ in points))
+
+
+def fit_through_origin(points: Sequence[tuple[float, float]]) -> float:
+    """The least-squares ``c`` of ``y = c x`` over ``(x, y)`` points, bounded at 0 (0 with no x > 0)."""
+    denominator = sum(x * x for x, _ in points)
+    return max(0.0, sum(x * y for x, y in points) / denominator) if denominator > 0 else 0.0
+
+
+def fit_node_sum(rows: Sequence[Mapping[str, float | str]], *, op: str = "bucketed") -> NodeMemory:
+    """The node's memory bandwidth and counter wait fitted to the ``op`` rows of one rank
+    count, every rank on one node (:func:`.node.node_sum`: ``waits x sync_s + moved / node_Bps``,
+    linear in ``sync_s`` and ``1 / node_Bps``; weighted by 1/t, bounded at 0)."""
+    mine = [r for r in rows if r["op"] == op]
+    counts = {int(r["ranks"]) for r in mine}
+    if len(counts) != 1 or min(counts) < 2 or len({float(r["bytes"]) for r in mine}) < 2:
+        raise InputError(
+            f"a node-sum fit needs '{op}' rows of one rank count (2 or more) at two sizes or more, "
+            f"got rank counts {sorted(counts) or 'none'}"
+        )
+    (p,) = counts
+    with_wait, bytes_only = NodeMemory(node_Bps=1.0, sync_s=1.0), NodeMemory(node_Bps=1.0, sync_s=0.0)
+    design = np.array(
+        [
+            [node_sum(with_wait, p, n) - node_sum(bytes_only, p, n), node_sum(bytes_only, p, n)]
+            for n in (float(r["bytes"]) for r in mine)
+        ]
+    )
+    seconds = np.array([float(r["seconds"]) for r in mine])
+    weights = 1 / seconds
+    sync, per_byte = _nonnegative_lstsq(design * weights[:, None], seconds * weights)
+    if per_byte <= 0:
+        raise InputError(f"the '{op}' rows at {p} ranks do not grow with the bytes: no bandwidth to fit")
+    return NodeMemory(node_Bps=1 / float(per_byte), sync_s=float(sync))

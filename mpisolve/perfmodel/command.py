@@ -3,7 +3,8 @@
 Projects each solver's iteration (:mod:`.iteration`) on a network (a preset, a link speed
 and latency, or alpha and beta fitted to ``bench sweep`` CSVs) for a workload whose
 single-GPU speed is given, and prints a table (``--json``, ``--csv`` write it too).
-Efficiency is weak scaling's: the solver's own 1-GPU iteration time over its time at p.
+Efficiency is weak scaling's: the solver's own iteration time at ``--baseline`` GPUs (1)
+over its time at p.
 No MPI is needed.
 """
 
@@ -13,6 +14,7 @@ import argparse
 import csv
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +24,24 @@ from .iteration import MODELS, Case, Compute, iteration, model_options, parse_mo
 from .network import ALGORITHMS, Algorithm, Network
 from .workloads import WORKLOADS, workload
 
-#: Network presets: (link Gb/s, one-way MPI latency in microseconds).
-NETWORKS = {"ib100": (100.0, 2.0), "ib200": (200.0, 2.0), "ib400": (400.0, 2.0), "eth25": (25.0, 15.0)}
-#: H100-class training throughput (samples/s per GPU, mixed precision) when --throughput is not given.
-GPU_THROUGHPUT = {"resnet18": 6000.0, "resnet50": 2800.0}
+#: Network presets: (link Gb/s, one-way latency in microseconds): InfiniBand, RDMA over
+#: Ethernet (RoCE), Ethernet through TCP.
+NETWORKS = {
+    "ib100": (100.0, 2.0),
+    "ib200": (200.0, 2.0),
+    "ib400": (400.0, 2.0),
+    "roce25": (25.0, 5.0),
+    "eth25": (25.0, 15.0),
+    "eth50": (50.0, 15.0),
+}
+#: One GPU's training samples/s per workload, when --throughput is not given: ``h100``, our
+#: H100-class assumption (mixed precision, batch 128); ``p100``, TensorFlow's published
+#: benchmarks (May 2017, NVIDIA DGX-1, synthetic ImageNet, float32, batch 64), ResNet-101's
+#: put between its ResNet-50 and ResNet-152 by forward flops (a linear time per sample).
+GPU_THROUGHPUT = {
+    "h100": {"resnet18": 6000.0, "resnet50": 2800.0},
+    "p100": {"inception-v3": 142.0, "resnet50": 219.0, "resnet101": 129.4, "resnet152": 91.8, "vgg16": 154.0},
+}
 #: Reduction time per byte on an H100-class GPU: three bytes moved per byte reduced at ~3 TB/s.
 GPU_GAMMA = 1e-12
 WIRE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -60,12 +76,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--throughput",
         type=float,
         metavar="S/s",
-        help="one GPU's training samples/s on this model (default: H100-class, "
-        + ", ".join(f"{k} {v:g}" for k, v in GPU_THROUGHPUT.items())
-        + ")",
+        help="one GPU's training samples/s on this model (default: --gpu's figure for it)",
     )
     speed.add_argument("--step-time", type=float, metavar="SECONDS", help="one GPU's iteration time instead")
+    parser.add_argument(
+        "--gpu",
+        default="h100",
+        choices=tuple(GPU_THROUGHPUT),
+        help="whose samples/s to assume: "
+        + "; ".join(f"{g}: " + ", ".join(f"{k} {v:g}" for k, v in t.items()) for g, t in GPU_THROUGHPUT.items())
+        + " (default %(default)s)",
+    )
     parser.add_argument("--network", default="ib100", help=f"preset: {', '.join(NETWORKS)} (default %(default)s)")
+    parser.add_argument(
+        "--gpus-per-node", type=int, default=1, help="GPUs sharing a node and its network link (default 1)"
+    )
+    parser.add_argument(
+        "--intra-bandwidth",
+        type=float,
+        metavar="GBYTE_S",
+        help="GB/s between the GPUs of a node (NVLink, PCIe; default: the network's)",
+    )
     parser.add_argument("--bandwidth", type=float, metavar="GBIT_S", help="link speed, overriding the preset's")
     parser.add_argument("--latency-us", type=float, help="per-message latency, overriding the preset's")
     parser.add_argument(
@@ -100,7 +131,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inverse-tflops", type=float, default=2.0, help="K-FAC inversions (default %(default)g)")
     parser.add_argument("--wire-dtype", default="float32", choices=tuple(WIRE_BYTES), help="gradient dtype on the wire")
     parser.add_argument(
-        "--overlap", type=float, default=0.0, help="share of backward that hides communication, 0-1 (default 0)"
+        "--overlap",
+        default="none",
+        choices=("none", "backward"),
+        help="none: every exchange after backward (an upper bound); backward: buckets sent as backward "
+        "fills them (default %(default)s)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=int,
+        default=1,
+        metavar="P",
+        help="efficiency against the iteration at P GPUs (default 1; a node's GPUs, as some papers report)",
     )
     parser.add_argument(
         "--set",
@@ -125,6 +167,17 @@ def _positive_list(text: str, what: str) -> list[int]:
 
 def build_network(args: argparse.Namespace) -> tuple[Network, float | None]:
     """The network (and Adasum's fitted gamma, if calibrated) the arguments describe."""
+    if args.gpus_per_node < 1:
+        raise InputError(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}")
+    if args.intra_bandwidth is not None and not (math.isfinite(args.intra_bandwidth) and args.intra_bandwidth > 0):
+        raise InputError(f"--intra-bandwidth must be > 0 GB/s, got {args.intra_bandwidth}")
+    net, gamma_adasum = _links(args)
+    intra_beta = None if args.intra_bandwidth is None else 1 / (args.intra_bandwidth * 1e9)
+    return replace(net, per_node=args.gpus_per_node, intra_beta=intra_beta), gamma_adasum
+
+
+def _links(args: argparse.Namespace) -> tuple[Network, float | None]:
+    """The network between nodes: fitted to sweep CSVs, or a preset with --bandwidth and --latency-us."""
     if args.calibration:
         rows = read_sweep(args.calibration)
         algorithm: Algorithm = "halving-doubling" if args.algorithm == "auto" else args.algorithm
@@ -152,8 +205,6 @@ def project(args: argparse.Namespace) -> list[dict[str, Any]]:
     ranks = _positive_list(args.ranks, "--ranks")
     if args.batch < 1:
         raise InputError(f"--batch must be >= 1, got {args.batch}")
-    if not 0 <= args.overlap <= 1:
-        raise InputError(f"--overlap must be in [0, 1], got {args.overlap}")
     given: dict[str, list[str]] = {name: [] for name in names}
     for item in args.set:
         takers = [n for n in names if item.partition("=")[0] in _option_names(n)]
@@ -168,11 +219,12 @@ def project(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.step_time is not None:
         step_s = args.step_time
     else:
-        throughput = args.throughput if args.throughput is not None else GPU_THROUGHPUT.get(args.model)
+        known = GPU_THROUGHPUT[args.gpu]
+        throughput = args.throughput if args.throughput is not None else known.get(args.model)
         if throughput is None:
             raise InputError(
                 f"give --throughput or --step-time for model {args.model!r} "
-                f"(defaults exist for {', '.join(GPU_THROUGHPUT)})"
+                f"(--gpu {args.gpu} has figures for {', '.join(known)})"
             )
         if not throughput > 0:
             raise InputError(f"--throughput must be > 0, got {throughput}")
@@ -191,21 +243,19 @@ def project(args: argparse.Namespace) -> list[dict[str, Any]]:
         if args.gamma_adasum is not None
         else (fitted_gamma if fitted_gamma is not None else 3 * net.gamma)
     )
+    if args.baseline < 1:
+        raise InputError(f"--baseline must be >= 1 GPU, got {args.baseline}")
+
+    def case(p: int) -> Case:
+        return Case(
+            load, net, compute, p, WIRE_BYTES[args.wire_dtype], gamma_adasum, window, args.overlap == "backward"
+        )
+
     rows = []
     for name in names:
-        single = iteration(
-            name,
-            Case(load, net, compute, 1, WIRE_BYTES[args.wire_dtype], gamma_adasum, window),
-            options[name],
-            overlap=args.overlap,
-        )
+        single = iteration(name, case(args.baseline), options[name])
         for p in ranks:
-            it = iteration(
-                name,
-                Case(load, net, compute, p, WIRE_BYTES[args.wire_dtype], gamma_adasum, window),
-                options[name],
-                overlap=args.overlap,
-            )
+            it = iteration(name, case(p), options[name])
             rows.append(
                 {
                     "solver": name,
@@ -230,13 +280,13 @@ def _option_names(solver: str) -> set[str]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        f"{'solver':<13} {'model':<9} {'ranks':>6} {'iter ms':>9} {'compute':>9} {'comm':>9} {'exposed':>9} "
+        f"{'solver':<13} {'model':<12} {'ranks':>6} {'iter ms':>9} {'compute':>9} {'comm':>9} {'exposed':>9} "
         f"{'eff':>6} {'samples/s':>11}"
     )
     lines = [head]
     for r in rows:
         lines.append(
-            f"{r['solver']:<13} {r['model']:<9} {r['ranks']:>6} {r['iteration_ms']:>9.2f} {r['compute_ms']:>9.2f} "
+            f"{r['solver']:<13} {r['model']:<12} {r['ranks']:>6} {r['iteration_ms']:>9.2f} {r['compute_ms']:>9.2f} "
             f"{r['comm_ms']:>9.2f} {r['exposed_ms']:>9.2f} {r['efficiency']:>6.1%} {r['samples_per_s']:>11.0f}"
         )
     return "\n".join(lines)
@@ -261,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"# {args.model}, batch {args.batch}/GPU, network {net.name}: alpha {net.alpha * 1e6:.3g} us, "
         f"beta {net.beta * 1e9:.4g} ns/B ({8 / max(net.beta, 1e-30) / 1e9:.3g} Gb/s), {net.algorithm} allreduce, "
-        f"overlap {args.overlap:g}"
+        f"{args.gpus_per_node} GPU(s) a node, overlap {args.overlap}"
     )
     print(table(rows))
     try:

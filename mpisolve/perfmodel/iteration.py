@@ -3,8 +3,9 @@
 For a workload of ``n = params x wire_bytes`` bytes of gradients at ``p`` ranks, each
 solver's communication per iteration (amortised over the steps between exchanges):
 
-- ``allreduce``, ``abs-sgd``, ``lb-bsp``: one allreduce of n per update, in buckets of ``bucket_mb``
-  (each bucket pays its own latency terms);
+- ``allreduce``, ``lb-bsp``: one allreduce of n per update, in buckets of ``bucket_mb``
+  (each bucket pays its own latency terms); ``abs-sgd`` the same, waiting only for what
+  outlasts a step's compute (its ranks compute micro-batches until the allreduce ends);
 - ``adasum``: the Adasum VHDD of n per update (:func:`.network.adasum_allreduce`: the
   halving-doubling volume, a small allreduce of per-tensor statistics at each level, and
   ``gamma_adasum`` per byte);
@@ -24,8 +25,9 @@ solver's communication per iteration (amortised over the steps between exchanges
   broadcast of each inverse from its owner (modelled as one allgather); each update, the
   preconditioning (2 a g (a + g) flops per layer).
 
-The exposed communication is ``max(0, comm - overlap x backward)``, backward being 2/3 of
-the compute; ``overlap=0`` (the default) hides nothing: an upper bound of the cost.
+Without overlap (the default) every exchange is waited for: an upper bound of the cost.
+With ``Case.overlap`` the bucketed exchanges follow backward (:func:`backward_timeline`,
+backward being 2/3 of the compute) and only what outlasts it is waited for.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any, Literal
 
 from ..options import InputError, build_options, parse_option, require
 from .network import Network, adasum_allreduce, allgather, window_exchange
+from .sharing import SharedCores
 from .workloads import Workload
 
 BACKWARD_SHARE = 2 / 3
@@ -46,25 +49,37 @@ BACKWARD_SHARE = 2 / 3
 @dataclass(frozen=True, kw_only=True)
 class Compute:
     """One rank's compute: ``step_s`` seconds for forward, backward and optimizer step
-    on its batch of ``batch`` samples; flop rates for K-FAC's matrix products and
-    inversions; ``cores``: ranks beyond this many share them (step time scales with
-    ranks / cores), None for a processor per rank."""
+    on its batch of ``batch`` samples alone; flop rates for K-FAC's matrix products and
+    inversions; ``sharing``: the ranks share cores (:mod:`.sharing`), None for a
+    processor per rank."""
 
     step_s: float
     batch: int
     gemm_flops: float = 50e12
     inverse_flops: float = 2e12
-    cores: int | None = None
+    sharing: SharedCores | None = None
 
     def __post_init__(self) -> None:
         require(math.isfinite(self.step_s) and self.step_s > 0, f"step time must be > 0 s, got {self.step_s}")
         require(self.batch >= 1, f"batch must be >= 1, got {self.batch}")
         require(self.gemm_flops > 0 and self.inverse_flops > 0, "flop rates must be > 0")
-        require(self.cores is None or self.cores >= 1, f"cores must be >= 1, got {self.cores}")
 
-    def share(self, p: int) -> float:
+    def slowdown(self, p: int) -> float:
         """How much slower each rank computes at p ranks on this machine."""
-        return 1.0 if self.cores is None else max(1.0, p / self.cores)
+        return 1.0 if self.sharing is None else self.sharing.slowdown(p)
+
+    def seconds(self, p: int) -> float:
+        """One rank's step at p ranks."""
+        return self.step_s * self.slowdown(p)
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """A solver's model's answer: extra compute, communication, and the part of it waited for (seconds)."""
+
+    extra: float
+    comm: float
+    exposed: float
 
 
 @dataclass(frozen=True)
@@ -80,9 +95,11 @@ class Iteration:
 
 @dataclass(frozen=True, kw_only=True)
 class BucketOptions:
-    """``bucket_mb``: gradient bucket size (each bucket is one allreduce)."""
+    """``bucket_mb``: gradient bucket size (each bucket is one allreduce); ``fusion``: how
+    gradients are grouped as backward produces them (:func:`backward_timeline`)."""
 
     bucket_mb: float = 25.0
+    fusion: Literal["buckets", "ready"] = "buckets"
 
     def __post_init__(self) -> None:
         require(math.isfinite(self.bucket_mb) and self.bucket_mb > 0, f"bucket_mb must be > 0, got {self.bucket_mb}")
@@ -134,7 +151,9 @@ class KFACModelOptions(BucketOptions):
 @dataclass(frozen=True)
 class Case:
     """What a solver's model is given. ``window``: the networks that price window
-    exchanges, by mode ("locked", "wild"; fitted to ``bench windows``), None for ``net``."""
+    exchanges, by mode ("locked", "wild"; fitted to ``bench windows``), None for ``net``;
+    ``overlap``: bucketed exchanges start as backward produces their gradients (else all
+    of them wait for backward's end: an upper bound of the cost)."""
 
     workload: Workload
     net: Network
@@ -143,51 +162,142 @@ class Case:
     wire_bytes: int
     gamma_adasum: float
     window: Mapping[str, Network] | None = None
+    overlap: bool = False
 
     @property
     def grad_bytes(self) -> float:
         return float(self.workload.params * self.wire_bytes)
 
 
-def _bucketed(case: Case, bucket_mb: float, each: Callable[[float], float]) -> float:
-    """``each(bytes)`` summed over the buckets of ``bucket_mb`` the gradients fill."""
+def _bucket_sizes(case: Case, bucket_mb: float) -> list[float]:
+    """Bytes of each bucket of ``bucket_mb`` the gradients fill."""
     bucket = bucket_mb * 2**20
     full, rest = divmod(case.grad_bytes, bucket)
-    return full * each(bucket) + (each(rest) if rest else 0.0)
+    return [bucket] * int(full) + ([rest] if rest else [])
 
 
-def _allreduce(case: Case, options: BucketOptions) -> tuple[float, float]:
-    return 0.0, _bucketed(case, options.bucket_mb, lambda n: case.net.allreduce(case.p, n))
+def _bucketed(case: Case, bucket_mb: float, each: Callable[[float], float]) -> float:
+    """``each(bytes)`` summed over the buckets of ``bucket_mb`` the gradients fill."""
+    return sum(each(n) for n in _bucket_sizes(case, bucket_mb))
 
 
-def _adasum(case: Case, options: BucketOptions) -> tuple[float, float]:
+def backward_timeline(case: Case, options: BucketOptions, each: Callable[[float], float]) -> tuple[float, float]:
+    """Seconds from the start of backward to the end of the last gradient exchange, and
+    the exchanges' seconds in all.
+
+    Backward goes through the layers last to first, each taking a share of it in
+    proportion to its flops; a layer's gradients (bytes in proportion to its weights) are
+    then ready. ``fusion="buckets"`` (the solvers', and PyTorch DDP's): they join the open
+    bucket, sent once the network has finished the one before, when the next layer's would
+    take it past ``bucket_mb`` (a layer larger than that goes alone). ``fusion="ready"``
+    (Horovod's tensor fusion): whenever the network is free, one exchange takes every
+    gradient ready by then, up to ``bucket_mb`` (at least one layer's).
+    """
+    layers = case.workload.layers[::-1]
+    flops = sum(layer.flops for layer in layers)
+    weights = sum(layer.a_dim * layer.g_dim for layer in layers)
+    backward = BACKWARD_SHARE * case.compute.seconds(case.p)
+    limit = options.bucket_mb * 2**20
+    ready, clock = [], 0.0
+    for layer in layers:
+        clock += backward * layer.flops / flops
+        ready.append((clock, case.grad_bytes * layer.a_dim * layer.g_dim / weights))
+    free = busy = 0.0
+    if options.fusion == "ready":
+        i = 0
+        while i < len(ready):
+            start = max(free, ready[i][0])
+            size = 0.0
+            while i < len(ready) and ready[i][0] <= start and (not size or size + ready[i][1] <= limit):
+                size += ready[i][1]
+                i += 1
+            busy += each(size)
+            free = start + each(size)
+        return max(free, backward), busy
+    size = last = 0.0
+    for at, nbytes in ready:
+        if size and size + nbytes > limit:
+            busy += each(size)
+            free = max(free, last) + each(size)
+            size = 0.0
+        size, last = size + nbytes, at
+    busy += each(size)
+    return max(max(free, last) + each(size), backward), busy
+
+
+def _gradients(case: Case, options: BucketOptions, each: Callable[[float], float]) -> tuple[float, float]:
+    """The gradient exchange's seconds in all and the part of them the iteration waits for:
+    every bucket after backward, or with ``case.overlap`` what the backward timeline
+    leaves after backward."""
+    if not case.overlap:
+        comm = _bucketed(case, options.bucket_mb, each)
+        return comm, comm
+    end, comm = backward_timeline(case, options, each)
+    return comm, end - BACKWARD_SHARE * case.compute.seconds(case.p)
+
+
+def _waits(case: Case, exchanges: float = 0.0, locks: float = 0.0) -> float:
+    """What blocking exchanges and lock acquisitions add where ranks share cores."""
+    sharing = case.compute.sharing
+    return 0.0 if sharing is None else sharing.waits(case.p, exchanges) + sharing.locks(case.p, locks)
+
+
+def _allreduce(case: Case, options: BucketOptions) -> Exchange:
+    def each(n: float) -> float:
+        return case.net.allreduce(case.p, n)
+
+    comm, exposed = _gradients(case, options, each)
+    waits = _waits(case, len(_bucket_sizes(case, options.bucket_mb)))
+    return Exchange(0.0, comm + waits, exposed + waits)
+
+
+def _abs_sgd(case: Case, options: BucketOptions) -> Exchange:
+    """ABS-SGD computes micro-batches until its delayed allreduce completes: only what
+    outlasts a step's compute is waited for; with its bounded rounds (one micro-batch a
+    round, the default) each step still waits for the round before, a blocking exchange."""
+    comm = _bucketed(case, options.bucket_mb, lambda n: case.net.allreduce(case.p, n))
+    waits = _waits(case, len(_bucket_sizes(case, options.bucket_mb)))
+    return Exchange(0.0, comm + waits, max(0.0, comm - case.compute.seconds(case.p)) + waits)
+
+
+def _adasum(case: Case, options: BucketOptions) -> Exchange:
     share = case.workload.tensors / max(case.grad_bytes, 1.0)  # tensors per byte, spread over buckets
-    return 0.0, _bucketed(
-        case,
-        options.bucket_mb,
-        lambda n: adasum_allreduce(
-            case.net, case.p, n, tensors=max(1, round(n * share)), gamma_adasum=case.gamma_adasum
-        ),
-    )
+
+    def each(n: float) -> float:
+        return adasum_allreduce(case.net, case.p, n, tensors=max(1, round(n * share)), gamma_adasum=case.gamma_adasum)
+
+    comm, exposed = _gradients(case, options, each)
+    levels = max(1.0, math.log2(case.p))  # a rank waits for its partner at each level
+    waits = _waits(case, len(_bucket_sizes(case, options.bucket_mb)) * levels)
+    return Exchange(0.0, comm + waits, exposed + waits)
 
 
-def _easgd(case: Case, options: ExchangeOptions) -> tuple[float, float]:
-    return 0.0, case.net.allreduce(case.p, case.grad_bytes) / options.tau
+def _easgd(case: Case, options: ExchangeOptions) -> Exchange:
+    comm = (case.net.allreduce(case.p, case.grad_bytes) + _waits(case, 1.0)) / options.tau
+    return Exchange(0.0, comm, comm)
 
 
-def _window(locked: bool) -> Callable[[Case, WindowOptions], tuple[float, float]]:
+def _window(locked: bool) -> Callable[[Case, WindowOptions], Exchange]:
     mode = "locked" if locked else "wild"
 
-    def model(case: Case, options: WindowOptions) -> tuple[float, float]:
+    def model(case: Case, options: WindowOptions) -> Exchange:
         net = case.window[mode] if case.window is not None else case.net
-        exchange = window_exchange(net, case.p, case.grad_bytes, locked=locked, layout=options.layout)
-        return 0.0, exchange / options.tau
+        comm = window_exchange(net, case.p, case.grad_bytes, locked=locked, layout=options.layout)
+        if locked:  # a lock per shard for the read and one for the accumulate
+            comm += _waits(case, locks=2.0 if options.layout == "server" else 2.0 * (case.p - 1))
+        return Exchange(0.0, comm / options.tau, comm / options.tau)
 
     return model
 
 
-def _kfac(case: Case, options: KFACModelOptions) -> tuple[float, float]:
-    """(extra compute, communication) of K-FAC per iteration, amortised."""
+def _kfac(case: Case, options: KFACModelOptions) -> Exchange:
+    """K-FAC's extra compute and communication per iteration, amortised.
+
+    With ``case.overlap``, the gradients follow the backward timeline; ``spd-kfac``
+    pipelines its factor allreduces with forward and backward, so that only what the
+    network cannot fit into the step (with the gradients) is waited for; the other
+    variants allreduce the factors after backward.
+    """
     p, net, layers, compute = case.p, case.net, case.workload.layers, case.compute
     pack = options.variant == "spd-kfac" if options.pack_triangles is None else options.pack_triangles
     dims = [d for layer in layers for d in (layer.a_dim, layer.g_dim)]
@@ -203,21 +313,30 @@ def _kfac(case: Case, options: KFACModelOptions) -> tuple[float, float]:
             heapq.heapreplace(loads, loads[0] + cost)
         inverse_s = max(loads) / compute.inverse_flops
         inverse_comm = allgather(net, p, sum(d * d for d in dims) * case.wire_bytes)
-    share = compute.share(p)
+    share = compute.slowdown(p)
     extra = factor_flops / compute.gemm_flops * share / options.factor_update_steps
     extra += inverse_s * share / options.inv_update_steps + precondition_flops / compute.gemm_flops * share
-    comm = _bucketed(case, options.bucket_mb, lambda n: net.allreduce(p, n))
-    comm += (
-        net.allreduce(p, elements * case.wire_bytes) / options.factor_update_steps
-        + inverse_comm / options.inv_update_steps
-    )
-    return extra, comm
+
+    def each(n: float) -> float:
+        return net.allreduce(p, n)
+
+    grads, grads_exposed = _gradients(case, options, each)
+    waits = _waits(case, len(_bucket_sizes(case, options.bucket_mb)))
+    grads, grads_exposed = grads + waits, grads_exposed + waits
+    factors = (net.allreduce(p, elements * case.wire_bytes) + _waits(case, 1.0)) / options.factor_update_steps
+    inverses = (inverse_comm + (_waits(case, 1.0) if inverse_comm else 0.0)) / options.inv_update_steps
+    exposed = grads_exposed
+    if case.overlap and options.variant == "spd-kfac":
+        exposed = max(exposed, grads + factors - compute.seconds(p)) + inverses
+    else:
+        exposed += factors + inverses
+    return Exchange(extra, grads + factors + inverses, exposed)
 
 
-#: solver -> (its model: (extra compute, communication) in seconds per iteration, its options).
-MODELS: dict[str, tuple[Callable[[Case, Any], tuple[float, float]], type]] = {
+#: solver -> (its model: extra compute, communication and what of it is waited for, per iteration; its options).
+MODELS: dict[str, tuple[Callable[[Case, Any], Exchange], type]] = {
     "allreduce": (_allreduce, BucketOptions),
-    "abs-sgd": (_allreduce, BucketOptions),
+    "abs-sgd": (_abs_sgd, BucketOptions),
     "adasum": (_adasum, BucketOptions),
     "easgd": (_easgd, ExchangeOptions),
     "local-sgd": (_easgd, ExchangeOptions),  # an allreduce of the parameters every tau steps
@@ -249,11 +368,8 @@ def parse_model_option(solver: str, item: str) -> tuple[str, Any]:
     return key, parse_option(solver, MODELS[solver][1], key, text)
 
 
-def iteration(solver: str, case: Case, options: Any = None, *, overlap: float = 0.0) -> Iteration:
+def iteration(solver: str, case: Case, options: Any = None) -> Iteration:
     """The modelled iteration of ``solver`` in ``case`` (``options`` from :func:`model_options`)."""
     options = model_options(solver, {}) if options is None else options
-    require(0.0 <= overlap <= 1.0, f"overlap must be in [0, 1], got {overlap}")
-    extra, comm = MODELS[solver][0](case, options)
-    compute = case.compute.step_s * case.compute.share(case.p) + extra
-    hidden = overlap * BACKWARD_SHARE * case.compute.step_s * case.compute.share(case.p)
-    return Iteration(compute, comm, max(0.0, comm - hidden))
+    exchange = MODELS[solver][0](case, options)
+    return Iteration(case.compute.seconds(case.p) + exchange.extra, exchange.comm, exchange.exposed)

@@ -5,6 +5,15 @@ A message of ``n`` bytes between two ranks costs ``alpha + n * beta`` seconds; r
 <= p, ``log`` base 2):
 
 Large allreduces use ``algorithm``: ring, halving-doubling, or ``auto`` (the cheaper).
+A network of nodes of ``per_node`` ranks each (GPUs sharing a node's link): among the
+ranks of one node, a byte costs ``intra_beta`` (NVLink, PCIe); across nodes, ``beta``
+(the node's link). With ``memory`` (:class:`.node.NodeMemory`), an allreduce is
+mpisolve's node-aware one (:func:`.node.node_allreduce`: sums in the node's shared
+memory, priced by its bandwidth, then the network between nodes). Otherwise, across
+nodes, every bandwidth-optimal allreduce passes about 2n bytes through each node's link
+whatever the ranks per node (ring: the ring enters and leaves each node once;
+halving-doubling: the node's ranks send their shares through it at once), so the formulas
+below keep ``beta``: the node level changes only a one-node job.
 
 - ring allreduce: ``2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma``;
 - halving-doubling allreduce (Rabenseifner: reduce-scatter by recursive halving, then
@@ -26,10 +35,11 @@ Each function returns seconds, 0 for one rank.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from ..options import require
+from .node import NodeMemory, node_allreduce
 
 Algorithm = Literal["ring", "halving-doubling", "auto"]
 #: "auto": the cheaper of the two for each message, as a tuned library would choose.
@@ -39,13 +49,18 @@ ALGORITHMS: tuple[str, ...] = ("ring", "halving-doubling", "auto")
 @dataclass(frozen=True, kw_only=True)
 class Network:
     """Per-message latency ``alpha`` (s), per-byte time ``beta`` (s/B), per-byte reduction
-    time ``gamma`` (s/B), and the allreduce algorithm for large messages."""
+    time ``gamma`` (s/B), and the allreduce algorithm for large messages; ``per_node``
+    ranks share a node, among which a byte costs ``intra_beta`` (None: ``beta``), or which
+    sum in its shared memory (``memory``)."""
 
     alpha: float
     beta: float
     gamma: float = 0.0
     algorithm: Algorithm = "ring"
     name: str = "custom"
+    per_node: int = 1
+    intra_beta: float | None = None
+    memory: NodeMemory | None = None
 
     def __post_init__(self) -> None:
         for key in ("alpha", "beta", "gamma"):
@@ -54,6 +69,17 @@ class Network:
         require(
             self.algorithm in ALGORITHMS, f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}"
         )
+        require(self.per_node >= 1, f"per_node must be >= 1, got {self.per_node}")
+        require(
+            self.intra_beta is None or (math.isfinite(self.intra_beta) and self.intra_beta >= 0),
+            f"intra_beta must be >= 0, got {self.intra_beta}",
+        )
+
+    def at(self, p: int) -> Network:
+        """The network ``p`` ranks use: the node's links when they fit in one node."""
+        if p <= self.per_node and self.intra_beta is not None:
+            return replace(self, beta=self.intra_beta, per_node=1, intra_beta=None, memory=None)
+        return self
 
     @classmethod
     def from_link(cls, *, gbit_s: float, latency_us: float, **kwargs: object) -> Network:
@@ -63,15 +89,25 @@ class Network:
 
     # ------------------------------------------------------------- collectives
     def allreduce(self, p: int, n: float) -> float:
-        """Allreduce of ``n`` bytes with this network's large-message algorithm."""
+        """Allreduce of ``n`` bytes with this network's large-message algorithm (or the node-aware one)."""
+        if self.memory is not None:
+            return self._node_aware(p, n)
+        net = self.at(p)
         if self.algorithm == "ring":
-            return ring_allreduce(self, p, n)
+            return ring_allreduce(net, p, n)
         if self.algorithm == "halving-doubling":
-            return halving_doubling_allreduce(self, p, n)
-        return min(ring_allreduce(self, p, n), halving_doubling_allreduce(self, p, n))
+            return halving_doubling_allreduce(net, p, n)
+        return min(ring_allreduce(net, p, n), halving_doubling_allreduce(net, p, n))
 
     def small_allreduce(self, p: int, n: float) -> float:
-        return recursive_doubling_allreduce(self, p, n)
+        if self.memory is not None:
+            return self._node_aware(p, n)
+        return recursive_doubling_allreduce(self.at(p), p, n)
+
+    def _node_aware(self, p: int, n: float) -> float:
+        assert self.memory is not None
+        nodes = math.ceil(p / self.per_node)
+        return node_allreduce(self.memory, self, nodes, min(p, self.per_node), n)
 
 
 def ring_allreduce(net: Network, p: int, n: float) -> float:
@@ -99,12 +135,14 @@ def recursive_doubling_allreduce(net: Network, p: int, n: float) -> float:
 def broadcast(net: Network, p: int, n: float) -> float:
     if p <= 1:
         return 0.0
+    net = net.at(p)
     return (math.log2(p) + p - 1) * net.alpha + 2 * (p - 1) / p * n * net.beta
 
 
 def allgather(net: Network, p: int, n_total: float) -> float:
     if p <= 1:
         return 0.0
+    net = net.at(p)
     return (p - 1) * net.alpha + (p - 1) / p * n_total * net.beta
 
 
@@ -114,6 +152,7 @@ def adasum_allreduce(net: Network, p: int, n: float, *, tensors: int, gamma_adas
     ranks of the block, and ``gamma_adasum`` per byte for the statistics and the combine."""
     if p <= 1:
         return 0.0
+    net = net.at(p)
     k = 1 << (p.bit_length() - 1)
     data = halving_doubling_allreduce(Network(alpha=net.alpha, beta=net.beta), p, n)
     stats = sum(recursive_doubling_allreduce(net, 2 << level, 24 * tensors) for level in range(int(math.log2(k))))
@@ -125,6 +164,7 @@ def window_exchange(net: Network, p: int, n: float, *, locked: bool, layout: str
     """One worker's exchange with a shared vector of ``n`` bytes (the module's formula)."""
     if p <= 1:
         return 0.0
+    net = net.at(p)
     if layout == "server":
         messages, own = 2, 2 * n
         link = 2 * n * (p - 1) * net.beta  # rank 0's link carries every worker's get and accumulate

@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from ..options import require
-from .network import Network
+
+if TYPE_CHECKING:
+    from .network import Network
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +55,7 @@ def node_sum(mem: NodeMemory, per_node: int, n: float) -> float:
 def node_allreduce(mem: NodeMemory, net: Network, nodes: int, per_node: int, n: float) -> float:
     """Seconds for mpisolve's node-aware allreduce of ``n`` bytes (the module's formula)."""
     require(nodes >= 1 and per_node >= 1, f"nodes and per_node must be >= 1, got {nodes} and {per_node}")
+    net = replace(net, memory=None, per_node=1, intra_beta=None)  # between nodes: the network alone
     if per_node == 1:
         return net.allreduce(nodes, n) if n > mem.latency_bytes else net.small_allreduce(nodes, n)
     if n <= mem.latency_bytes:

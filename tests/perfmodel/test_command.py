@@ -45,6 +45,34 @@ def test_window_calibration_prices_the_window_solvers(tmp_path):
     assert after[1]["comm_ms"] == before[1]["comm_ms"]  # allreduce keeps the network
 
 
+def test_published_workloads_take_their_gpu_figures_and_a_node_level(tmp_path):
+    """--gpu p100 prices VGG-16 at TensorFlow's published 154 images/s; four GPUs a node share
+    its link, and inside one node they talk over --intra-bandwidth; --baseline sets the efficiency's base."""
+    out = tmp_path / "p.csv"
+    args = ["--solver", "allreduce", "--model", "vgg16", "--gpu", "p100", "--batch", "64", "--ranks", "4,8"]
+    args += ["--gpus-per-node", "4", "--intra-bandwidth", "10", "--network", "roce25", "--csv", str(out)]
+    done = model(*args, "--baseline", "4")
+    assert done.returncode == 0, done.stderr
+    node, two = list(csv.DictReader(out.open()))
+    assert float(node["compute_ms"]) == pytest.approx(64 / 154 * 1e3)
+    grads = 138_357_544 * 4
+    # one node: a ring over the 10 GB/s links; two: the 25 Gb/s network's (halving-doubling or ring: the cheaper)
+    assert float(node["comm_ms"]) == pytest.approx((6 * 5e-6 + 1.5 * grads / 10e9) * 1e3, rel=0.05)
+    assert float(two["comm_ms"]) == pytest.approx(1.75 * grads * 8 / 25e9 * 1e3, rel=0.05)
+    assert float(node["efficiency"]) == pytest.approx(1.0)
+    assert float(two["efficiency"]) == pytest.approx(float(node["iteration_ms"]) / float(two["iteration_ms"]))
+
+
+def test_overlap_hides_exchanges_behind_backward(tmp_path):
+    none, backward = tmp_path / "none.csv", tmp_path / "backward.csv"
+    base = ["--solver", "allreduce", "--model", "resnet50", "--ranks", "64"]
+    assert model(*base, "--csv", str(none)).returncode == 0
+    assert model(*base, "--overlap", "backward", "--csv", str(backward)).returncode == 0
+    (hidden,), (shown,) = (list(csv.DictReader(path.open())) for path in (backward, none))
+    assert float(shown["exposed_ms"]) == pytest.approx(float(shown["comm_ms"]))
+    assert float(hidden["exposed_ms"]) < 0.5 * float(hidden["comm_ms"])
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -57,7 +85,12 @@ def test_window_calibration_prices_the_window_solvers(tmp_path):
         (["--solver", "allreduce", "--set", "tau=3"], "no chosen solver's model takes 'tau'"),
         (["--solver", "easgd", "--set", "tau=x"], "option 'tau' of solver 'easgd' must be int"),
         (["--calibration", "/nonexistent.csv"], "cannot read sweep CSV /nonexistent.csv"),
-        (["--overlap", "2"], "--overlap must be in [0, 1]"),
+        (["--overlap", "half"], "argument --overlap: invalid choice: 'half'"),
+        (["--gpus-per-node", "0"], "--gpus-per-node must be >= 1, got 0"),
+        (["--intra-bandwidth", "-1"], "--intra-bandwidth must be > 0 GB/s, got -1.0"),
+        (["--baseline", "0"], "--baseline must be >= 1 GPU, got 0"),
+        (["--model", "vgg16"], "(--gpu h100 has figures for resnet18, resnet50)"),
+        (["--solver", "allreduce", "--set", "fusion=some"], "must be one of 'buckets', 'ready', got 'some'"),
         (["--window-calibration", "/nonexistent.csv"], "cannot read bench windows CSV /nonexistent.csv"),
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],

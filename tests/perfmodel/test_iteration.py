@@ -1,10 +1,13 @@
 """Each solver's iteration model on hand-worked values."""
 
+from dataclasses import replace
+
 import pytest
 
 from mpisolve.options import InputError, OptionError
 from mpisolve.perfmodel.iteration import Case, Compute, iteration, model_options
 from mpisolve.perfmodel.network import Network, adasum_allreduce, ring_allreduce
+from mpisolve.perfmodel.sharing import SharedCores
 from mpisolve.perfmodel.workloads import Layer, Workload, workload
 
 NET = Network(alpha=2e-6, beta=1e-9)
@@ -24,16 +27,51 @@ def test_allreduce_is_compute_plus_bucketed_allreduce():
     assert iteration("allreduce", case(1)).total == pytest.approx(0.01)
 
 
-def test_overlap_hides_communication_behind_backward():
-    full = iteration("allreduce", case(8))
-    assert iteration("allreduce", case(8), overlap=1.0).exposed == pytest.approx(max(0.0, full.comm - 2 / 3 * 0.01))
-    with pytest.raises(OptionError, match="overlap must be in"):
-        iteration("allreduce", case(8), overlap=2)
+def ring(n: float) -> float:
+    """A ring allreduce of n bytes at 8 ranks on NET, worked by hand."""
+    return 14 * 2e-6 + 1.75 * n * 1e-9
 
 
-def test_oversubscribed_cores_slow_compute():
-    assert iteration("allreduce", case(8, Compute(step_s=0.01, batch=32, cores=2))).compute == pytest.approx(0.04)
-    assert iteration("allreduce", case(2, Compute(step_s=0.01, batch=32, cores=2))).compute == pytest.approx(0.01)
+def test_overlap_follows_backward_layer_by_layer():
+    """Backward (2/3 of 10 ms) reaches the last layer (1,020 of 11,120 flops; 510 of 5,560
+    weights: 366,906 bytes) first, then the first (3,633,094 bytes) at its end."""
+    backward, last, first = 2 / 3 * 0.01, 4e6 * 510 / 5560, 4e6 * 5050 / 5560
+    ready = backward * 1020 / 11120
+    overlapped = replace(case(8), overlap=True)
+    # 0.5 MiB buckets: the last layer's bucket goes when the first layer's would overflow it
+    small = iteration("allreduce", overlapped, model_options("allreduce", {"bucket_mb": 0.5}))
+    assert ready + ring(last) < backward  # its exchange ends during backward
+    assert small.exposed == pytest.approx(ring(first)) and small.comm == pytest.approx(ring(last) + ring(first))
+    # one 100 MiB bucket waits for the whole backward; Horovod's fusion sends what is ready whenever the network is free
+    big = iteration("allreduce", overlapped, model_options("allreduce", {"bucket_mb": 100}))
+    assert big.exposed == pytest.approx(ring(4e6))
+    ready_fusion = iteration("allreduce", overlapped, model_options("allreduce", {"bucket_mb": 100, "fusion": "ready"}))
+    assert ready_fusion.exposed == pytest.approx(ring(first))
+    assert iteration("allreduce", case(8)).exposed == pytest.approx(ring(4e6))  # no overlap: all of it
+
+
+def test_abs_sgd_waits_only_for_what_outlasts_a_step():
+    slow = Network(alpha=2e-6, beta=1e-8)  # 4 MB take 70 ms at 8 ranks: longer than the 10 ms step
+    it = iteration("abs-sgd", Case(LOAD, slow, COMPUTE, 8, 4, 1e-10))
+    assert it.exposed == pytest.approx(it.comm - 0.01)
+    assert iteration("abs-sgd", case(8)).exposed == 0.0  # 7 ms: hidden behind the step
+
+
+def test_shared_cores_slow_compute_and_price_waits_and_locks():
+    """2 cores, 8 ranks: 3 extra ranks a core. The step takes 4 x (1 + 0.1 x 3); a blocking
+    exchange 3 x 1 ms more, each of async-sgd's 2 x 7 lock acquisitions 3 x 2 ms more."""
+    shared = SharedCores(cores=2, contention=0.1, wait_s=1e-3, lock_s=2e-3)
+    compute = Compute(step_s=0.01, batch=32, sharing=shared)
+    plain = {s: iteration(s, case(8)) for s in ("allreduce", "async-sgd", "ea-wild")}
+    for solver, waited in (("allreduce", 3e-3), ("async-sgd", 14 * 6e-3), ("ea-wild", 0.0)):
+        it = iteration(solver, case(8, compute))
+        assert it.compute == pytest.approx(0.01 * 4 * 1.3)
+        assert it.comm == pytest.approx(plain[solver].comm + waited)
+    at_two = iteration("allreduce", case(2, compute))  # a core each: nothing changes
+    assert at_two.compute == pytest.approx(0.01) and at_two.comm == pytest.approx(iteration("allreduce", case(2)).comm)
+    assert SharedCores(cores=1.5).slowdown(3) == pytest.approx(2.0)  # cores less what other processes used
+    with pytest.raises(OptionError, match="cores must be > 0"):
+        SharedCores(cores=0)
 
 
 def test_adasum_easgd_and_windows():
@@ -85,10 +123,41 @@ def test_kfac_adds_factor_and_inverse_traffic_and_inversions():
     )
 
 
+def test_spd_kfac_pipelines_its_factors_with_the_step():
+    """With overlap, SPD-KFAC's factor allreduce runs while the step computes: only what the
+    network cannot fit into the step is waited for; MPD-KFAC allreduces the factors after backward."""
+    every = {"factor_update_steps": 1, "inv_update_steps": 1, "pack_triangles": False}
+    overlapped = replace(case(8), overlap=True)
+    spd = iteration("kfac", overlapped, model_options("kfac", {**every, "variant": "spd-kfac"}))
+    mpd = iteration("kfac", overlapped, model_options("kfac", {**every, "variant": "mpd-kfac"}))
+    dims = [101, 50, 51, 10]
+    factors = ring(sum(d * d for d in dims) * 4)
+    inverses = 7 * 2e-6 + 7 / 8 * sum(d * d for d in dims) * 4 * 1e-9
+    grads = iteration("allreduce", overlapped)
+    assert mpd.exposed == pytest.approx(grads.exposed + factors + inverses)
+    assert spd.exposed == pytest.approx(max(grads.exposed, grads.comm + factors - 0.01) + inverses)
+    assert spd.comm == pytest.approx(mpd.comm)
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "gflops"),
+    [  # torchvision's documented parameter counts and GFLOPS (multiply-adds); Inception V3 less its auxiliary head
+        ("resnet18", 11_689_512, 1.81),
+        ("resnet50", 25_557_032, 4.09),
+        ("resnet101", 44_549_160, 7.80),
+        ("resnet152", 60_192_808, 11.51),
+        ("vgg16", 138_357_544, 15.47),
+        # the auxiliary head: 768x128 and 128x768x5x5 convolutions with batch norm, a 768x1000 classifier
+        ("inception-v3", 27_161_264 - (768 * 128 + 256 + 128 * 768 * 25 + 1536 + 769_000), 5.71),
+    ],
+)
+def test_imagenet_workloads_match_published_sizes(name, params, gflops):
+    load = workload(name)
+    assert load.params == params
+    assert load.forward_flops_per_sample / 2 == pytest.approx(gflops * 1e9, rel=0.01)
+
+
 def test_workloads_match_known_sizes():
-    assert workload("resnet50").params == 25_557_032  # torchvision's count
-    assert workload("resnet18").params == 11_689_512
-    assert workload("resnet50").forward_flops_per_sample == pytest.approx(8.18e9, rel=0.01)
     assert workload("mlp").params == 64 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 10 + 10
     with pytest.raises(InputError, match="unknown model 'vgg'"):
         workload("vgg")

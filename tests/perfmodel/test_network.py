@@ -68,3 +68,19 @@ def test_link_speed_and_bad_values():
         Network(alpha=math.nan, beta=0)
     with pytest.raises(OptionError, match="algorithm must be one of"):
         Network(alpha=0, beta=0, algorithm="tree")
+
+
+def test_ranks_of_one_node_use_its_links():
+    """4 GPUs a node: up to 4 ranks, a byte costs intra_beta; beyond, the node's network link's beta."""
+    node = Network(alpha=1e-6, beta=1e-9, per_node=4, intra_beta=1e-10)
+    inside = Network(alpha=1e-6, beta=1e-10)
+    assert node.allreduce(4, 1e6) == pytest.approx(ring_allreduce(inside, 4, 1e6))
+    assert node.allreduce(8, 1e6) == pytest.approx(ring_allreduce(Network(alpha=1e-6, beta=1e-9), 8, 1e6))
+    assert allgather(node, 2, 1000) == pytest.approx(allgather(inside, 2, 1000))
+    assert Network(alpha=1e-6, beta=1e-9, per_node=4).allreduce(4, 1e6) == pytest.approx(
+        ring_allreduce(Network(alpha=1e-6, beta=1e-9), 4, 1e6)
+    )  # no intra_beta: the network's
+    with pytest.raises(OptionError, match="per_node must be >= 1"):
+        Network(alpha=0, beta=0, per_node=0)
+    with pytest.raises(OptionError, match="intra_beta must be >= 0"):
+        Network(alpha=0, beta=0, intra_beta=-1.0)

@@ -1,0 +1,59 @@
+"""Ranks sharing a machine's cores: what an alpha-beta model leaves out on an oversubscribed node.
+
+With ``cores`` cores free for the job (the machine's, less what other processes keep
+busy: measured while the job runs) and ``p`` ranks, ``k = p / cores`` ranks share each
+core. Beyond one rank a core (k > 1):
+
+- **compute**: a rank's step takes ``k`` times its step alone (the core is time-shared),
+  times ``1 + contention (k - 1)`` (switching ranks costs caches and time);
+- **a blocking exchange** (a collective every rank waits for) costs ``wait_s (k - 1)``
+  more: ranks that left it compute while the late ones wait for a core to finish theirs;
+- **a lock acquisition** (a locked window's shard) costs ``lock_s (k - 1)``: its holder
+  may be off its core.
+
+``contention`` is the workload's (it depends on its caches); ``wait_s`` and ``lock_s``
+the machine's. :func:`.calibrate.fit_contention` and :func:`.calibrate.fit_waits` fit them
+to measurements (perf/model_calibration.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..options import require
+
+
+@dataclass(frozen=True, kw_only=True)
+class SharedCores:
+    """``cores`` free for the job (may be fractional), the workload's ``contention``, and
+    the machine's ``wait_s`` per blocking exchange and ``lock_s`` per lock acquisition,
+    each per extra rank a core."""
+
+    cores: float
+    contention: float = 0.0
+    wait_s: float = 0.0
+    lock_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        require(math.isfinite(self.cores) and self.cores > 0, f"cores must be > 0, got {self.cores}")
+        for key in ("contention", "wait_s", "lock_s"):
+            value = getattr(self, key)
+            require(math.isfinite(value) and value >= 0, f"{key} must be >= 0, got {value}")
+
+    def extra(self, p: int) -> float:
+        """Ranks a core beyond the first: ``max(0, p / cores - 1)``."""
+        return max(0.0, p / self.cores - 1.0)
+
+    def slowdown(self, p: int) -> float:
+        """How much longer a rank's step takes at ``p`` ranks than alone."""
+        extra = self.extra(p)
+        return (1.0 + extra) * (1.0 + self.contention * extra)
+
+    def waits(self, p: int, exchanges: float) -> float:
+        """Seconds ``exchanges`` blocking exchanges add at ``p`` ranks."""
+        return exchanges * self.wait_s * self.extra(p)
+
+    def locks(self, p: int, acquisitions: float) -> float:
+        """Seconds ``acquisitions`` lock acquisitions add at ``p`` ranks."""
+        return acquisitions * self.lock_s * self.extra(p)
