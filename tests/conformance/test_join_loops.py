@@ -16,8 +16,9 @@ Adam state ended different from the others'.
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import pytest
 import torch
@@ -157,3 +158,38 @@ def test_join_ends_with_the_last_ranks_model_and_optimizer_state_whatever_the_lo
     assert all_ranks_equal(comm, state), f"{case.id}: the ranks' optimizer states differ after join()"
     if case.id in SGD_RULE:
         assert_close(got, with_ddp(comm), f"{case.id} under join() against DDP's Join")
+
+
+@contextmanager
+def leaving_late(rank: int) -> Iterator[None]:
+    """A loop whose rank (all but rank 0) leaves it half a second after its last step."""
+    yield
+    if rank > 0:
+        time.sleep(0.5)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+@pytest.mark.filterwarnings("ignore:mpisolve kfac.*non-finite batch factors")  # the overflowing step's input
+@pytest.mark.parametrize("case", cases(ROUNDS), ids=lambda c: c.id)
+def test_a_rank_that_joins_late_shadows_steps_begun_with_synchronize(comm, case):
+    """Rank 0 is inside ``synchronize()`` when the others, out of data, begin shadowing its step
+    with ``step()`` alone: the step's sums complete in the same order on every rank (K-FAC's
+    factors before the gradients; before the fix the bandwidth path's rounds waited on each
+    other until the watchdog)."""
+    model = make_model()
+    optimizer = adam(model)
+    solver = case.build(model, optimizer, comm)
+
+    def synchronize(scaler: torch.amp.GradScaler) -> None:
+        solver.synchronize(scaler=scaler)
+
+    def step(scaler: torch.amp.GradScaler) -> None:
+        solver.step(scaler=scaler)
+
+    with solver.join() as joined:
+        loop(model, optimizer, comm.rank, comm.size, leaving_late(comm.rank), model, synchronize, step)
+    solver.close()
+    assert joined.last_rank == 0
+    if case.id != "easgd":  # its workers differ by design
+        assert all_ranks_equal(comm, flat(model)), f"{case.id}: the ranks' models differ after join()"

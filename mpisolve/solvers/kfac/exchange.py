@@ -98,6 +98,11 @@ class FactorExchange:
         """Whether a message of this step has started and :meth:`finish` has not completed them."""
         return self._next > 0 and not self._finished
 
+    @property
+    def finished(self) -> bool:
+        """Whether :meth:`finish` has completed this step's messages."""
+        return self._finished
+
     def wire_numel(self, f: int) -> int:
         """Elements factor ``f`` puts on the wire."""
         return self._slot[f].numel()

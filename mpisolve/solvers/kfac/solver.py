@@ -503,23 +503,36 @@ class KFACSolver(BucketSolver):
     # ----------------------------------------------------------------- step
 
     @collective_round
-    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
-        o = self.options
-        step = self.steps
+    def synchronize(self, *, scaler: GradScaler | None = None) -> None:
+        self._exchange_factors()
+        super().synchronize(scaler=scaler)
+
+    def _exchange_factors(self) -> None:
+        """Complete the step's factor messages, first in the step whether it begins at
+        ``synchronize()`` or at ``step()``: node-shared sums complete in one order on every
+        rank, and a rank shadowing the others' steps under ``join()`` calls ``step()`` alone."""
         for f, total in enumerate(self._accumulated):
             if total:  # every micro-batch of this step ran inside no_sync()
                 self._send_accumulated(f, total)
-        if self._capturing and self.grads.backward_ran and not any(self.exchange.captured):
+        if not self._capturing or self.exchange.finished:
+            return
+        if self.grads.backward_ran and not any(self.exchange.captured):
             raise RuntimeError(
                 "mpisolve kfac: backward ran but no layer's Kronecker factors were captured: the layer hooks "
                 "did not run. A torch.compile'd module called before the solver was made does not see hooks "
                 "added later: make the solver first (or give it the compiled module before its first call)"
             )
+        start = time.perf_counter()
+        self.exchange.finish()
+        self.timings["factor_comm"] += time.perf_counter() - start
+
+    @collective_round
+    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
+        o = self.options
+        step = self.steps
+        self._exchange_factors()
         if self._capturing:
-            start = time.perf_counter()
-            self.exchange.finish()
             middle = time.perf_counter()
-            self.timings["factor_comm"] += middle - start
             self._update_factors(scaler)
             self.timings["factor_compute"] += time.perf_counter() - middle
             if self._fusion_pending:
@@ -554,7 +567,7 @@ class KFACSolver(BucketSolver):
     def _drain(self) -> None:
         """Complete a round some rank left in flight (close): the factors' messages, the gradients',
         the inverses' (a step that raised, e.g. on non-finite gradients, left them travelling)."""
-        if self._capturing:
+        if self._capturing and not self.exchange.finished:
             self.exchange.finish()
         self.grads.finish()
         if self.inverter.in_flight:
