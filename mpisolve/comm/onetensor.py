@@ -55,7 +55,7 @@ SUM = "MPI_Allreduce (mpisolve.allreduce)"
 CHECK = "MPI_Allreduce (mpisolve.allreduce's signature check)"
 
 #: (dtype, shape, reduction): what the ranks must agree on.
-Signature = tuple[torch.dtype, tuple[int, ...], str]
+Signature = tuple[torch.dtype, torch.Size, str]
 #: How a signature's calls go: its values with the flag, after the flag, or the general path after it.
 INLINE, SEPARATE, GENERAL = "inline", "separate", "general"
 
@@ -81,7 +81,7 @@ class OneTensor:
 
     def mode(self, tensor: torch.Tensor) -> str:
         """How this rank's ``tensor`` can go (the ranks agree on it by negotiating)."""
-        nbytes = tensor.numel() * tensor.element_size()
+        nbytes = tensor.nbytes
         if (
             tensor.dtype not in FAST_DTYPES
             or not tensor.is_contiguous()
@@ -96,7 +96,7 @@ class OneTensor:
         """The sum or average of ``tensor`` (a CPU float tensor), or None where the general path
         is to reduce it (the ranks agreed on its signature then); raises alike on every rank when
         the ranks' signatures differ."""
-        mine: Signature = (tensor.dtype, tuple(tensor.shape), op)
+        mine: Signature = (tensor.dtype, tensor.shape, op)
         mode = self.mode(tensor)
         agreed = self.agreed
         if agreed is not None:
@@ -108,7 +108,7 @@ class OneTensor:
                     return out
             elif self._all_hit(hit):
                 return None if agreed_mode == GENERAL else self._separate(tensor, op)
-        views = self.sums.allgather_object((str(tensor.dtype), mine[1], op, mode))
+        views = self.sums.allgather_object((str(tensor.dtype), tuple(tensor.shape), op, mode))
         differ = [r for r, view in enumerate(views) if view[:3] != views[0][:3]]
         if differ:
             first = views[differ[0]]
@@ -146,7 +146,7 @@ class OneTensor:
         if tensor is None:
             buffer[numel] = 1
         else:
-            buffer[:numel] = _host(tensor).reshape(-1)
+            buffer[:numel] = _host(tensor)
             buffer[numel] = 0
         self._blocking_sum(SUM, [buffer, mpi_type])
         if buffer[numel] != 0:
@@ -158,19 +158,20 @@ class OneTensor:
         """Sum ``tensor`` from where it lies into a new tensor (every rank's signature agreed)."""
         np_dtype, mpi_type = FAST_DTYPES[tensor.dtype]
         values = np.empty(tensor.numel(), dtype=np_dtype)
-        self._blocking_sum(SUM, [_host(tensor).reshape(-1), mpi_type], [values, mpi_type])
+        self._blocking_sum(SUM, [_host(tensor), mpi_type], [values, mpi_type])
         return _result(values, op, self.comm.size, tensor.shape)
 
 
 def _host(tensor: torch.Tensor) -> np.ndarray[Any, Any]:
-    """A CPU tensor's memory as numpy (no copy)."""
-    return (tensor.detach() if tensor.requires_grad else tensor).numpy()
+    """A contiguous CPU tensor's memory as a flat numpy array (no copy)."""
+    host = (tensor.detach() if tensor.requires_grad else tensor).numpy()
+    return host if host.ndim == 1 else host.reshape(-1)
 
 
 def _result(values: np.ndarray[Any, Any], op: str, size: int, shape: torch.Size) -> torch.Tensor:
     if op == "average":
         np.divide(values, size, out=values)
-    return torch.from_numpy(values.reshape(shape))
+    return torch.from_numpy(values if len(shape) == 1 else values.reshape(tuple(shape)))
 
 
 def _shown(view: tuple[str, tuple[int, ...], str, str]) -> str:
