@@ -23,9 +23,10 @@ non-contiguous tensor on some rank), each call sends only the flag before taking
 general path, so a rank that calls with another signature is still noticed.
 
 The blocking calls are watched by the communicator's watchdog (:meth:`Communicator.blocking`),
-which aborts past the timeout. A communicator whose waits drive other work
-(:attr:`Communicator.interrupts`, e.g. abs-sgd's node-shared round) never takes this path:
-a rank blocked in MPI would not drive it for the others.
+which aborts past the timeout. On a communicator whose waits drive other work
+(:attr:`Communicator.interrupts`, e.g. abs-sgd's node-shared round, set alike on every rank)
+calls take the general path with no check of their own, as before this path existed: a rank
+blocked in MPI would not drive that work for the others.
 """
 
 from __future__ import annotations
@@ -87,7 +88,6 @@ class OneTensor:
             or not tensor.is_contiguous()
             or nbytes >= self.max_bytes
             or self.comm.stage_all
-            or self.comm.has_interrupts()
         ):
             return GENERAL
         return INLINE if nbytes <= INLINE_MAX_BYTES else SEPARATE
@@ -96,6 +96,8 @@ class OneTensor:
         """The sum or average of ``tensor`` (a CPU float tensor), or None where the general path
         is to reduce it (the ranks agreed on its signature then); raises alike on every rank when
         the ranks' signatures differ."""
+        if self.comm.has_interrupts():
+            return None  # no blocking call here: the general path, as before this path existed
         mine: Signature = (tensor.dtype, tensor.shape, op)
         mode = self.mode(tensor)
         agreed = self.agreed

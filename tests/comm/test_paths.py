@@ -152,6 +152,21 @@ def test_one_tensor_mismatches_raise_on_every_rank_and_the_next_call_works(monke
     comm.free()
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+def test_a_communicator_whose_waits_drive_other_work_keeps_the_general_path(monkeypatch):
+    """No blocking call there (abs-sgd's round moves only from its ranks' waits): no agreement either."""
+    comm = fresh(monkeypatch, str(CROSSOVER))
+    comm.interrupts.append(lambda: None)
+    tensor, total = inputs(comm, BELOW)
+    np.testing.assert_array_equal(mpisolve.allreduce(tensor, op="sum", comm=comm).numpy(), total)
+    assert onetensor.one_tensor(comm).agreed is None
+    comm.interrupts.clear()
+    np.testing.assert_array_equal(mpisolve.allreduce(tensor, op="sum", comm=comm).numpy(), total)
+    assert onetensor.one_tensor(comm).agreed == ((torch.float32, (BELOW,), "sum"), onetensor.INLINE, BELOW)
+    comm.free()
+
+
 def test_a_crossover_that_is_not_a_byte_count_is_refused(monkeypatch):
     for bad in ("-1", "16K", "lots"):
         monkeypatch.setenv(shm.MIN_BYTES_ENV, bad)
