@@ -7,7 +7,9 @@ for a few KiB. Here a sum or average of one tensor below the one-shot crossover
 checked across ranks once per signature (dtype, shape, reduction), then each call is one
 blocking ``MPI_Allreduce`` on a communicator of its own: of the values and one more element,
 a *miss* flag, up to :data:`INLINE_MAX_BYTES`; above it, of the flag alone and then of the
-tensor itself into the result, with no copy.
+tensor from where it lies. The message lands in a buffer the communicator keeps for the next
+call and is copied out into the new result: MPI moves messages between buffers it has seen
+before faster than into new memory each call (docs/studies/node-aware.md).
 
 **The check, kept cheap.** Every rank holds the same *agreed* signature (the last one every
 rank negotiated, or none): it changes only after a negotiation, which every rank runs alike.
@@ -74,6 +76,7 @@ class OneTensor:
         #: The signature every rank agreed last, how its calls go, and its element count.
         self.agreed: tuple[Signature, str, int] | None = None
         self._flag = np.zeros(1, dtype=np.int64)
+        self._buffer = np.empty(0, dtype=np.float32)  # see _kept
         #: The watchdog of the blocking calls (:meth:`Communicator.blocking`), kept: armed for each call.
         self._watchdog = comm.blocking(SUM)
         group = node_group(comm)
@@ -140,28 +143,35 @@ class OneTensor:
         with self._watchdog.arm(what, None):
             self.sums.comm.Allreduce(MPI.IN_PLACE if out is None else spec, spec if out is None else out, MPI.SUM)
 
+    def _kept(self, dtype: torch.dtype, numel: int) -> np.ndarray[Any, Any]:
+        """This communicator's message buffer of ``numel`` elements of ``dtype``, kept for the next call:
+        MPI moves messages between buffers it has seen before faster than between new ones."""
+        np_dtype = FAST_DTYPES[dtype][0]
+        if self._buffer.dtype != np_dtype or self._buffer.size != numel:
+            self._buffer = np.empty(numel, dtype=np_dtype)
+        return self._buffer
+
     def _inline(self, tensor: torch.Tensor | None, dtype: torch.dtype, numel: int, op: str) -> torch.Tensor | None:
         """Sum ``tensor``'s values (None: a miss, as many elements of ``dtype``) and the miss flag
         in one message; the sum (averaged for ``op="average"``), or None where some rank missed."""
-        np_dtype, mpi_type = FAST_DTYPES[dtype]
-        buffer = np.empty(numel + 1, dtype=np_dtype)
+        buffer = self._kept(dtype, numel + 1)
         if tensor is None:
             buffer[numel] = 1
         else:
             buffer[:numel] = _host(tensor)
             buffer[numel] = 0
-        self._blocking_sum(SUM, [buffer, mpi_type])
+        self._blocking_sum(SUM, [buffer, FAST_DTYPES[dtype][1]])
         if buffer[numel] != 0:
             return None
         assert tensor is not None  # every rank sent its values
-        return _result(buffer[:numel], op, self.comm.size, tensor.shape)
+        return _result(buffer[:numel].copy(), op, self.comm.size, tensor.shape)
 
     def _separate(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
-        """Sum ``tensor`` from where it lies into a new tensor (every rank's signature agreed)."""
-        np_dtype, mpi_type = FAST_DTYPES[tensor.dtype]
-        values = np.empty(tensor.numel(), dtype=np_dtype)
+        """Sum ``tensor`` from where it lies into the kept buffer, and copy it out (every rank's signature agreed)."""
+        values = self._kept(tensor.dtype, tensor.numel())
+        mpi_type = FAST_DTYPES[tensor.dtype][1]
         self._blocking_sum(SUM, [_host(tensor), mpi_type], [values, mpi_type])
-        return _result(values, op, self.comm.size, tensor.shape)
+        return _result(values.copy(), op, self.comm.size, tensor.shape)
 
 
 def _host(tensor: torch.Tensor) -> np.ndarray[Any, Any]:
