@@ -23,7 +23,7 @@ from mpisolve.comm.reusable import reusable_sum
 
 CROSSOVER = 16 * 1024
 BELOW, ABOVE = CROSSOVER // 4 - 8, CROSSOVER // 4 + 8  # float32 elements either side of it
-SIZES = pytest.mark.ranks(2, 3, 4)
+SIZES = pytest.mark.ranks(2, 3, 4, 5, 8)
 
 
 def fresh(monkeypatch: pytest.MonkeyPatch, min_bytes: str | None) -> Communicator:
