@@ -10,6 +10,9 @@
 #      benches, the hierarchical path against flat MPI;
 #   4. bench step at 4 ranks: the allreduce solver's training step against DDP on gloo, MLP and ResNet-18;
 #   5. bench adasum --compare-paths at 2, 4, 8 ranks: Adasum on the node path against its message path.
+# (bash perf/node_aware.sh paths [RUN] runs only the path-selection sweeps: bench sweep at 2, 4, 8
+# ranks and on the 2x2 and 2x3 emulated clusters, each in its own hold of ${PERF_LOCK}, the default
+# crossovers; -> perf/results/node_aware/paths/RUN/sweep_*.json, *.csv and the ratio tables in run.log.)
 # Then perf/node_aware_model.py fits the performance model's node level to step 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +39,26 @@ sweep() {  # sweep NAME MPIEXEC-ARGS...
     bench "$name" "$@" -- sweep --ops mpi,bucketed,sum --min-bytes 4K --max-bytes 64M --factor 4 \
         --repeats 30 --small-repeats 200 --csv "$OUT/$name.csv"
 }
+paths_sweep() {  # paths_sweep LAYOUT RUN: the path-selection sweep of one layout
+    local dir="paths/$2" launch=()
+    mkdir -p "$OUT/$dir"
+    case "$1" in
+        n*) launch=(-n "${1#n}") ;;
+        2x*) launch=("${CLUSTER[@]}" -hosts "nodeA:${1#2x},nodeB:${1#2x}" -n $((2 * ${1#2x}))) ;;
+    esac
+    bench "$dir/sweep_$1" "${launch[@]}" -- sweep --ops mpi,bucketed,sum --min-bytes 4K --max-bytes 64M --factor 4 \
+        --repeats 20 --small-repeats 200 --csv "$OUT/$dir/sweep_$1.csv"
+}
 case "${1:-all}" in
+    paths)
+        run="${2:-$(date -u +%Y-%m-%dT%H%M)}"
+        for layout in n2 n4 n8 2x2 2x3; do
+            if [ -n "${PERF_LOCK:-}" ]; then flock "$PERF_LOCK" bash "$0" paths-one "$layout" "$run"; else bash "$0" paths-one "$layout" "$run"; fi
+        done
+        ;;
+    paths-one)
+        paths_sweep "$2" "$3"
+        ;;
     all)
         for step in n4 n8 n2 2x2 2x3 adasum; do held "$step"; done
         "$PY" perf/node_aware_model.py

@@ -27,6 +27,10 @@ if torch.cuda.is_available():
 else:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
+# Node-shared sums from the first byte: the suite's small models and tensors exercise the node
+# path as large ones take it; the tests of the crossover itself set it (MPISOLVE_NODE_SHM_MIN_BYTES).
+os.environ.setdefault("MPISOLVE_NODE_SHM_MIN_BYTES", "0")
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ranks(*sizes): run this MPI test only at these world sizes")

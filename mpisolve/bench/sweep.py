@@ -5,8 +5,10 @@ and each operation:
 
 - ``mpi``: one blocking ``MPI_Allreduce`` (sum) from a send to a receive buffer, as
   osu_allreduce does: the MPI library's own figure.
-- ``sum``, ``average``: ``mpisolve.allreduce([t], op=...)``, the functional collective
-  (fuse, nonblocking allreduce, watchdogged wait, unfuse).
+- ``sum``, ``average``: ``mpisolve.allreduce(t, op=...)`` of the one tensor, the functional
+  collective (below the node-shared crossover one checked blocking allreduce,
+  :mod:`mpisolve.comm.onetensor`; above it fused into a node-shared window, or a
+  nonblocking allreduce with a watchdogged wait).
 - ``bucketed``: the solvers' gradient path, ``GradientBuckets.finish()`` (averaging) on one
   bucket (a persistent allreduce, then the average).
 - ``adasum``: ``mpisolve.allreduce([t], op="adasum")`` (in the default ``--ops`` wherever the
@@ -19,6 +21,9 @@ falls on all of them alike and their ratios hold. The
 latency is the median over repeats of the slowest rank's time for one call; the
 bandwidths are nccl-tests': ``algbw = bytes / time`` and
 ``busbw = algbw * 2(n-1)/n`` (the bytes each rank's links carry in a ring allreduce).
+With ``mpi`` among the operations, rank 0 also prints on stderr each other operation's
+latency over ``mpi``'s at every size, naming the layout (nodes, ranks per node), and the
+JSON holds them (``ratios``): the per-layout tables of docs/studies/node-aware.md.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +42,7 @@ from mpi4py import MPI
 from ..comm.buckets import GradientBuckets
 from ..comm.collectives import REDUCE_OPS, allreduce
 from ..comm.communicator import Communicator, mpi_buffer
+from ..comm.ops import allreduce as one_allreduce
 from ..options import InputError
 from . import interleaved_medians, write_csv
 
@@ -135,8 +142,8 @@ def make_case(op: str, numel: int, comm: Communicator) -> Case:
             want = pattern * (mine + 1)
         out: list[torch.Tensor] = []
 
-        def functional() -> None:
-            out[:] = allreduce([data], op=op, comm=comm)
+        def functional() -> None:  # one tensor, as users call it (Adasum's list: its functional path)
+            out[:] = allreduce([data], op=op, comm=comm) if op == "adasum" else [one_allreduce(data, op=op, comm=comm)]
 
         return Case(functional, lambda: out[0], want)
     param = torch.nn.Parameter(torch.zeros_like(data))  # op == "bucketed"
@@ -197,6 +204,10 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
             )
     if args.csv and comm.rank == 0:
         write_csv(args.csv, rows, CSV_FIELDS)
+    layout = f"{comm.nodes} node(s) x {comm.local_size} ranks" if comm.nodes > 1 else f"one node, {comm.size} ranks"
+    ratios = ratios_to_mpi(rows)
+    if ratios and comm.rank == 0:
+        print(ratio_table(layout, ratios), file=sys.stderr, flush=True)
     # The machine's 1-minute load (this run's own ranks included) before and after: a
     # load well above the rank count means other work shared the cores and the figures.
     return {
@@ -205,5 +216,36 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         "mpi_library": comm.library_version(),
         "load_average": [load_before, os.getloadavg()[0]],
         "ops": ops,
+        "layout": layout,
+        "nodes": comm.nodes,
+        "ranks_per_node": comm.local_size,
+        "ratios": ratios,
         "rows": rows,
     }
+
+
+def ratios_to_mpi(rows: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
+    """Each operation's latency over flat MPI's (``mpi``) at each size; empty without ``mpi``."""
+    mpi = {row["bytes"]: row["latency_us"] for row in rows if row["op"] == "mpi"}
+    ratios: dict[str, dict[int, float]] = {}
+    for row in rows:
+        if row["op"] != "mpi" and row["bytes"] in mpi:
+            ratios.setdefault(row["op"], {})[row["bytes"]] = row["latency_us"] / mpi[row["bytes"]]
+    return ratios
+
+
+def ratio_table(layout: str, ratios: dict[str, dict[int, float]]) -> str:
+    """The ratios as a text table: a row per size, a column per operation (``*``: slower than MPI)."""
+    ops = list(ratios)
+    sizes = sorted({size for by_size in ratios.values() for size in by_size})
+    lines = [
+        f"bench sweep, {layout}: latency / flat MPI_Allreduce",
+        "bytes".rjust(10) + "".join(f"{op:>12}" for op in ops),
+    ]
+    for size in sizes:
+        cells = []
+        for op in ops:
+            ratio = ratios[op].get(size)
+            cells.append("-" if ratio is None else f"{ratio:.2f}x" + ("*" if ratio > 1 else " "))
+        lines.append(f"{size:>10}" + "".join(f"{cell:>12}" for cell in cells))
+    return "\n".join(lines)

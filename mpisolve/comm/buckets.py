@@ -23,7 +23,7 @@ from .communicator import MPI_TYPES, Communicator
 from .engine import Reusable
 from .readback import Readback, write_finite_probe
 from .reusable import reusable_allreduce, reusable_sum
-from .shm import NodeSumReducer, node_group, takes
+from .shm import NodeSumReducer, node_group, node_path, takes
 
 #: A single tensor under this many bytes is packed by one torch copy: the fused kernel's fixed
 #: cost would lose there, and from a few MB on it copies faster (docs/studies/benchmarks.md).
@@ -394,8 +394,10 @@ class GradientBuckets:
 
     **Node-shared buckets**: with the default sum or ``weighted`` (not half precision:
     there sum_r n_r g_r would overflow before the division), CPU parameters MPI takes
-    directly and more than one rank per node (:func:`.shm.node_group`; off with
-    ``Communicator(node_shm=False)`` or ``MPISOLVE_NODE_SHM=0``), each bucket is summed in
+    directly, more than one rank per node (:func:`.shm.node_group`; off with
+    ``Communicator(node_shm=False)`` or ``MPISOLVE_NODE_SHM=0``) and gradients of at least
+    the group's crossover in all (:func:`.shm.node_path`; smaller ones take MPI's path, faster
+    there), each bucket is summed in
     a node-shared window (:class:`.shm.NodeSumReducer`): the node's ranks sum as soon as
     all have written the bucket (the average's ``1 / ranks`` fused into the sum), nodes
     exchange by MPI, and the tally rides in the first bucket's round in float64 rows of
@@ -465,7 +467,12 @@ class GradientBuckets:
         if self.alone:
             plan_buckets(ordered, bucket_bytes)  # the same checks of bucket_bytes
             self.reducer: BucketReducer = Unreduced()
-        elif group is not None and all(takes(comm, p) for p in self.params) and not (weighted and half):
+        elif (
+            node_path(group, sum(p.numel() * p.element_size() for p in self.params))
+            and all(takes(comm, p) for p in self.params)
+            and not (weighted and half)
+        ):
+            assert group is not None  # node_path says there is one
             self.node = NodeSumReducer(group, 1.0 / comm.size if average else 1.0, self.TALLY)
             self.reducer = self.node
         elif reducer is not None:

@@ -255,6 +255,15 @@ class Communicator:
                 check()
             comm = comm._parent
 
+    def has_interrupts(self) -> bool:
+        """Whether waits here run :attr:`interrupts` (of this communicator or one it was split from)."""
+        comm: Communicator | None = self
+        while comm is not None:
+            if comm.interrupts:
+                return True
+            comm = comm._parent
+        return False
+
     def blocking(self, what: str, target: int | None = None) -> BlockingCall:
         """A context for one call MPI offers only as blocking (``with comm.blocking("MPI_Win_lock", 2): ...``).
 
@@ -353,6 +362,10 @@ class Communicator:
             if not posting.posted:
                 self._queued.remove(posting)
                 posting.posted = True
+
+    def has_queued(self) -> bool:
+        """Whether an operation started here waits to be posted (:meth:`flush` waits for it)."""
+        return bool(self._queued)
 
     def flush(self, what: str) -> None:
         """Wait until every operation started here has been posted (before a call MPI offers only as blocking)."""

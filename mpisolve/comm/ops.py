@@ -37,11 +37,11 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..options import CollectiveInputError
 from .collectives import _adasum, _packed
 from .collectives import allreduce as float_allreduce
 from .communicator import Communicator, Posting, as_communicator, mpi_buffer
 from .device import Stager
+from .onetensor import TensorMismatchError, one_tensor
 
 KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "join")
 REDUCTIONS = ("sum", "average", "min", "max", "product", "adasum")
@@ -91,10 +91,6 @@ _HEADER = _DIMS + CLEAR_DIMS
 #: whose values fit in what its sizes leave of these slots carries them here too (inline).
 META = 64
 RECORD = _HEADER + META
-
-
-class TensorMismatchError(CollectiveInputError):
-    """Ranks called a collective with tensors, reductions or roots that do not match (raised on every rank)."""
 
 
 def _hash(value: object) -> int:
@@ -837,8 +833,17 @@ def allreduce(
     ``"product"``, or ``"adasum"`` (floats). Floating-point sums, averages and Adasum take
     the fused, node-aware path of :func:`.collectives.allreduce`; other dtypes and
     reductions are checked across ranks first (:class:`TensorMismatchError` on every
-    rank when shapes or dtypes differ). The inputs are untouched.
+    rank when shapes or dtypes differ), and so is a sum or average of one CPU tensor, which
+    below the node-shared crossover is one blocking ``MPI_Allreduce`` (:mod:`.onetensor`).
+    The inputs are untouched.
     """
+    if isinstance(tensors, torch.Tensor) and op in ("sum", "average") and tensors.is_floating_point():
+        if tensors.device.type == "cpu":
+            comm = as_communicator(comm)
+            if comm.size > 1:
+                summed = one_tensor(comm).allreduce(tensors, op)
+                if summed is not None:
+                    return summed
     given, single = _one_or_list(tensors)
     if op not in REDUCTIONS:
         raise ValueError(f"op must be one of {', '.join(map(repr, REDUCTIONS))}; got {op!r}")

@@ -2,7 +2,7 @@
 
 :func:`reusable_sum`, :func:`reusable_allreduce` and :func:`reusable_bcast` return a
 :class:`~.engine.Reusable` (``start``, ``test``, ``wait``, ``free``) and pick who runs it:
-a node-shared sum where it applies (CPU tensors, several ranks per node: :mod:`.shm`),
+a node-shared sum where it applies (CPU tensors from the crossover up, several ranks per node: :mod:`.shm`),
 the communicator's torch.distributed engine where it takes the tensor (NCCL for device
 tensors, or gloo: :mod:`.engine`), else MPI (persistent collectives, direct or staged).
 The caller never learns which answered. Collective: every rank asks in the same order.
@@ -14,7 +14,7 @@ import torch
 
 from .communicator import Communicator
 from .engine import Reusable, TorchCollective
-from .shm import NodePersistentAllreduce, node_group, takes
+from .shm import NodePersistentAllreduce, node_group, node_path, takes
 
 
 def reusable_sum(comm: Communicator, tensor: torch.Tensor) -> Reusable:
@@ -23,7 +23,7 @@ def reusable_sum(comm: Communicator, tensor: torch.Tensor) -> Reusable:
     Several of them in flight: complete them in the same order on every rank (node-shared
     rounds need it; see :mod:`.shm`'s "Completion order")."""
     group = node_group(comm)
-    if group is not None and takes(comm, tensor):
+    if group is not None and takes(comm, tensor) and node_path(group, tensor.numel() * tensor.element_size()):
         return NodePersistentAllreduce(group, tensor)
     return reusable_allreduce(comm, tensor, "sum")
 

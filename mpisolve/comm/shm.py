@@ -49,10 +49,20 @@ staged: ``MPISOLVE_STAGE=1`` emulates a GPU's path) on a communicator with more 
 rank per node and the same number on every node; it is off with ``MPISOLVE_NODE_SHM=0`` or
 ``Communicator(node_shm=False)``. Otherwise callers use the plain MPI path
 (:func:`persistent_sum` makes that choice).
+
+**By size.** Below a crossover (:attr:`NodeGroup.min_bytes`: by layout, one node or several,
+from the measurements of docs/studies/node-aware.md, or ``MPISOLVE_NODE_SHM_MIN_BYTES``) a
+sum takes flat MPI, as MPI libraries pick an algorithm by size: across nodes one
+``MPI_Allreduce`` on the whole communicator costs less there than the node-shared round and
+the exchange after it. ``mpisolve.allreduce`` of one tensor has a crossover of its own
+(:attr:`NodeGroup.one_shot_min_bytes`; its node-shared sum copies in and out). The crossovers
+are agreed when the group is made (the largest any rank asks for), so ranks summing the same
+bytes take the same path (:func:`node_path`).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Sequence
@@ -71,6 +81,16 @@ if TYPE_CHECKING:
 
 #: Buffers of at most this many bytes take the latency path (docs/studies/node-aware.md).
 LATENCY_MAX_BYTES = 64 * 1024
+
+#: The smallest reusable sum (a gradient bucket, a solver's sum), in bytes, that goes through
+#: node-shared memory, by layout (one node, several nodes); smaller ones take flat MPI, which is
+#: faster there: the crossovers of docs/studies/node-aware.md. ``MPISOLVE_NODE_SHM_MIN_BYTES``
+#: sets it, and :data:`ONE_SHOT_MIN_BYTES`, on every layout.
+NODE_MIN_BYTES = {False: 0, True: 1024 * 1024}
+#: The same for ``mpisolve.allreduce`` of one tensor, whose node-shared sum copies in and out
+#: (below it: one blocking ``MPI_Allreduce``, :mod:`.onetensor`).
+ONE_SHOT_MIN_BYTES = 4 * 1024 * 1024
+MIN_BYTES_ENV = "MPISOLVE_NODE_SHM_MIN_BYTES"
 
 #: How many more times a wait checks the local ranks' counters in compiled code, between two
 #: polls of its watchdogged loop, under the "spin" wait policy (a few microseconds to tens).
@@ -166,6 +186,11 @@ class NodeGroup:
         self.unposted: list[NodeAllreduce] = []
         self.lock = threading.RLock()  # a progress thread may drive rounds beside the main thread
         self._one_shot: dict[tuple[int, torch.dtype], NodeAllreduce] = {}
+        #: Sums smaller than this many bytes take flat MPI (:func:`node_path`; set by :func:`node_group`,
+        #: the same on every rank).
+        self.min_bytes = 0
+        #: The same for ``mpisolve.allreduce`` of one tensor (:mod:`.onetensor`).
+        self.one_shot_min_bytes = 0
         comm.on_free(self.free)
 
     def free(self) -> None:
@@ -217,7 +242,7 @@ def node_group(comm: Communicator) -> NodeGroup | None:
     """
     if comm in _GROUPS:
         return _GROUPS[comm]
-    mine = (comm.local_size, comm.node_shm, comm.stage_all)
+    mine = (comm.local_size, comm.node_shm, comm.stage_all, asked_min_bytes())
     views = comm.allgather_object(mine) if comm.size > 1 else [mine]
     for i, choice in ((1, "node-shared sums (MPISOLVE_NODE_SHM, Communicator(node_shm=...))"), (2, STAGE_CHOICE)):
         on = [rank for rank, view in enumerate(views) if view[i]]
@@ -230,8 +255,34 @@ def node_group(comm: Communicator) -> NodeGroup | None:
     # The gloo engine takes every reusable sum (it is how that engine is tested without a GPU).
     applies = comm.node_shm and comm.engine != "gloo" and comm.local_size > 1 and min(sizes) == max(sizes)
     group = NodeGroup(comm) if applies else None
+    if group is not None:
+        asked = [view[3] for view in views if view[3] is not None]
+        # The largest any rank asks for: every rank holds the same crossovers, so takes the same path.
+        group.min_bytes = max(asked) if asked else NODE_MIN_BYTES[group.nodes > 1]
+        group.one_shot_min_bytes = max(asked) if asked else ONE_SHOT_MIN_BYTES
     _GROUPS[comm] = group
     return group
+
+
+def asked_min_bytes() -> int | None:
+    """The crossover ``MPISOLVE_NODE_SHM_MIN_BYTES`` asks for on this rank (None: the layout's default)."""
+    text = os.environ.get(MIN_BYTES_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{MIN_BYTES_ENV} must be a byte count >= 0, got {text!r}")
+    return value
+
+
+def node_path(group: NodeGroup | None, nbytes: int) -> bool:
+    """Whether a sum of ``nbytes`` goes through node-shared memory: a group, and at least its crossover.
+
+    ``group.min_bytes`` is the same on every rank, so ranks summing alike take one path."""
+    return group is not None and nbytes >= group.min_bytes
 
 
 def takes(comm: Communicator, tensor: torch.Tensor) -> bool:
@@ -529,6 +580,8 @@ def kept_sums(
         return None
     if any(numel == 0 for numel, _, _ in buffers):
         return None  # an empty buffer: MPI's path, which sums zero elements
+    if not node_path(group, sum(numel * dtype.itemsize for numel, dtype, _ in buffers)):
+        return None  # a small call: flat MPI's path is faster
     if len({(numel, dtype) for numel, dtype, _ in buffers}) < len(buffers):
         return None  # two buffers alike in one call: MPI's path (one window each would be kept)
     ops = [group.reusable(numel, dtype) for numel, dtype, _ in buffers]

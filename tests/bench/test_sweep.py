@@ -36,6 +36,26 @@ def test_sweep_rows_and_csv(tmp_path_factory):
     with open(path, newline="") as f:
         written = list(csv.DictReader(f))
     assert [(int(r["bytes"]), r["op"]) for r in written] == [(r["bytes"], r["op"]) for r in result["rows"]]
+    # Each op's ratio to flat MPI at every size, with the layout it was measured on.
+    assert result["nodes"] == comm.nodes and result["ranks_per_node"] == comm.local_size
+    latency = {(r["op"], r["bytes"]): r["latency_us"] for r in result["rows"]}
+    assert set(result["ratios"]) == set(result["ops"]) - {"mpi"}
+    for op, by_size in result["ratios"].items():
+        assert by_size == {s: pytest.approx(latency[op, s] / latency["mpi", s]) for s in sizes}
+
+
+def test_ratio_table_marks_the_sizes_where_a_path_is_slower_than_mpi():
+    rows = [
+        {"op": op, "bytes": size, "latency_us": latency}
+        for size, mpi, bucketed in ((4096, 10.0, 5.0), (65536, 20.0, 30.0))
+        for op, latency in (("mpi", mpi), ("bucketed", bucketed))
+    ]
+    ratios = sweep.ratios_to_mpi(rows)
+    assert ratios == {"bucketed": {4096: 0.5, 65536: 1.5}}
+    lines = sweep.ratio_table("one node, 2 ranks", ratios).splitlines()
+    assert lines[0] == "bench sweep, one node, 2 ranks: latency / flat MPI_Allreduce"
+    assert lines[2].split() == ["4096", "0.50x"] and lines[3].split() == ["65536", "1.50x*"]
+    assert sweep.ratios_to_mpi([r for r in rows if r["op"] != "mpi"]) == {}
 
 
 @pytest.mark.mpi(min_size=2)

@@ -1,0 +1,178 @@
+"""Sums picked by size: below the crossover flat MPI, above it node-shared memory; one tensor's fast path.
+
+Every rank must take the same path for a sum of the same bytes, whatever crossover it asks
+for (``MPISOLVE_NODE_SHM_MIN_BYTES`` differing between ranks: the largest is agreed), and the
+sums are exact on both sides of the crossover (integers in float32, numpy's sum as the
+oracle). ``mpisolve.allreduce`` of one CPU tensor (:mod:`mpisolve.comm.onetensor`) gives what
+the general path gives, and ranks whose tensors differ get :class:`TensorMismatchError` on
+every rank, with nothing left hanging: the next call works. Also run on the emulated 2-node
+cluster (``make test-cluster``), where the layout's own crossover applies.
+"""
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+import mpisolve
+from mpisolve.comm import onetensor, shm
+from mpisolve.comm.buckets import GradientBuckets
+from mpisolve.comm.collectives import allreduce as general_allreduce
+from mpisolve.comm.communicator import Communicator
+from mpisolve.comm.reusable import reusable_sum
+
+CROSSOVER = 16 * 1024
+BELOW, ABOVE = CROSSOVER // 4 - 8, CROSSOVER // 4 + 8  # float32 elements either side of it
+SIZES = pytest.mark.ranks(2, 3, 4, 5, 8)
+
+
+def fresh(monkeypatch: pytest.MonkeyPatch, min_bytes: str | None) -> Communicator:
+    """A communicator of every rank whose node group reads ``min_bytes`` (None: the layout's default)."""
+    if min_bytes is None:
+        monkeypatch.delenv(shm.MIN_BYTES_ENV, raising=False)
+    else:
+        monkeypatch.setenv(shm.MIN_BYTES_ENV, min_bytes)
+    return Communicator(MPI.COMM_WORLD.Dup())
+
+
+def inputs(comm: Communicator, numel: int, round_: int = 0) -> tuple[torch.Tensor, np.ndarray]:
+    """This rank's input (small integers: every sum order is exact) and numpy's sum over the ranks."""
+
+    def of(rank: int) -> np.ndarray:
+        return np.random.default_rng(100 * round_ + rank).integers(-50, 50, numel).astype(np.float32)
+
+    total = np.sum([of(r) for r in range(comm.size)], axis=0, dtype=np.float32)
+    return torch.from_numpy(of(comm.rank)), total
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@SIZES
+def test_ranks_asking_for_different_crossovers_agree_on_the_largest_and_take_one_path(monkeypatch):
+    asked = CROSSOVER // 2 * (1 + MPI.COMM_WORLD.Get_rank() % 2)  # two crossovers among the ranks
+    comm = fresh(monkeypatch, str(asked))
+    group = shm.node_group(comm)
+    if group is None:  # one rank per node: every sum is MPI's
+        pytest.skip("node-shared sums do not apply to this layout")
+    assert group.min_bytes == group.one_shot_min_bytes == CROSSOVER
+    for numel in (BELOW, ABOVE):
+        tensor, total = inputs(comm, numel)
+        buffer = tensor.clone()
+        op = reusable_sum(comm, buffer)
+        kinds = comm.comm.allgather(type(op).__name__)
+        assert len(set(kinds)) == 1, kinds
+        assert (kinds[0] == "NodePersistentAllreduce") == (numel * 4 >= CROSSOVER)
+        for _ in range(2):
+            buffer.copy_(tensor)  # the sum is in place: the input again for the next round
+            op.start()
+            op.wait()
+            np.testing.assert_array_equal(buffer.numpy(), total)
+        op.free()
+    comm.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@SIZES
+@pytest.mark.parametrize("numel", [BELOW, ABOVE])
+def test_gradient_buckets_sum_exactly_on_either_side_of_the_crossover(numel, monkeypatch):
+    comm = fresh(monkeypatch, str(CROSSOVER))
+    grad, total = inputs(comm, numel)
+    param = torch.nn.Parameter(torch.zeros(numel))
+    grads = GradientBuckets([param], comm, bucket_bytes=10**6, average=False)
+    on_node = grads.node is not None
+    assert len(set(comm.comm.allgather(on_node))) == 1
+    assert on_node == (shm.node_group(comm) is not None and numel * 4 >= CROSSOVER)
+    for _ in range(2):
+        grads.rearm()
+        assert param.grad is not None
+        param.grad.copy_(grad)
+        grads.finish()
+        np.testing.assert_array_equal(param.grad.numpy(), total)
+    grads.close()
+    comm.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@SIZES
+@pytest.mark.parametrize("min_bytes", [str(CROSSOVER), None])
+def test_one_tensor_sums_match_numpy_and_the_general_path_on_every_size(min_bytes, monkeypatch):
+    comm = fresh(monkeypatch, min_bytes)
+    sizes = [1, BELOW, ABOVE, onetensor.INLINE_MAX_BYTES // 4 + 3, 300_000]
+    for round_, numel in enumerate(sizes * 2):  # twice: each signature agreed, then from its agreement
+        tensor, total = inputs(comm, numel, round_)
+        shaped = tensor.view(1, numel) if round_ % 2 else tensor
+        summed = mpisolve.allreduce(shaped, op="sum", comm=comm)
+        assert summed.shape == shaped.shape and summed.dtype == torch.float32
+        np.testing.assert_array_equal(summed.reshape(-1).numpy(), total)
+        averaged = mpisolve.allreduce(shaped, op="average", comm=comm)
+        (general,) = general_allreduce([shaped], op="average", comm=comm)
+        torch.testing.assert_close(averaged, general)  # same division of the same exact sum
+        torch.testing.assert_close(averaged.reshape(-1), torch.from_numpy(total / comm.size))
+    double = torch.arange(5, dtype=torch.float64, requires_grad=True)
+    twice = mpisolve.allreduce(double, op="sum", comm=comm)
+    assert twice.dtype == torch.float64 and not twice.requires_grad
+    torch.testing.assert_close(twice, torch.arange(5, dtype=torch.float64) * comm.size)
+    half = mpisolve.allreduce(torch.ones(3, dtype=torch.bfloat16), op="sum", comm=comm)  # the general path
+    assert half.dtype == torch.bfloat16 and half.tolist() == [comm.size] * 3
+    comm.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@SIZES
+def test_one_tensor_mismatches_raise_on_every_rank_and_the_next_call_works(monkeypatch):
+    comm = fresh(monkeypatch, str(CROSSOVER))
+    rank = comm.rank
+    ones = torch.ones(BELOW)
+    big = torch.ones(onetensor.INLINE_MAX_BYTES // 4 + 3)
+    cases = [
+        lambda: torch.ones(BELOW + rank),  # elements (none agreed yet)
+        lambda: torch.ones(BELOW + rank),  # again (the inline signature agreed since)
+        lambda: torch.ones(BELOW).view(2, -1) if rank else ones,  # shape, same elements
+        lambda: torch.ones(BELOW, dtype=torch.float64 if rank else torch.float32),  # dtype
+        lambda: torch.ones(10**6 + rank),  # past the crossover: the general path's signature
+        lambda: torch.ones(big.numel() + rank),  # summed from where they lie
+        lambda: ones if rank else torch.ones(10**6),  # one rank on the fast path, another past it
+    ]
+    agreements = [ones, ones, ones, ones, torch.ones(10**6), big, ones]
+    for case, agreed in zip(cases, agreements):
+        mpisolve.allreduce(agreed, op="sum", comm=comm)  # the signature every rank agrees on first
+        with pytest.raises(mpisolve.TensorMismatchError, match="differ: rank 0 has"):
+            mpisolve.allreduce(case(), op="sum", comm=comm)
+        assert mpisolve.allreduce(agreed, op="sum", comm=comm).eq(comm.size).all()
+    with pytest.raises(mpisolve.TensorMismatchError, match=r"\(sum\)"):  # reductions
+        mpisolve.allreduce(ones, op="sum" if rank else "average", comm=comm)
+    # Alike signatures, but one rank's tensor is not contiguous: every rank takes the general path.
+    strided = torch.ones(2 * BELOW)[::2] if rank == 0 else ones
+    assert mpisolve.allreduce(strided, op="sum", comm=comm).eq(comm.size).all()
+    assert onetensor.one_tensor(comm).agreed == ((torch.float32, (BELOW,), "sum"), onetensor.GENERAL, BELOW)
+    assert mpisolve.allreduce(ones, op="sum", comm=comm).eq(comm.size).all()
+    comm.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+def test_a_communicator_whose_waits_drive_other_work_keeps_the_general_path(monkeypatch):
+    """No blocking call there (abs-sgd's round moves only from its ranks' waits): no agreement either."""
+    comm = fresh(monkeypatch, str(CROSSOVER))
+    comm.interrupts.append(lambda: None)
+    tensor, total = inputs(comm, BELOW)
+    np.testing.assert_array_equal(mpisolve.allreduce(tensor, op="sum", comm=comm).numpy(), total)
+    assert onetensor.one_tensor(comm).agreed is None
+    comm.interrupts.clear()
+    np.testing.assert_array_equal(mpisolve.allreduce(tensor, op="sum", comm=comm).numpy(), total)
+    assert onetensor.one_tensor(comm).agreed == ((torch.float32, (BELOW,), "sum"), onetensor.INLINE, BELOW)
+    comm.free()
+
+
+def test_a_crossover_that_is_not_a_byte_count_is_refused(monkeypatch):
+    for bad in ("-1", "16K", "lots"):
+        monkeypatch.setenv(shm.MIN_BYTES_ENV, bad)
+        with pytest.raises(ValueError, match="MPISOLVE_NODE_SHM_MIN_BYTES must be a byte count"):
+            shm.asked_min_bytes()
+    monkeypatch.setenv(shm.MIN_BYTES_ENV, "65536")
+    assert shm.asked_min_bytes() == 65536
+    monkeypatch.delenv(shm.MIN_BYTES_ENV)
+    assert shm.asked_min_bytes() is None
