@@ -15,8 +15,8 @@ not pass with its first message, and the two extra runs' counts.
 
 ``examples TREE``: what Horovod's examples/pytorch scripts use of ``hvd`` (every
 ``hvd.<name>`` and the keywords of every call), looked up in ``mpisolve.horovod``: the
-names it lacks and the keywords its functions do not take (the scripts themselves need
-torchvision and downloaded data sets, which this machine cannot install or fetch).
+names it lacks and the keywords its functions do not take (perf/horovod_examples.sh runs
+the scripts themselves).
 """
 
 from __future__ import annotations
