@@ -15,8 +15,8 @@ not pass with its first message, and the two extra runs' counts.
 
 ``examples TREE``: what Horovod's examples/pytorch scripts use of ``hvd`` (every
 ``hvd.<name>`` and the keywords of every call), looked up in ``mpisolve.horovod``: the
-names it lacks and the keywords its functions do not take (the scripts themselves need
-torchvision and downloaded data sets, which this machine cannot install or fetch).
+names it lacks and the keywords its functions do not take (perf/horovod_examples.sh runs
+the scripts themselves).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from pathlib import Path
 
 FILES = ["test_torch.py", "test_adasum_pytorch.py"]
 #: One rank's pytest under mpiexec: each test's outcome written as it ends (perf/horovod_standin/suite_log.py).
-RANK = 'HOROVOD_SUITE_LOG="$1" exec "$0" -m mpi4py -m pytest -p no:cacheprovider -p suite_log -q --timeout=300 \
---timeout-method=thread "${@:2}"'
+RANK = 'HOROVOD_SUITE_LOG="$1" exec "$0" -m mpi4py -m pytest -p no:cacheprovider -p suite_log -q --rootdir=. \
+--timeout=300 --timeout-method=thread "${@:2}"'
 
 Outcome = tuple[str, str]  # (passed | failed | skipped | no result, first line of its message)
 
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> None:
     out = args.out / f"n{args.ranks}"
     out.mkdir(parents=True, exist_ok=True)
     listed = subprocess.run(
-        [args.python, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *FILES],
+        [args.python, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir=.", "--collect-only", "-q", *FILES],
         cwd=args.tests,
         capture_output=True,
         text=True,
@@ -91,6 +91,8 @@ def run(args: argparse.Namespace) -> None:
         runs += 1
         left = [i for i in ids if i not in done]
         results = pytest_run(args, out / f"run{runs}", ["-x", *left])
+        if not results:  # no test started on any rank: pytest itself failed (see the log)
+            raise SystemExit(f"no test ran: {out / f'run{runs}.log'}")
         progressed = False
         for test in left:
             outcome = combined(results.get(test, []), args.ranks)
