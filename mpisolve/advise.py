@@ -11,13 +11,11 @@ Under ``mpiexec``, every rank at once measures, for ``--model`` on micro-batches
   fused buckets, as in a training step; the ``bench allreduce`` code);
 
 both medians over ``--repeats`` (each repeat timed by its slowest rank), and their
-ratio ``compute_s / allreduce_s``. The rule comes from the study ``perf/easgd.sh``
-(docs/studies/easgd-async.md), measured at 4 ranks with a device emulated per rank:
-``ea-wild`` reached the target sooner than ``allreduce`` on the workload of the lower
-ratio (the MLP, communication-bound) and later on the higher one (the CNN,
-compute-bound), as the EA-wild paper found on GPU clusters. So a ratio below
-:data:`EA_WILD_BELOW` (between the two measured ratios) recommends ``ea-wild``, any
-higher ``allreduce``. ``--threshold`` replaces it (a study of your own cluster). Rank 0
+ratio ``compute_s / allreduce_s``. Where communication dominates (a low ratio), ``ea-wild``,
+which never waits for the others, reaches a target sooner than ``allreduce``; where
+computation dominates, ``allreduce`` does, as the EA-wild paper found. So a ratio below
+:data:`EA_WILD_BELOW` (set by the study ``perf/easgd.sh``: docs/studies/easgd-async.md)
+recommends ``ea-wild``, any higher ``allreduce``. ``--threshold`` replaces it (a study of your own cluster). Rank 0
 prints the figures, the rule and the recommendation (``--json``: one JSON object).
 """
 
@@ -30,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from .options import InputError
+from .errors import InputError
 
 if TYPE_CHECKING:
     from .comm.communicator import Communicator

@@ -13,17 +13,7 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
-
-class InputError(ValueError):
-    """Bad user input (a name, a value, a file): reported as one line, exit status 2."""
-
-
-class CollectiveInputError(InputError):
-    """Bad input that every rank has agreed on (``Communicator.agree``): the job can end cleanly."""
-
-
-class OptionError(InputError):
-    """A solver option is unknown, of the wrong type, or out of range."""
+from .errors import OptionError
 
 
 def require(condition: bool, message: str) -> None:

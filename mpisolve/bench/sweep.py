@@ -36,7 +36,7 @@ from mpi4py import MPI
 from ..comm.buckets import GradientBuckets
 from ..comm.collectives import REDUCE_OPS, allreduce
 from ..comm.communicator import Communicator, mpi_buffer
-from ..options import InputError
+from ..errors import InputError
 from . import interleaved_medians, write_csv
 
 #: Operations every mpisolve has; "adasum" joins when the functional collective offers it.

@@ -28,7 +28,7 @@ from typing import Any, TypeVar, cast, overload
 import torch
 from mpi4py import MPI
 
-from ..options import CollectiveInputError, InputError
+from ..errors import CollectiveInputError, CommTimeout, InputError
 from .device import Stager, detect_cuda_aware, detect_stage_all, host_twin, local_device
 from .engine import TorchGroup, rank_facts, resolve_engine
 
@@ -61,10 +61,6 @@ WATCH_INTERVAL_S = 0.1
 #: Between a rank's error message (the watchdog's, an uncaught exception's) and its abort:
 #: lets mpiexec forward it before tearing the job down.
 ABORT_GRACE_S = 0.5
-
-
-class CommTimeout(RuntimeError):
-    """A collective or window operation did not complete within the watchdog timeout."""
 
 
 def mpi_buffer(tensor: torch.Tensor) -> list[Any]:
@@ -450,6 +446,25 @@ class Communicator:
         sub = cast(
             MPI.Intracomm, self.comm.Split(MPI.UNDEFINED if color is None else color, self.rank if key is None else key)
         )
+        return self._adopt(sub, name)
+
+    def dup(self, *, name: Any = None) -> Communicator:
+        """A duplicate of this communicator: the same ranks in the same order, its own message space (collective).
+
+        Collectives on it never match those on this one, so a component (a solver, the
+        trainer) can run its own alongside others'. ``name`` works as in :meth:`split`.
+        """
+        if name is not None and name in self._named_splits:
+            child = self._named_splits[name]
+            assert child is not None  # a duplicate always includes this rank
+            return child
+        self.flush("dup")
+        child = self._adopt(self.comm.Dup(), name)
+        assert child is not None
+        return child
+
+    def _adopt(self, sub: MPI.Intracomm, name: Any) -> Communicator | None:
+        """Wrap ``sub``, made from this communicator, with the same policies; :meth:`free` frees it."""
         child = None
         if sub != MPI.COMM_NULL:
             child = Communicator(

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..options import CollectiveInputError
+from ..errors import TensorMismatchError
 from .collectives import _adasum, _packed
 from .collectives import allreduce as float_allreduce
 from .communicator import Communicator, Posting, as_communicator, mpi_buffer
@@ -91,10 +91,6 @@ _HEADER = _DIMS + CLEAR_DIMS
 #: whose values fit in what its sizes leave of these slots carries them here too (inline).
 META = 64
 RECORD = _HEADER + META
-
-
-class TensorMismatchError(CollectiveInputError):
-    """Ranks called a collective with tensors, reductions or roots that do not match (raised on every rank)."""
 
 
 def _hash(value: object) -> int:
@@ -154,9 +150,9 @@ class TensorOps:
 
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm
-        self.hdr = comm.split(0, name="ops.header")
-        self.data = comm.split(0, name="ops.data")
-        self.ctl = comm.split(0, name="ops.barrier")
+        self.hdr = comm.dup(name="ops.header")
+        self.data = comm.dup(name="ops.data")
+        self.ctl = comm.dup(name="ops.barrier")
         self._pending: list[Pending] = []
         self._names: set[str] = set()
         self.rounds = 0  # header rounds negotiated here: the same count on every rank

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from mpi4py import MPI
 
-from ..options import OptionError
+from ..errors import OptionError
 
 #: How often a progress thread calls into MPI.
 PROGRESS_INTERVAL_S = 5e-4

@@ -62,7 +62,7 @@ from typing import Literal
 import torch
 from mpi4py import MPI
 
-from ..options import OptionError
+from ..errors import OptionError
 from .communicator import MPI_TYPES, Communicator, mpi_buffer
 from .device import Stager
 from .progress import ProgressThread, require_async_progress

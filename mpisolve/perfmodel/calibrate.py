@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..options import InputError
+from ..errors import InputError
 from .network import Algorithm, Network, adasum_allreduce, window_exchange
 
 #: Columns a sweep CSV must have.

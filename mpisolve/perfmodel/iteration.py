@@ -36,7 +36,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..options import InputError, build_options, parse_option, require
+from ..errors import InputError
+from ..options import build_options, parse_option, require
 from .network import Network, adasum_allreduce, allgather, window_exchange
 from .workloads import Workload
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..options import InputError
+from ..errors import InputError
 
 
 @dataclass(frozen=True)

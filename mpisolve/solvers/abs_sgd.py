@@ -33,8 +33,8 @@ flight :data:`STALL_ROUNDS` times as long as the recent rounds took (at least
 :data:`STALL_MIN_S`; :data:`STALL_FIRST_S` before any round completed): the rank goes on
 computing micro-batches into its next round, past the bound, until that round completes.
 
-The paper's full text was not available: the rule above is reconstructed from its
-abstract, and its open choices are the options below. Three defaults make it converge
+The rule above follows the paper's abstract; the choices it leaves open are the options
+below. Three defaults make it converge
 wherever synchronous SGD does (docs/solvers/abs-sgd.md derives them, docs/studies/abs-sgd.md
 measures them):
 
@@ -69,12 +69,12 @@ from torch.amp import GradScaler
 
 from ..comm.buckets import FusedBuffer, wire_dtype
 from ..comm.closing import CloseNotices
-from ..comm.communicator import CommTimeout
 from ..comm.engine import Reusable
 from ..comm.progress import ProgressThread, require_async_progress
 from ..comm.readback import Readback, write_finite_probe
 from ..comm.reusable import reusable_sum
 from ..comm.shm import NodePersistentAllreduce
+from ..errors import CommTimeout, UnsupportedModelError
 from ..options import option, require
 from .base import Solver, StepInfo, register
 from .lb_bsp import measure_speeds, proportional_batches
@@ -217,7 +217,7 @@ class ABSSGD(Solver):
             require_async_progress(self.options.progress)
         kinds = {(p.dtype, p.device) for p in self.params}
         if len(kinds) != 1:
-            raise TypeError(
+            raise UnsupportedModelError(
                 f"abs-sgd needs trainable parameters of one dtype on one device, got {sorted(map(str, kinds))}"
             )
         dtype, device = kinds.pop()
@@ -243,7 +243,7 @@ class ABSSGD(Solver):
             self._weights = FusedBuffer(shapes, dtype, device)
             self._weights.pack([p.detach() for p in self.params])
             self._last_update = FusedBuffer(shapes, dtype, device)
-        self._control = self.comm.split(0, name="abs-sgd close")  # close()'s agreement, apart from the rounds
+        self._control = self.comm.dup(name="abs-sgd close")  # close()'s agreement, apart from the rounds
         # A rank that stops early announces it, so that a bounded round stops waiting for its
         # contribution (close() then evens the ranks' rounds).
         self._closings = CloseNotices(self.comm, lambda: None, self.name, "rounds") if self.comm.size > 1 else None

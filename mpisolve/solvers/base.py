@@ -39,10 +39,11 @@ from mpi4py import MPI
 from torch.amp import GradScaler
 
 from ..comm.buckets import GradientBuckets, Reduction
-from ..comm.closing import CloseNotices, UnevenSteps
+from ..comm.closing import CloseNotices
 from ..comm.communicator import Communicator, as_communicator
 from ..comm.state import BufferBroadcast, broadcast_module_and_optimizer, check_same_model
-from ..options import OptionError, build_options, option, options_to_dict
+from ..errors import OptionError, UnevenSteps
+from ..options import build_options, option, options_to_dict
 from .nonfinite import NonFiniteGuard, NonFinitePolicy, all_finite
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -176,11 +177,9 @@ class Solver(ABC):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         self.options = build_options(self.name, self.Options, options)
-        # The solver's own communicator (a split of the one given): its collectives never
+        # The solver's own communicator (a duplicate of the one given): its collectives never
         # interleave with the user's or another solver's, whatever order those come in.
-        private = as_communicator(comm).split(0)
-        assert private is not None
-        self.comm = private
+        self.comm = as_communicator(comm).dup()
         self.model = model
         self.optimizer = optimizer
         self.params = [p for p in model.parameters() if p.requires_grad]

@@ -57,8 +57,9 @@ from ..comm.progress import threads_multiple
 from ..comm.readback import wait_event
 from ..comm.reusable import reusable_sum
 from ..comm.windows import Layout, LocalVector, Progress, SharedVector, check_progress
+from ..errors import OptionError, UnsupportedModelError
 from ..kernels.elastic import elastic_exchange_
-from ..options import OptionError, option, require
+from ..options import option, require
 from .base import Solver, StepInfo, collective_round, register
 
 
@@ -176,10 +177,10 @@ def flatten_parameters(
     dtypes = {p.dtype for p in params}
     if len(dtypes) != 1 or not dtypes <= {torch.float32, torch.float64}:
         found = ", ".join(sorted(map(str, dtypes)))
-        raise OptionError(f"{who} needs parameters of one dtype, float32 or float64; got {found}")
+        raise UnsupportedModelError(f"{who} needs parameters of one dtype, float32 or float64; got {found}")
     devices = {p.device for p in params}
     if len(devices) != 1:
-        raise OptionError(f"{who} needs parameters on one device; got {', '.join(sorted(map(str, devices)))}")
+        raise UnsupportedModelError(f"{who} needs parameters on one device; got {', '.join(sorted(map(str, devices)))}")
     flat = FusedBuffer([p.shape for p in params], params[0].dtype, params[0].device, extra=extra)
     flat.pack([p.detach() for p in params])
     for p, view in zip(params, flat.views):

@@ -21,7 +21,8 @@ from torch.amp import GradScaler
 
 from ..comm.buckets import GradientBuckets
 from ..comm.communicator import Communicator
-from ..options import OptionError, option, require
+from ..errors import OptionError
+from ..options import option, require
 from .base import BucketSolver, StepInfo, SynchronousOptions, collective_round, register
 
 

@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from mpisolve.options import InputError
+from mpisolve.errors import InputError
 from mpisolve.perfmodel.calibrate import fit_adasum_gamma, fit_network, fit_window, read_sweep, read_window_bench
 from mpisolve.perfmodel.network import Network, adasum_allreduce, window_exchange
 

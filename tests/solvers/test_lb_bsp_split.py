@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from mpisolve.options import OptionError
+from mpisolve.errors import OptionError
 from mpisolve.solvers.lb_bsp import parse_speeds, proportional_batches
 
 

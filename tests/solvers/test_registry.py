@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import mpisolve
-from mpisolve.options import OptionError
+from mpisolve.errors import OptionError
 
 
 def test_allreduce_is_registered():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import mpisolve
-from mpisolve.options import CollectiveInputError
+from mpisolve.errors import CollectiveInputError
 from mpisolve.solvers import Solver, StepInfo, base
 from mpisolve.train.checkpoint import CheckpointDir
 from mpisolve.train.compare import SOLVER_FIELDS, compare, table

@@ -39,15 +39,16 @@ from ...comm.buckets import GradientBuckets
 from ...comm.communicator import Communicator
 from ...comm.readback import read, write_finite_probe
 from ...comm.reusable import reusable_allreduce
+from ...errors import OptionError, UnsupportedModelError
 from ...kernels.inverse import FAILED, RECOVERED, eigh_psd_, inverse_spd_
 from ...kernels.triangle import triangle_numel, unpack_triu_
-from ...options import OptionError, option, require
+from ...options import option, require
 from ..base import BucketSolver, StepInfo, SynchronousOptions, collective_round, register
 from . import placement
 from .exchange import FactorExchange
 from .factors import find_layers
 from .fusion import CommModel, measure_comm_model, plan_fusion, probe_sizes
-from .inversion import Inverter, duplicate, result_shapes
+from .inversion import Inverter, result_shapes
 from .layers import KFACLayer, factored_damping, precondition_matrix
 from .sharing import GradientSharing
 
@@ -214,7 +215,9 @@ class KFACSolver(BucketSolver):
             raise OptionError("kfac: the model has no Linear or Conv2d layer left to precondition")
         devices = {s.module.weight.device for s in specs}
         if len(devices) > 1:
-            raise ValueError(f"kfac: preconditioned layers are on several devices: {sorted(map(str, devices))}")
+            raise UnsupportedModelError(
+                f"kfac: preconditioned layers are on several devices: {sorted(map(str, devices))}"
+            )
         dtype = torch.float32
         for s in specs:
             if s.module.weight.dtype not in (torch.float16, torch.bfloat16):
@@ -236,7 +239,7 @@ class KFACSolver(BucketSolver):
         )
         # Factor traffic has its own communicator: its collectives, started from forward and
         # backward hooks, never have to be ordered against the gradient buckets'.
-        self.factor_comm = duplicate(self.comm)
+        self.factor_comm = self.comm.dup()
         self.group_comm = self._split(self.group)
         self.row_comm = self._split(rank // len(self.groups))
         self.factor_comm.barrier("K-FAC clock")

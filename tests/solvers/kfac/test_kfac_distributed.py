@@ -384,7 +384,7 @@ def test_inverter_places_inverts_and_shares_results(method, fuse):
     shifts = [0.1 * (i + 1) for i in range(len(dims))]
     packed = [i % 2 == 1 for i in range(len(dims))]  # inverses broadcast as triangles or in full
     inverter = Inverter(
-        comm.split(0),
+        comm.dup(),
         factors,
         range(len(dims)),
         owners,
