@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import InputError
-from ..options import build_options, parse_option, require
+from ..options import BucketOptions, LocalStepsOptions, build_options, parse_option, require, with_default
 from .network import Network, adasum_allreduce, allgather, window_exchange
 from .workloads import Workload
 
@@ -80,27 +80,7 @@ class Iteration:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BucketOptions:
-    """``bucket_mb``: gradient bucket size (each bucket is one allreduce)."""
-
-    bucket_mb: float = 25.0
-
-    def __post_init__(self) -> None:
-        require(math.isfinite(self.bucket_mb) and self.bucket_mb > 0, f"bucket_mb must be > 0, got {self.bucket_mb}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExchangeOptions:
-    """``tau``: local steps between exchanges."""
-
-    tau: int = 4
-
-    def __post_init__(self) -> None:
-        require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class WindowOptions(ExchangeOptions):
+class WindowOptions(LocalStepsOptions):
     """``layout``: "sharded" (each rank owns a slice of the shared vector) or "server" (rank 0)."""
 
     layout: Literal["sharded", "server"] = "sharded"
@@ -108,7 +88,9 @@ class WindowOptions(ExchangeOptions):
 
 @dataclass(frozen=True, kw_only=True)
 class EveryStepWindowOptions(WindowOptions):
-    tau: int = 1
+    """The window of the solvers that push every step by default."""
+
+    tau: int = with_default(LocalStepsOptions, "tau", 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,7 +154,7 @@ def _adasum(case: Case, options: BucketOptions) -> tuple[float, float]:
     )
 
 
-def _easgd(case: Case, options: ExchangeOptions) -> tuple[float, float]:
+def _easgd(case: Case, options: LocalStepsOptions) -> tuple[float, float]:
     return 0.0, case.net.allreduce(case.p, case.grad_bytes) / options.tau
 
 
@@ -220,8 +202,8 @@ MODELS: dict[str, tuple[Callable[[Case, Any], tuple[float, float]], type]] = {
     "allreduce": (_allreduce, BucketOptions),
     "abs-sgd": (_allreduce, BucketOptions),
     "adasum": (_adasum, BucketOptions),
-    "easgd": (_easgd, ExchangeOptions),
-    "local-sgd": (_easgd, ExchangeOptions),  # an allreduce of the parameters every tau steps
+    "easgd": (_easgd, LocalStepsOptions),
+    "local-sgd": (_easgd, LocalStepsOptions),  # an allreduce of the parameters every tau steps
     "lb-bsp": (_allreduce, BucketOptions),  # batch sizes balance the ranks' compute; the exchange is allreduce's
     "async-sgd": (_window(locked=True), EveryStepWindowOptions),
     "async-msgd": (_window(locked=True), EveryStepWindowOptions),

@@ -70,19 +70,18 @@ from torch.amp import GradScaler
 from ..comm.buckets import FusedBuffer, wire_dtype
 from ..comm.closing import CloseNotices
 from ..comm.engine import Reusable
-from ..comm.progress import ProgressThread, require_async_progress
+from ..comm.progress import Progress, ProgressThread, check_progress
 from ..comm.readback import Readback, write_finite_probe
 from ..comm.reusable import reusable_sum
 from ..comm.shm import NodePersistentAllreduce
 from ..errors import CommTimeout, UnsupportedModelError
-from ..options import option, require
-from .base import Solver, StepInfo, register
+from ..options import MeasureOptions, option, require
+from .base import CommonOptions, Solver, StepInfo, register
 from .lb_bsp import measure_speeds, proportional_batches
 from .nonfinite import all_finite
 
 Trigger = Literal["collective", "window", "samples"]
 LRScaling = Literal["none", "linear", "sqrt"]
-ProgressMode = Literal["poll", "thread", "mpich"]
 MicroBatch = Literal["adaptive", "speed", "fixed"]
 
 #: Rounds of measured speeds whose per-rank median sets the adaptive split (one slow round does not move it).
@@ -101,7 +100,7 @@ MOMENTUM_FLOOR = 1e-3
 
 
 @dataclass(frozen=True, kw_only=True)
-class ABSSGDOptions:
+class ABSSGDOptions(MeasureOptions, CommonOptions):
     """When a round ends, how an update follows the delay and the round's batch, who moves
     MPI along, how large each rank's micro-batches are (docs/solvers/abs-sgd.md)."""
 
@@ -123,10 +122,10 @@ class ABSSGDOptions:
         "the global batch lr_scaling and momentum_correction compare an update's with (default: the first "
         "update's, synchronous SGD's global batch)",
     )
-    progress: ProgressMode = option(
+    progress: Progress = option(
         "thread",
-        "who moves the allreduce along while the rank computes: a thread testing it every progress_ms; 'poll': "
-        "step()'s tests only; 'mpich': MPICH's own thread (launch with MPICH_ASYNC_PROGRESS=1)",
+        "who moves the allreduce along while the rank computes: a thread testing it every progress_ms; 'mpich': "
+        "MPICH's own thread (launch with MPICH_ASYNC_PROGRESS=1); 'none': step()'s tests only",
     )
     progress_ms: float = option(1.0, "the progress thread's interval, in milliseconds")
     micro_batch: MicroBatch = option(
@@ -134,7 +133,6 @@ class ABSSGDOptions:
         "each rank's micro-batch: synchronous SGD's global batch split by the speeds every rank measures, split "
         "again as they change; 'speed': split once; 'fixed': the configured size everywhere",
     )
-    measure_batches: int = option(3, "timed micro-batches whose median gives each rank's speed at the start")
     weight_prediction: float = option(
         1.5,
         "delay compensation c: a round's gradients are computed at w + c * (the last update); 0: at w, the rule "
@@ -152,6 +150,7 @@ class ABSSGDOptions:
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require(
             math.isfinite(self.progress_ms) and self.progress_ms > 0, f"progress_ms must be > 0, got {self.progress_ms}"
         )
@@ -178,7 +177,6 @@ class ABSSGDOptions:
             self.reference_batch is None or self.reference_batch >= 1,
             f"reference_batch must be >= 1, got {self.reference_batch}",
         )
-        require(self.measure_batches >= 1, f"measure_batches must be >= 1, got {self.measure_batches}")
         require(
             self.max_round_batches is None or self.max_round_batches >= 1,
             f"max_round_batches must be >= 1 or None, got {self.max_round_batches}",
@@ -204,7 +202,7 @@ def corrected_momentum(momentum: float, ratio: float, delay: int = 1) -> float:
 
 
 @register
-class ABSSGD(Solver):
+class ABSSGD(Solver[ABSSGDOptions]):
     """Delayed synchronous SGD with an adaptive batch size: no worker waits for another."""
 
     name = "abs-sgd"
@@ -213,8 +211,7 @@ class ABSSGD(Solver):
     tolerates_uneven = True
 
     def setup(self) -> None:
-        if self.options.progress != "poll":
-            require_async_progress(self.options.progress)
+        check_progress(self.options.progress)
         kinds = {(p.dtype, p.device) for p in self.params}
         if len(kinds) != 1:
             raise UnsupportedModelError(
@@ -358,7 +355,7 @@ class ABSSGD(Solver):
                     f"on rank {self.comm.rank} of {self.comm.size} (watchdog; set MPISOLVE_TIMEOUT to change it)"
                 )
             return False
-        if self.options.trigger == "window":
+        if self.options.window_s is not None:  # trigger="window" (the options give both or neither)
             return time.perf_counter() - self._posted_at >= self.options.window_s
         return True
 
@@ -398,7 +395,8 @@ class ABSSGD(Solver):
         if self.options.micro_batch == "adaptive" and self.batch_sizes is not None:
             self._resplit(list(values[1:-1]))
         total = int(round(values[0]))
-        if self._carry is not None and total < self.options.min_samples:
+        least = self.options.min_samples  # trigger="samples" (the options give both or neither)
+        if self._carry is not None and least is not None and total < least:
             return False, 0
         if total == 0:  # an empty round (only from close): nothing to apply
             return False, 0

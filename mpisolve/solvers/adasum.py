@@ -21,27 +21,27 @@ from ..comm.adasum import AdasumReducer
 from ..comm.buckets import Bucket, FusedBuffer, GradientBuckets, plan_buckets
 from ..comm.communicator import Communicator
 from ..comm.reusable import reusable_sum
-from ..options import option, require
+from ..options import BucketOptions, choices, option, require_choice
 from .base import Solver, StepInfo, SynchronousOptions, collective_round, register
 from .nonfinite import all_finite
 
-MODES = ("delta", "gradient")
+Mode = Literal["delta", "gradient"]
+MODES = choices(Mode)
 
 
 @dataclass(frozen=True, kw_only=True)
-class AdasumOptions(SynchronousOptions):
+class AdasumOptions(BucketOptions, SynchronousOptions):
     """What Adasum combines, and in which units."""
 
-    mode: Literal["delta", "gradient"] = option(
+    mode: Mode = option(
         "delta",
         "delta: each rank takes its local optimizer step and the model deltas are combined (Horovod's); "
         "gradient: the gradients are combined during backward, then one optimizer step",
     )
-    bucket_mb: float = option(25.0, "size of the fused buckets reduced as units, in MB (10^6 bytes)")
 
     def __post_init__(self) -> None:
-        require(self.mode in MODES, f"mode must be one of {', '.join(map(repr, MODES))}, got {self.mode!r}")
-        require(self.bucket_mb > 0, f"bucket_mb must be > 0, got {self.bucket_mb}")
+        super().__post_init__()
+        require_choice("mode", self.mode, Mode)
 
 
 class DeltaBuckets:
@@ -109,7 +109,7 @@ class DeltaBuckets:
 
 
 @register
-class AdasumSolver(Solver):
+class AdasumSolver(Solver[AdasumOptions]):
     """Data-parallel training with Adasum in place of the average (Maleki et al., MLSys 2021).
 
     Adasum combines two ranks' updates g1, g2 per tensor as

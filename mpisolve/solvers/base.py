@@ -32,7 +32,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import torch
 from mpi4py import MPI
@@ -43,7 +43,7 @@ from ..comm.closing import CloseNotices
 from ..comm.communicator import Communicator, as_communicator
 from ..comm.state import BufferBroadcast, broadcast_module_and_optimizer, check_same_model
 from ..errors import OptionError, UnevenSteps
-from ..options import build_options, option, options_to_dict
+from ..options import Options, build_options, option, options_to_dict
 from .nonfinite import NonFiniteGuard, NonFinitePolicy, all_finite
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -84,8 +84,9 @@ class Joined:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CommonOptions:
-    """Options every solver takes, besides its own (see :mod:`mpisolve.solvers.nonfinite`)."""
+class CommonOptions(Options):
+    """Options every solver takes: every solver's options dataclass derives from this one
+    (see :mod:`mpisolve.solvers.nonfinite`)."""
 
     nonfinite: NonFinitePolicy = option(
         "raise",
@@ -95,7 +96,7 @@ class CommonOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SynchronousOptions:
+class SynchronousOptions(CommonOptions):
     """Options of the solvers whose ranks hold one model (allreduce, adasum, lb-bsp, kfac).
 
     ``broadcast_buffers``: one nonblocking broadcast of rank 0's buffers is started after
@@ -127,20 +128,16 @@ def collective_round(method: F) -> F:
     return cast(F, in_round)
 
 
-def with_common_options(own: type) -> type:
-    """``own`` (a solver's options dataclass) extended by :class:`CommonOptions`' fields."""
-    if issubclass(own, CommonOptions):
-        return own
-    namespace = {"__doc__": own.__doc__, "__module__": own.__module__, "__qualname__": own.__qualname__}
-    return dataclass(frozen=True, kw_only=True)(type(own.__name__, (CommonOptions, own), namespace))
+#: A solver's options dataclass.
+OptionsT = TypeVar("OptionsT", bound=CommonOptions)
 
 
-class Solver(ABC):
-    """The interface every mpisolve solver implements."""
+class Solver(ABC, Generic[OptionsT]):
+    """The interface every mpisolve solver implements, generic in its options dataclass ``OptionsT``."""
 
     name: ClassVar[str]
-    #: The solver's options dataclass; a subclass's own is extended by :class:`CommonOptions`.
-    Options: ClassVar[type] = CommonOptions
+    #: The solver's options dataclass (``OptionsT``): it derives from :class:`CommonOptions`.
+    Options: ClassVar[type[CommonOptions]] = CommonOptions
     #: True when every rank's ``step`` returns the same sequence of applied updates with
     #: the same ``global_samples`` (counted over all ranks): synchronous rounds, or
     #: ABS-SGD's delayed rounds, however many micro-batches each rank computes per round.
@@ -160,11 +157,6 @@ class Solver(ABC):
     #: the ranks' models differ by design (EASGD's workers; its result is the center).
     joins_to_one_model: ClassVar[bool] = True
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "Options" in cls.__dict__:
-            cls.Options = with_common_options(cls.Options)
-
     def __init__(
         self,
         model: torch.nn.Module,
@@ -176,7 +168,7 @@ class Solver(ABC):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        self.options = build_options(self.name, self.Options, options)
+        self.options: OptionsT = cast(OptionsT, build_options(self.name, self.Options, options))
         # The solver's own communicator (a duplicate of the one given): its collectives never
         # interleave with the user's or another solver's, whatever order those come in.
         self.comm = as_communicator(comm).dup()
@@ -204,7 +196,8 @@ class Solver(ABC):
         self._verdict: str | None = None
         buffers = [b for b in model.buffers() if b.numel() > 0]
         self._buffers: BufferBroadcast | None = None
-        if getattr(self.options, "broadcast_buffers", False) and buffers and self.comm.size > 1:
+        synchronous = isinstance(self.options, SynchronousOptions) and self.options.broadcast_buffers
+        if synchronous and buffers and self.comm.size > 1:
             self._buffers = BufferBroadcast(buffers, self.comm)
         self._notices: CloseNotices | None = None
         if not self.tolerates_uneven and self.comm.size > 1:
@@ -625,7 +618,7 @@ class Solver(ABC):
         self.close()
 
 
-class BucketSolver(Solver):
+class BucketSolver(Solver[OptionsT]):
     """A solver whose gradients live in :class:`GradientBuckets` (``self.grads``, made in
     ``setup``) and are reduced while backward runs: zeroing, accumulation, early completion,
     uneven inputs and closing are the buckets' (``allreduce``, ``lb-bsp``, ``kfac``)."""

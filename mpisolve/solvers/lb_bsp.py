@@ -22,7 +22,7 @@ from torch.amp import GradScaler
 from ..comm.buckets import GradientBuckets
 from ..comm.communicator import Communicator
 from ..errors import OptionError
-from ..options import option, require
+from ..options import BucketOptions, MeasureOptions, option, require
 from .base import BucketSolver, StepInfo, SynchronousOptions, collective_round, register
 
 
@@ -77,7 +77,7 @@ def measure_speeds(
 
 
 @dataclass(frozen=True, kw_only=True)
-class LBBSPOptions(SynchronousOptions):
+class LBBSPOptions(MeasureOptions, BucketOptions, SynchronousOptions):
     """How the ranks' speeds are known, and the gradient buckets."""
 
     speeds: str = option(
@@ -85,18 +85,15 @@ class LBBSPOptions(SynchronousOptions):
         "measure: time micro-batches with the loop's probe (after one warm-up, the median); "
         "or relative speeds, one per rank (1,1,1,0.25)",
     )
-    measure_batches: int = option(3, "timed micro-batches per rank when speeds are measured")
-    bucket_mb: float = option(25.0, "size of the fused gradient buckets, in MB (10^6 bytes), as for allreduce")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.speeds != "measure":
             parse_speeds(self.speeds)
-        require(self.measure_batches >= 1, f"measure_batches must be >= 1, got {self.measure_batches}")
-        require(self.bucket_mb > 0, f"bucket_mb must be > 0, got {self.bucket_mb}")
 
 
 @register
-class LBBSP(BucketSolver):
+class LBBSP(BucketSolver[LBBSPOptions]):
     """Synchronous SGD with static speed-proportional micro-batches and sample-weighted averaging."""
 
     name = "lb-bsp"

@@ -22,8 +22,8 @@ from torch.amp import GradScaler
 
 from ..comm.buckets import HostTally
 from ..comm.reusable import reusable_sum
-from ..options import option, require
-from .base import Solver, StepInfo, collective_round, register
+from ..options import LocalStepsOptions
+from .base import CommonOptions, Solver, StepInfo, collective_round, register
 from .elastic import flatten_parameters
 
 #: Trailing elements of the averaged message: samples since the last average, ranks that
@@ -32,17 +32,12 @@ TALLY = 3
 
 
 @dataclass(frozen=True, kw_only=True)
-class LocalSGDOptions:
-    """How often the models are averaged."""
-
-    tau: int = option(4, "local steps between parameter averages (H); 4, as the EASGD family's exchange period")
-
-    def __post_init__(self) -> None:
-        require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
+class LocalSGDOptions(LocalStepsOptions, CommonOptions):
+    """How often the models are averaged: every ``tau`` local steps (H in the papers)."""
 
 
 @register
-class LocalSGD(Solver):
+class LocalSGD(Solver[LocalSGDOptions]):
     """Local SGD with periodic parameter averaging (one allreduce every ``tau`` steps)."""
 
     name = "local-sgd"

@@ -31,9 +31,9 @@ import torch
 from ..comm.communicator import Communicator
 from ..comm.readback import finite_probe, read
 from ..errors import NonFiniteError
+from ..options import require_choice
 
 NonFinitePolicy = Literal["raise", "skip", "ignore"]
-POLICIES: tuple[str, ...] = ("raise", "skip", "ignore")
 #: Under ``"skip"``, this many skipped steps in a row stop the job: the model has diverged.
 MAX_CONSECUTIVE_SKIPS = 100
 
@@ -50,8 +50,7 @@ class NonFiniteGuard:
     """One solver's non-finite policy: checks, the count of skipped steps, the error."""
 
     def __init__(self, policy: NonFinitePolicy, comm: Communicator, solver: str) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"nonfinite must be one of {', '.join(POLICIES)}, got {policy!r}")
+        require_choice("nonfinite", policy, NonFinitePolicy)
         self.policy = policy
         self.comm = comm
         self.solver = solver

@@ -42,7 +42,7 @@ from ...comm.reusable import reusable_allreduce
 from ...errors import OptionError, UnsupportedModelError
 from ...kernels.inverse import FAILED, RECOVERED, eigh_psd_, inverse_spd_
 from ...kernels.triangle import triangle_numel, unpack_triu_
-from ...options import option, require
+from ...options import BucketOptions, choices, option, require
 from ..base import BucketSolver, StepInfo, SynchronousOptions, collective_round, register
 from . import placement
 from .exchange import FactorExchange
@@ -52,13 +52,14 @@ from .inversion import Inverter, result_shapes
 from .layers import KFACLayer, factored_damping, precondition_matrix
 from .sharing import GradientSharing
 
-VARIANTS = ("d-kfac", "mpd-kfac", "spd-kfac")
+Variant = Literal["d-kfac", "mpd-kfac", "spd-kfac"]
+VARIANTS = choices(Variant)
 #: Largest message the communication-model probes send (elements); the fit extrapolates.
 PROBE_LIMIT = 1 << 22
 
 
 @dataclass(frozen=True, kw_only=True)
-class KFACOptions(SynchronousOptions):
+class KFACOptions(BucketOptions, SynchronousOptions):
     """Options of the "kfac" solver (docs/solvers/kfac.md gives the defaults' reasons).
 
     Knobs left at None take the variant's choice: ``fusion`` ("dynamic" for spd-kfac),
@@ -66,7 +67,7 @@ class KFACOptions(SynchronousOptions):
     ("never" for mpd-kfac, "auto" for spd-kfac), ``pack_triangles`` (True for spd-kfac).
     """
 
-    variant: Literal["d-kfac", "mpd-kfac", "spd-kfac"] = option(
+    variant: Variant = option(
         "spd-kfac", "how factor work is spread and communicated: d-kfac, mpd-kfac or spd-kfac (same parameters)"
     )
     method: Literal["eigen", "inverse"] = option(
@@ -89,7 +90,6 @@ class KFACOptions(SynchronousOptions):
         "own. The optimizer's lr is left alone",
     )
     skip: tuple | list = option((), "module names, class names or classes left unpreconditioned")
-    bucket_mb: float = option(25.0, "gradient bucket size in MB, as the allreduce solver's")
     grad_worker_fraction: float = option(
         1.0,
         "fraction of ranks that precondition each layer (KAISA's): 1 every rank; 1/ranks or 0 the rank that "
@@ -114,6 +114,7 @@ class KFACOptions(SynchronousOptions):
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not callable(self.damping):
             require(math.isfinite(self.damping) and self.damping > 0, f"damping must be > 0, got {self.damping}")
         require(0.0 <= self.factor_decay < 1.0, f"factor_decay must be in [0, 1), got {self.factor_decay}")
@@ -132,7 +133,6 @@ class KFACOptions(SynchronousOptions):
             require(self.lr >= 0, f"lr must be >= 0, got {self.lr}")
         for entry in self.skip:
             require(isinstance(entry, (str, type)), f"skip entries must be module names or classes, got {entry!r}")
-        require(self.bucket_mb > 0, f"bucket_mb must be > 0, got {self.bucket_mb}")
         require(
             0.0 <= self.grad_worker_fraction <= 1.0,
             f"grad_worker_fraction must be in [0, 1], got {self.grad_worker_fraction}",
@@ -202,7 +202,7 @@ def gradient_workers(fraction: float, ranks: int) -> int:
 
 
 @register
-class KFACSolver(BucketSolver):
+class KFACSolver(BucketSolver[KFACOptions]):
     """Distributed K-FAC (Martens and Grosse; KFC for convolutions) with the D-, MPD- and SPD-KFAC schemes."""
 
     name = "kfac"

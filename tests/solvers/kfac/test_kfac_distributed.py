@@ -11,8 +11,8 @@ import mpisolve
 from mpisolve.comm.communicator import Communicator
 from mpisolve.solvers.kfac import placement
 from mpisolve.solvers.kfac.placement import EVERY_RANK
+from mpisolve.solvers.kfac.solver import VARIANTS
 
-VARIANTS = ("d-kfac", "mpd-kfac", "spd-kfac")
 EXACT = dict(factor_decay=0.0, kl_clip=None, factor_update_steps=1, inv_update_steps=1)
 
 
