@@ -77,8 +77,8 @@ from ..comm.shm import NodePersistentAllreduce
 from ..errors import CommTimeout, UnsupportedModelError
 from ..options import MeasureOptions, option, require
 from .base import CommonOptions, Solver, StepInfo, register
-from .lb_bsp import measure_speeds, proportional_batches
 from .nonfinite import all_finite
+from .speeds import measure_speeds, proportional_batches
 
 Trigger = Literal["collective", "window", "samples"]
 LRScaling = Literal["none", "linear", "sqrt"]

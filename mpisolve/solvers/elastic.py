@@ -51,16 +51,17 @@ from typing import Any, ClassVar, Literal, TypeVar
 import torch
 from torch.amp import GradScaler
 
-from ..comm.buckets import FusedBuffer, HostTally
+from ..comm.buckets import HostTally
 from ..comm.device import Stager
 from ..comm.progress import Progress, check_progress, threads_multiple
 from ..comm.readback import wait_event
 from ..comm.reusable import reusable_sum
 from ..comm.windows import Layout, LocalVector, SharedVector
-from ..errors import OptionError, UnsupportedModelError
+from ..errors import OptionError
 from ..kernels.elastic import elastic_exchange_
 from ..options import LocalStepsOptions, Options, option, require, require_choice, with_default
 from .base import CommonOptions, Solver, StepInfo, collective_round, register
+from .flat import flatten_parameters
 
 
 # ------------------------------------------------------------------ options
@@ -158,28 +159,6 @@ class AsyncMEASGDOptions(MomentumOptions, AsyncEASGDOptions):
 
 
 # ------------------------------------------------------------------ pieces
-def flatten_parameters(
-    params: list[torch.nn.Parameter], *, who: str = "the EASGD family", extra: int = 0
-) -> torch.Tensor:
-    """Make ``params`` views into one flat tensor on their device (one copy, now) and return it.
-
-    ``extra`` trailing elements follow the parameters (e.g. a sample count that rides
-    along in the same message); ``who`` names the solver in errors.
-    """
-    dtypes = {p.dtype for p in params}
-    if len(dtypes) != 1 or not dtypes <= {torch.float32, torch.float64}:
-        found = ", ".join(sorted(map(str, dtypes)))
-        raise UnsupportedModelError(f"{who} needs parameters of one dtype, float32 or float64; got {found}")
-    devices = {p.device for p in params}
-    if len(devices) != 1:
-        raise UnsupportedModelError(f"{who} needs parameters on one device; got {', '.join(sorted(map(str, devices)))}")
-    flat = FusedBuffer([p.shape for p in params], params[0].dtype, params[0].device, extra=extra)
-    flat.pack([p.detach() for p in params])
-    for p, view in zip(params, flat.views):
-        p.data = view
-    return flat.flat
-
-
 class NesterovMomentum:
     """Nesterov momentum around any optimizer's step: v = mu v + delta; x += mu v."""
 

@@ -24,7 +24,7 @@ from ..comm.buckets import HostTally
 from ..comm.reusable import reusable_sum
 from ..options import LocalStepsOptions
 from .base import CommonOptions, Solver, StepInfo, collective_round, register
-from .elastic import flatten_parameters
+from .flat import flatten_parameters
 
 #: Trailing elements of the averaged message: samples since the last average, ranks that
 #: contributed their model, ranks still in their loops (every one, but under ``join()``).

@@ -12,7 +12,7 @@ from torch import nn
 import mpisolve
 from mpisolve.comm import shm
 from mpisolve.comm.communicator import Communicator
-from mpisolve.solvers.lb_bsp import proportional_batches
+from mpisolve.solvers.speeds import proportional_batches
 from mpisolve.train.config import TrainConfig
 from mpisolve.train.hetero import PRESETS
 from mpisolve.train.loop import train

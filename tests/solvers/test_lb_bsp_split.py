@@ -7,7 +7,7 @@ import random
 import pytest
 
 from mpisolve.errors import OptionError
-from mpisolve.solvers.lb_bsp import parse_speeds, proportional_batches
+from mpisolve.solvers.speeds import parse_speeds, proportional_batches
 
 
 def test_batches_follow_speed_and_sum_to_the_total():
