@@ -44,7 +44,7 @@ measures them):
   learning rate each update then costs that many more samples.
 - ``weight_prediction=1.5``: a round's micro-batches compute their gradients at the weights
   predicted for when the round is applied, ``w + c (w - w_before_last_update)``. The model
-  holds the predicted weights while it trains; :meth:`ABSSGD.evaluating`, ``close`` and
+  holds the predicted weights while it trains; :meth:`ABSSGDSolver.evaluating`, ``close`` and
   checkpoints keep the true ones.
 - ``momentum_correction=True``: a gradient one round late acts as one more round of
   momentum (Mitliagkas et al., 2016), so each update runs the optimizer's momentum lowered
@@ -202,13 +202,14 @@ def corrected_momentum(momentum: float, ratio: float, delay: int = 1) -> float:
 
 
 @register
-class ABSSGD(Solver[ABSSGDOptions]):
+class ABSSGDSolver(Solver[ABSSGDOptions]):
     """Delayed synchronous SGD with an adaptive batch size: no worker waits for another."""
 
     name = "abs-sgd"
     Options = ABSSGDOptions
     #: A rank may stop rounds before the others: ``close`` lets it catch up (see there).
     tolerates_uneven = True
+    round_per_step = False  # a round spans the micro-batches until the previous round's allreduce completes
 
     def setup(self) -> None:
         check_progress(self.options.progress)
@@ -306,14 +307,12 @@ class ABSSGD(Solver[ABSSGDOptions]):
         self._point_grads_at_views()
 
     # -------------------------------------------------------------------- step
-    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
+    def _step(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
         """Add this micro-batch to the round; apply last round's mean if its allreduce has completed.
 
         ``scaler``: the micro-batch's gradients are unscaled; a non-finite micro-batch is left
         out of the round (the scaler's skip); the rounds go on as usual.
         """
-        if self.closed:
-            raise RuntimeError("solver 'abs-sgd' is closed")
         started_at = self._forward_at  # this micro-batch's first training forward
         n = self.take_samples(batch_size)
         if n == 0:  # no micro-batch: nothing to add, and a round needs one
@@ -541,7 +540,7 @@ class ABSSGD(Solver[ABSSGDOptions]):
     def node_shared(self) -> bool:
         return self._drives_waits
 
-    def close(self) -> None:
+    def _free(self) -> None:
         """Collective: complete every round in flight, keep the ranks' models equal, free MPI resources.
 
         Ranks may stop one round apart (a rank posts round k + 1 once round k completed,
@@ -550,8 +549,6 @@ class ABSSGD(Solver[ABSSGDOptions]):
         the newest round with an empty contribution. The newest round, which no rank has
         applied, is dropped: the micro-batches computed in it are not applied.
         """
-        if self.closed:
-            return
         if self._thread is not None:
             self._thread.stop()
         if self._closings is not None:  # announced first: a rank waiting in a bounded round stops waiting
@@ -572,7 +569,6 @@ class ABSSGD(Solver[ABSSGDOptions]):
             round_.free()
         if self._weights is not None:
             self._hold_true_weights()  # the user's model ends at the true weights
-        super().close()
 
     def state_dict(self) -> dict[str, Any]:
         """Collective (every rank at the same applied update, as the trainer checkpoints).

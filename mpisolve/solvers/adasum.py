@@ -10,6 +10,7 @@ combined gradient, its state identical everywhere.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Literal
@@ -22,7 +23,7 @@ from ..comm.buckets import Bucket, FusedBuffer, GradientBuckets, plan_buckets
 from ..comm.communicator import Communicator
 from ..comm.reusable import reusable_sum
 from ..options import BucketOptions, choices, option, require_choice
-from .base import Solver, StepInfo, SynchronousOptions, collective_round, register
+from .base import Solver, StepInfo, SynchronousOptions, register
 from .nonfinite import all_finite
 
 Mode = Literal["delta", "gradient"]
@@ -162,8 +163,7 @@ class AdasumSolver(Solver[AdasumOptions]):
         backward: accumulation needs no context."""
         return self.grads.no_sync() if self.grads is not None else super().no_sync()
 
-    @collective_round
-    def synchronize(self, *, scaler: GradScaler | None = None) -> None:
+    def _synchronize(self, scaler: GradScaler | None) -> None:
         """Gradient mode: complete the gradients' Adasum. Delta mode: the gradients stay this
         rank's own (the local step needs them); the ranks agree whether all are finite (one
         1-element allreduce), and if not, with a scaler, make this rank's non-finite too,
@@ -181,8 +181,7 @@ class AdasumSolver(Solver[AdasumOptions]):
                 first.grad.view(-1)[:1].fill_(float("nan"))
         self._unscale(scaler)
 
-    @collective_round
-    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
+    def _step(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
         if self.grads is not None:
             return self._bucket_step(self.grads, batch_size, scaler, "combined gradients")
         self.synchronize(scaler=scaler)
@@ -224,14 +223,15 @@ class AdasumSolver(Solver[AdasumOptions]):
     def node_shared(self) -> bool:
         return self._reducer is not None and self._reducer.node_shared
 
-    def close(self) -> None:
-        if not self.closed:
-            if self.grads is not None:
-                self._end_rounds(busy=self.grads.in_flight, drain=self.grads.finish)
-                self.grads.close()
-            else:
-                self._end_rounds(busy=False, drain=None)
-                if self.deltas is not None:
-                    self.deltas.close()
-            self._tally_sum.free()
-        super().close()
+    def _round_in_flight(self) -> bool:
+        return self.grads is not None and self.grads.in_flight
+
+    def _drainer(self) -> Callable[[], object] | None:
+        return self.grads.finish if self.grads is not None else None
+
+    def _free(self) -> None:
+        if self.grads is not None:
+            self.grads.close()
+        elif self.deltas is not None:
+            self.deltas.close()
+        self._tally_sum.free()

@@ -8,7 +8,7 @@ from torch.amp import GradScaler
 
 from ..comm.buckets import GradientBuckets
 from ..options import BucketOptions
-from .base import BucketSolver, StepInfo, SynchronousOptions, collective_round, register
+from .base import BucketSolver, StepInfo, SynchronousOptions, register
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +44,5 @@ class AllreduceSolver(BucketSolver[AllreduceOptions]):
             average=True,
         )
 
-    @collective_round
-    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
+    def _step(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
         return self._bucket_step(self.grads, batch_size, scaler, "averaged gradients")

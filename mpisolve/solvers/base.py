@@ -112,18 +112,15 @@ class SynchronousOptions(CommonOptions):
 
 
 def collective_round(method: F) -> F:
-    """Marks a method whose waits belong to the solver's current collective round (``step``,
-    ``synchronize``): only there does another rank's ``close()`` interrupt a wait."""
+    """Marks a method whose waits belong to the solver's current collective round: only there
+    does another rank's ``close()`` interrupt a wait. ``step`` and ``synchronize`` are rounds
+    already where :attr:`Solver.round_per_step` says so; mark the methods that run a round
+    every few steps (an average, an exchange)."""
 
     @functools.wraps(method)
     def in_round(self: Solver, *args: Any, **kwargs: Any) -> Any:
-        if self._round_open:
+        with self._collective_round():
             return method(self, *args, **kwargs)
-        self._round_open = self._round_entered = True
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            self._round_open = False
 
     return cast(F, in_round)
 
@@ -152,6 +149,10 @@ class Solver(ABC, Generic[OptionsT]):
     tolerates_uneven: ClassVar[bool] = False
     #: What a collective round of this solver is called in messages.
     round_unit: ClassVar[str] = "steps"
+    #: True when every ``step`` (and ``synchronize``) is one collective round; False for solvers
+    #: whose rounds come every few steps (they mark those methods :func:`collective_round`) or
+    #: that have none the ranks take together.
+    round_per_step: ClassVar[bool] = True
     #: Whether ``join()`` ends by giving every rank the model (parameters and buffers) and the
     #: optimizer state of the last rank to join, as DDP's ``Join`` gives its model: False where
     #: the ranks' models differ by design (EASGD's workers; its result is the center).
@@ -268,7 +269,6 @@ class Solver(ABC, Generic[OptionsT]):
         torch's default, set to None, so that backward writes them afresh instead of adding to zeros."""
         self.optimizer.zero_grad()
 
-    @abstractmethod
     def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         """Combine work across ranks and maybe update the model.
 
@@ -280,6 +280,23 @@ class Solver(ABC, Generic[OptionsT]):
         normal skip, not an error) and steps through ``scaler.step``; call
         ``scaler.update()`` after it. Do not call ``scaler.unscale_`` or ``scaler.step``
         yourself.
+
+        Refused on a closed solver; a collective round where :attr:`round_per_step`; the
+        solver's own work is :meth:`_step`.
+        """
+        self._check_open("step")
+        if not self.round_per_step:
+            return self._step(batch_size, scaler)
+        with self._collective_round():
+            return self._step(batch_size, scaler)
+
+    @abstractmethod
+    def _step(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
+        """The solver's step (the hook :meth:`step` calls once the solver is known open).
+
+        It ends each collective round it completes with :meth:`_end_round` (the buffers'
+        broadcast starts, the round is counted) and a step that completes none with
+        :meth:`_end_step`; :meth:`_bucket_step` does all of it for a solver of gradient buckets.
         """
 
     def no_sync(self) -> AbstractContextManager[None]:
@@ -302,7 +319,32 @@ class Solver(ABC, Generic[OptionsT]):
         inspect. ``scaler``: also unscale them (the ranks' reduced gradients are equal,
         so every rank decides alike whether to skip). Call it on every rank.
         """
+        self._check_open("synchronize")
+        if not self.round_per_step:
+            self._synchronize(scaler)
+            return
+        with self._collective_round():
+            self._synchronize(scaler)
+
+    def _synchronize(self, scaler: GradScaler | None) -> None:
+        """The solver's :meth:`synchronize`; by default the gradients stay this rank's own, unscaled."""
         self._unscale(scaler)
+
+    def _check_open(self, call: str) -> None:
+        if self.closed:
+            raise RuntimeError(f"mpisolve {self.name}: {call}() on a closed solver (close() was called)")
+
+    @contextmanager
+    def _collective_round(self) -> Iterator[None]:
+        """The waits inside belong to the current collective round (nested: the outer one's)."""
+        if self._round_open:
+            yield
+            return
+        self._round_open = self._round_entered = True
+        try:
+            yield
+        finally:
+            self._round_open = False
 
     @contextmanager
     def join(self) -> Iterator[Joined]:
@@ -360,14 +402,34 @@ class Solver(ABC, Generic[OptionsT]):
 
         For the synchronous solvers the ranks first compare how many rounds they ran: if
         they differ (a rank stopped early without ``join()``), :class:`UnevenSteps` is
-        raised on every rank.
+        raised on every rank. A second call does nothing.
+
+        The sequence is this class's: the rounds compared (and a round some rank left in
+        flight, :meth:`_round_in_flight`, completed by :meth:`_drainer`'s function), then
+        the solver's own :meth:`_free`, then the hooks and the communicator released.
         """
-        if not self.closed:
-            self._remove_hooks()
-            self.closed = True
-            self.comm.free()
-            if self._verdict is not None:
-                raise UnevenSteps(self._verdict)
+        if self.closed:
+            return
+        self._end_rounds(busy=self._round_in_flight(), drain=self._drainer())
+        self._free()
+        self._remove_hooks()
+        self.closed = True
+        self.comm.free()
+        if self._verdict is not None:
+            raise UnevenSteps(self._verdict)
+
+    def _round_in_flight(self) -> bool:
+        """Whether this rank left a round's communication started and not complete (``close``)."""
+        return False
+
+    def _drainer(self) -> Callable[[], object] | None:
+        """What completes a round some rank left in flight, on every rank (``close``); None: this
+        solver starts and completes its collectives inside ``step``, so none is left in flight."""
+        return None
+
+    def _free(self) -> None:
+        """The solver's own end (collective, every rank's rounds complete): its last results
+        settled (a center loaded, a final round applied) and its MPI resources released."""
 
     def _remove_hooks(self) -> None:
         """The model's and the optimizer's hooks go with the solver (the optimizer may step alone after)."""
@@ -635,8 +697,7 @@ class BucketSolver(Solver[OptionsT]):
     def no_sync(self) -> AbstractContextManager[None]:
         return self.grads.no_sync()
 
-    @collective_round
-    def synchronize(self, *, scaler: GradScaler | None = None) -> None:
+    def _synchronize(self, scaler: GradScaler | None) -> None:
         """Complete the buckets' reduction now, into this rank's own copy (to clip or unscale in place).
 
         Whether the reduced gradients are finite is read with them, now: the step applies
@@ -647,15 +708,11 @@ class BucketSolver(Solver[OptionsT]):
     def _shadow_round(self) -> bool:
         return self._shadow_bucket_round(self.grads)
 
-    def close(self) -> None:
-        if not self.closed:
-            self._end_rounds(busy=self._in_flight(), drain=self._drain)
-            self._free()
-        super().close()
-
-    def _in_flight(self) -> bool:
-        """Whether this rank left a round's communication started and not complete."""
+    def _round_in_flight(self) -> bool:
         return self.grads.in_flight
+
+    def _drainer(self) -> Callable[[], object] | None:
+        return self._drain
 
     def _drain(self) -> None:
         """Complete a round some rank left in flight (``close``)."""

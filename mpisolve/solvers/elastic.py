@@ -190,6 +190,7 @@ class _LocalSteps(Solver[LocalT]):
     """
 
     lockstep = False
+    round_per_step = False  # the rounds, where there are any, are the exchanges (every tau steps)
 
     def setup(self) -> None:
         momentum = self.options.momentum if isinstance(self.options, MomentumOptions) else 0.0
@@ -213,9 +214,7 @@ class _LocalSteps(Solver[LocalT]):
     def _steps_taken(self) -> int:
         return self.steps
 
-    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
-        if self.closed:
-            raise RuntimeError(f"solver {self.name!r} is closed")
+    def _step(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
         self.poll()
         self._unscale(scaler)
         local = self.take_samples(batch_size)
@@ -303,7 +302,7 @@ def _resolve_alpha(options: EASGDOptions, optimizer: torch.optim.Optimizer, rank
 
 # ------------------------------------------------------------------ synchronous EASGD
 @register
-class EASGD(_LocalSteps[EASGDOptions]):
+class EASGDSolver(_LocalSteps[EASGDOptions]):
     """Synchronous EASGD: every ``tau`` steps each worker and the (replicated) center pull together.
 
     x_c += alpha sum_i (x_i - x_c) and x_i -= alpha (x_i - x_c), both from the old
@@ -372,15 +371,12 @@ class EASGD(_LocalSteps[EASGDOptions]):
         super().load_state_dict(state)
         self.center.copy_(state["center"])
 
-    def close(self) -> None:
+    def _free(self) -> None:
         """Every rank's model becomes rank 0's center (bit for bit)."""
-        if not self.closed:
-            self._end_rounds(busy=False, drain=None)
-            self.comm.bcast_(self.center, what="easgd center")
-            self.flat.copy_(self.center)
-            self._sum.free()
-            self._tally.free()
-        super().close()
+        self.comm.bcast_(self.center, what="easgd center")
+        self.flat.copy_(self.center)
+        self._sum.free()
+        self._tally.free()
 
 
 # ------------------------------------------------------------------ windowed, asynchronous
@@ -479,16 +475,14 @@ class _Windowed(_LocalSteps[WindowT]):
         super().load_state_dict(state)
         self.vector.store_(state["center"])
 
-    def close(self) -> None:
+    def _free(self) -> None:
         """Collective: wait until every rank has stopped writing, load the center, free the window."""
-        if not self.closed:
-            if self._overlapped is not None:
-                self._overlapped.apply()
-                self._overlapped.close()
-            self.vector.quiesce()
-            self.read_center(self.flat)
-            self.vector.close()
-        super().close()
+        if self._overlapped is not None:
+            self._overlapped.apply()
+            self._overlapped.close()
+        self.vector.quiesce()
+        self.read_center(self.flat)
+        self.vector.close()
 
 
 class OverlappedExchange:
@@ -611,7 +605,7 @@ class _ElasticExchange(_Windowed[WindowT]):
 
 
 @register
-class AsyncSGD(_SharedParameters[AsyncSGDOptions]):
+class AsyncSGDSolver(_SharedParameters[AsyncSGDOptions]):
     """Asynchronous SGD on shared parameters, each push-and-pull atomic per shard."""
 
     name = "async-sgd"
@@ -620,7 +614,7 @@ class AsyncSGD(_SharedParameters[AsyncSGDOptions]):
 
 
 @register
-class AsyncMSGD(_SharedParameters[AsyncMSGDOptions]):
+class AsyncMSGDSolver(_SharedParameters[AsyncMSGDOptions]):
     """Asynchronous momentum SGD: async-sgd with Nesterov momentum on the local steps."""
 
     name = "async-msgd"
@@ -629,7 +623,7 @@ class AsyncMSGD(_SharedParameters[AsyncMSGDOptions]):
 
 
 @register
-class HogwildSGD(_SharedParameters[AsyncSGDOptions]):
+class HogwildSGDSolver(_SharedParameters[AsyncSGDOptions]):
     """Hogwild SGD: async-sgd without any lock."""
 
     name = "hogwild-sgd"
@@ -638,7 +632,7 @@ class HogwildSGD(_SharedParameters[AsyncSGDOptions]):
 
 
 @register
-class AsyncEASGD(_ElasticExchange[AsyncEASGDOptions]):
+class AsyncEASGDSolver(_ElasticExchange[AsyncEASGDOptions]):
     """Asynchronous EASGD, each exchange atomic per shard of the center."""
 
     name = "async-easgd"
@@ -647,7 +641,7 @@ class AsyncEASGD(_ElasticExchange[AsyncEASGDOptions]):
 
 
 @register
-class AsyncMEASGD(_ElasticExchange[AsyncMEASGDOptions]):
+class AsyncMEASGDSolver(_ElasticExchange[AsyncMEASGDOptions]):
     """Asynchronous EAMSGD: async-easgd with Nesterov momentum on the local steps."""
 
     name = "async-measgd"
@@ -656,7 +650,7 @@ class AsyncMEASGD(_ElasticExchange[AsyncMEASGDOptions]):
 
 
 @register
-class EAWild(_ElasticExchange[AsyncEASGDOptions]):
+class EAWildSolver(_ElasticExchange[AsyncEASGDOptions]):
     """EA-wild (Hogwild EASGD): workers update the center concurrently, without locks."""
 
     name = "ea-wild"

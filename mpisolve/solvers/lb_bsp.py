@@ -18,7 +18,7 @@ from torch.amp import GradScaler
 
 from ..comm.buckets import GradientBuckets
 from ..options import BucketOptions, MeasureOptions, option, require
-from .base import BucketSolver, StepInfo, SynchronousOptions, collective_round, register
+from .base import BucketSolver, StepInfo, SynchronousOptions, register
 from .speeds import measure_speeds, parse_speeds, proportional_batches
 
 
@@ -39,7 +39,7 @@ class LBBSPOptions(MeasureOptions, BucketOptions, SynchronousOptions):
 
 
 @register
-class LBBSP(BucketSolver[LBBSPOptions]):
+class LBBSPSolver(BucketSolver[LBBSPOptions]):
     """Synchronous SGD with static speed-proportional micro-batches and sample-weighted averaging."""
 
     name = "lb-bsp"
@@ -74,8 +74,7 @@ class LBBSP(BucketSolver[LBBSPOptions]):
             self.batch_sizes = proportional_batches(self.speeds, configured * self.comm.size)
         return self.batch_sizes[self.comm.rank]
 
-    @collective_round
-    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
+    def _step(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
         """Complete the weighted reduction and step. The sample counts are the forward passes'."""
         if batch_size is not None:
             raise ValueError(

@@ -37,10 +37,11 @@ class LocalSGDOptions(LocalStepsOptions, CommonOptions):
 
 
 @register
-class LocalSGD(Solver[LocalSGDOptions]):
+class LocalSGDSolver(Solver[LocalSGDOptions]):
     """Local SGD with periodic parameter averaging (one allreduce every ``tau`` steps)."""
 
     name = "local-sgd"
+    round_per_step = False  # the rounds are the averages (every tau steps)
     Options = LocalSGDOptions
     round_unit = "averages"
 
@@ -54,10 +55,8 @@ class LocalSGD(Solver[LocalSGDOptions]):
         self._moved = False  # this rank took a local step since the last average
         self._kept: torch.Tensor | None = None  # a joined rank's model while it contributes nothing
 
-    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
+    def _step(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
         """One local step; every ``tau``-th also averages the models (the applied global update)."""
-        if self.closed:
-            raise RuntimeError("solver 'local-sgd' is closed")
         self._unscale(scaler)
         local = self.take_samples(batch_size)
         # Each rank checks its own gradients and skips its local step alone: nothing non-finite is averaged.
@@ -115,9 +114,6 @@ class LocalSGD(Solver[LocalSGDOptions]):
         self.steps = int(state["steps"])
         self._since_average = int(state["samples_since_average"])
 
-    def close(self) -> None:
-        if not self.closed:
-            self._end_rounds(busy=False, drain=None)
-            self._average.free()
-            self._counts.free()
-        super().close()
+    def _free(self) -> None:
+        self._average.free()
+        self._counts.free()

@@ -11,6 +11,13 @@ def test_allreduce_is_registered():
     assert "allreduce" in mpisolve.solvers()
 
 
+def test_every_solver_class_is_named_for_what_it_is():
+    """One naming rule: the class of a registered solver is ``<Name>Solver``."""
+    from mpisolve.solvers.base import solver_class
+
+    assert [n for n in mpisolve.solvers() if not solver_class(n).__name__.endswith("Solver")] == []
+
+
 def test_unknown_solver_and_option_are_named():
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

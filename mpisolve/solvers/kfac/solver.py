@@ -43,7 +43,7 @@ from ...errors import OptionError, UnsupportedModelError
 from ...kernels.inverse import FAILED, RECOVERED, eigh_psd_, inverse_spd_
 from ...kernels.triangle import triangle_numel, unpack_triu_
 from ...options import BucketOptions, choices, option, require
-from ..base import BucketSolver, StepInfo, SynchronousOptions, collective_round, register
+from ..base import BucketSolver, StepInfo, SynchronousOptions, register
 from . import placement
 from .exchange import FactorExchange
 from .factors import find_layers
@@ -54,6 +54,52 @@ from .sharing import GradientSharing
 
 Variant = Literal["d-kfac", "mpd-kfac", "spd-kfac"]
 VARIANTS = choices(Variant)
+
+
+@dataclass(frozen=True)
+class VariantRule:
+    """What a K-FAC variant decides: how the factor work is spread and sent, and the defaults
+    of the knobs left at None (:meth:`KFACOptions.resolved`)."""
+
+    #: Each factor is inverted by its owner (or by every member of a group, replicated) and
+    #: the result broadcast; False (d-kfac): every rank inverts every factor.
+    shares_inversions: bool
+    #: Factors travel one message each as soon as they are ready, merged by a fitted
+    #: communication model, and inverses are broadcast fused (spd-kfac).
+    pipelined: bool
+    fusion: str
+    placement: str
+    replicate: str
+    pack_triangles: bool
+
+
+#: Every variant's rule: the solver reads this table, never the variant's name.
+VARIANT_RULES: dict[str, VariantRule] = {
+    "d-kfac": VariantRule(
+        shares_inversions=False,
+        pipelined=False,
+        fusion="none",
+        placement="round-robin",
+        replicate="never",
+        pack_triangles=False,
+    ),
+    "mpd-kfac": VariantRule(
+        shares_inversions=True,
+        pipelined=False,
+        fusion="none",
+        placement="round-robin",
+        replicate="never",
+        pack_triangles=False,
+    ),
+    "spd-kfac": VariantRule(
+        shares_inversions=True,
+        pipelined=True,
+        fusion="dynamic",
+        placement="balanced",
+        replicate="auto",
+        pack_triangles=True,
+    ),
+}
 #: Largest message the communication-model probes send (elements); the fit extrapolates.
 PROBE_LIMIT = 1 << 22
 
@@ -138,27 +184,24 @@ class KFACOptions(BucketOptions, SynchronousOptions):
             f"grad_worker_fraction must be in [0, 1], got {self.grad_worker_fraction}",
         )
         require(self.fusion_profile_steps >= 1, f"fusion_profile_steps must be >= 1, got {self.fusion_profile_steps}")
-        if self.variant != "spd-kfac":
+        if not self.rule.pipelined:
             require(self.fusion is None, f"fusion applies to variant 'spd-kfac' only, not {self.variant!r}")
-        if self.variant == "d-kfac":
+        if not self.rule.shares_inversions:
             for knob in ("placement", "replicate"):
                 require(
                     getattr(self, knob) is None,
                     f"{knob} applies to mpd-kfac and spd-kfac: d-kfac inverts everything everywhere",
                 )
 
+    @property
+    def rule(self) -> VariantRule:
+        """The variant's rule (:data:`VARIANT_RULES`)."""
+        return VARIANT_RULES[self.variant]
+
     def resolved(self, knob: str) -> Any:
         """A knob's value, the variant's default when left at None."""
         value = getattr(self, knob)
-        if value is not None:
-            return value
-        spd = self.variant == "spd-kfac"
-        return {
-            "fusion": "dynamic" if spd else "none",
-            "placement": "balanced" if spd else "round-robin",
-            "replicate": "auto" if spd else "never",
-            "pack_triangles": spd,
-        }[knob]
+        return getattr(self.rule, knob) if value is None else value
 
 
 def _every(value: int | Callable[[int], int], step: int, name: str) -> bool:
@@ -263,7 +306,7 @@ class KFACSolver(BucketSolver[KFACOptions]):
             [group_ranks.index(r) if r in group_ranks else placement.EVERY_RANK for r in self.owners],
             method=o.method,
             packed=self.inverse_packed,
-            fuse_broadcasts=o.variant == "spd-kfac",
+            fuse_broadcasts=o.rule.pipelined,
             epoch=epoch,
         )
         self.sharing = GradientSharing(
@@ -277,7 +320,7 @@ class KFACSolver(BucketSolver[KFACOptions]):
         for layer, result in zip(self.layers, self.sharing.results):
             layer.result = result
         self._statuses = reusable_allreduce(self.factor_comm, self.inverter.statuses, "max")
-        self.exchange = self._exchange(self._unfused_groups(), eager=o.variant == "spd-kfac")
+        self.exchange = self._exchange(self._unfused_groups(), eager=o.rule.pipelined)
         self._fusion_pending = o.resolved("fusion") == "dynamic" and self.comm.size > 1
         self._ready_at = torch.zeros(len(self.factors), dtype=torch.float64)
         self._ready_sum = torch.zeros(len(self.factors) + 1, dtype=torch.float64)  # + profiled steps
@@ -305,7 +348,7 @@ class KFACSolver(BucketSolver[KFACOptions]):
         """Before (or without) fusion: one message for all (d/mpd) or one per factor (spd)."""
         forward = [2 * i for i in range(len(self.layers))]
         backward = [2 * i + 1 for i in reversed(range(len(self.layers)))]
-        if self.options.variant == "spd-kfac":
+        if self.options.rule.pipelined:
             return [[f] for f in forward + backward]
         return [forward + backward]
 
@@ -336,7 +379,7 @@ class KFACSolver(BucketSolver[KFACOptions]):
         self.precondition_costs = [placement.precondition_flop_cost(g, a, o.method) for g, a in shapes]
         self.inverse_packed = [False] * len(dims)
         replicated = [True] * len(dims)
-        broadcasts = o.variant != "d-kfac" and self.group_comm.size > 1
+        broadcasts = o.rule.shares_inversions and self.group_comm.size > 1
         seconds: dict[int, float] = {}
         if broadcasts:
             packable = self.packed and o.method == "inverse"
@@ -364,7 +407,7 @@ class KFACSolver(BucketSolver[KFACOptions]):
                     if seconds[n] > broadcast[n]:
                         break
                 replicated = [n in seconds and seconds[n] <= broadcast[n] for n in dims]
-        elif o.variant != "d-kfac":
+        elif o.rule.shares_inversions:
             replicated = [False] * len(dims)  # a group of one: its member inverts everything it preconditions
         if o.placement_cost == "measured":
             for n in sorted(set(dims) - set(seconds)):
@@ -378,7 +421,7 @@ class KFACSolver(BucketSolver[KFACOptions]):
             self.groups,
             inverters=self.inverting_ranks,
             replicated=replicated,
-            balance=o.variant == "d-kfac" or o.resolved("placement") == "balanced",
+            balance=not o.rule.shares_inversions or o.resolved("placement") == "balanced",
         )
 
     def _packing_pays(self, n: int) -> bool:
@@ -404,7 +447,7 @@ class KFACSolver(BucketSolver[KFACOptions]):
         node running more ranks than it has cores gives them to as many of its ranks as it
         has cores (more would only time-share those cores, and thrash their caches)."""
         o = self.options
-        if o.variant == "d-kfac" or o.resolved("placement") != "balanced" or self.comm.size == 1:
+        if not o.rule.shares_inversions or o.resolved("placement") != "balanced" or self.comm.size == 1:
             return list(range(self.comm.size))
         seats = self.comm.allgather_object(self.comm.local_rank < self.comm.cores)
         return [rank for rank, seated in enumerate(seats) if seated]
@@ -505,8 +548,7 @@ class KFACSolver(BucketSolver[KFACOptions]):
 
     # ----------------------------------------------------------------- step
 
-    @collective_round
-    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
+    def _step(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
         o = self.options
         step = self.steps
         for f, total in enumerate(self._accumulated):
@@ -743,12 +785,12 @@ class KFACSolver(BucketSolver[KFACOptions]):
         self._invert_next = bool(self.factor_comm.allreduce_(missing, op="max", what="K-FAC state check"))
         self.exchange.rearm()
 
-    def close(self) -> None:
+    def _remove_hooks(self) -> None:
+        super()._remove_hooks()
         for hook in self._hooks:
             hook.remove()
-        super().close()
 
-    def _in_flight(self) -> bool:
+    def _round_in_flight(self) -> bool:
         return self.grads.in_flight or self.exchange.in_flight or self.inverter.in_flight
 
     def _free(self) -> None:
