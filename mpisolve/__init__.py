@@ -19,21 +19,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
-    CheckpointError,
-    CollectiveInputError,
-    CommError,
-    CommTimeout,
-    InputError,
-    ModelMismatchError,
-    MpisolveError,
-    NonFiniteError,
-    OptionError,
-    PeerClosed,
-    TensorMismatchError,
-    UnevenSteps,
-    UnsupportedModelError,
-)
+from . import errors as _errors
+from .errors import *  # noqa: F403  (every public error, as errors.__all__ lists them)
 
 if TYPE_CHECKING:  # the lazy names below, typed for checkers; at run time __getattr__ imports them
     from .comm import (
@@ -67,19 +54,6 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "CheckpointError",
-    "CollectiveInputError",
-    "CommError",
-    "CommTimeout",
-    "InputError",
-    "ModelMismatchError",
-    "MpisolveError",
-    "NonFiniteError",
-    "OptionError",
-    "PeerClosed",
-    "TensorMismatchError",
-    "UnevenSteps",
-    "UnsupportedModelError",
     "Communicator",
     "Joined",
     "Solver",
@@ -92,8 +66,9 @@ __all__ = [
     "make_solver",
     "process_set",
     "reducescatter",
-    "solvers",
+    "solvers",  # noqa: F405  (the subpackage, bound by __getattr__ on first use)
 ]
+__all__ += _errors.__all__
 
 
 def __getattr__(name: str) -> Any:

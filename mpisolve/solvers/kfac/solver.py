@@ -73,32 +73,12 @@ class VariantRule:
     pack_triangles: bool
 
 
-#: Every variant's rule: the solver reads this table, never the variant's name.
+#: Every variant's rule: the solver reads this table, never the variant's name. Columns:
+#: shares_inversions, pipelined, then the defaults of fusion, placement, replicate, pack_triangles.
 VARIANT_RULES: dict[str, VariantRule] = {
-    "d-kfac": VariantRule(
-        shares_inversions=False,
-        pipelined=False,
-        fusion="none",
-        placement="round-robin",
-        replicate="never",
-        pack_triangles=False,
-    ),
-    "mpd-kfac": VariantRule(
-        shares_inversions=True,
-        pipelined=False,
-        fusion="none",
-        placement="round-robin",
-        replicate="never",
-        pack_triangles=False,
-    ),
-    "spd-kfac": VariantRule(
-        shares_inversions=True,
-        pipelined=True,
-        fusion="dynamic",
-        placement="balanced",
-        replicate="auto",
-        pack_triangles=True,
-    ),
+    "d-kfac": VariantRule(False, False, "none", "round-robin", "never", False),
+    "mpd-kfac": VariantRule(True, False, "none", "round-robin", "never", False),
+    "spd-kfac": VariantRule(True, True, "dynamic", "balanced", "auto", True),
 }
 #: Largest message the communication-model probes send (elements); the fit extrapolates.
 PROBE_LIMIT = 1 << 22
