@@ -1,5 +1,8 @@
-"""Everything that touches MPI. Nothing outside this package imports mpi4py directly,
-except for type hints of the communicators users pass in."""
+"""Everything that touches MPI.
+
+Nothing outside this package imports mpi4py directly, except for type hints of the
+communicators users pass in.
+"""
 
 from ..errors import CommTimeout, ModelMismatchError, PeerClosed, TensorMismatchError, UnevenSteps
 from .communicator import Communicator, as_communicator, init, mpi_buffer

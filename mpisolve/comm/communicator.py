@@ -120,6 +120,7 @@ class Posting:
         self.posted = True  # nothing queued
 
     def ready(self) -> bool:
+        """Whether every stager's data is ready to be posted."""
         return all(stager.ready() for stager in self.stagers)
 
 
@@ -406,7 +407,8 @@ class Communicator:
     def persistent_allreduce(self, tensor: torch.Tensor, op: str = "sum") -> PersistentAllreduce:
         """MPI's reusable in-place allreduce of ``tensor`` (MPI-4 persistent where available).
 
-        Solvers ask :func:`.reusable.reusable_sum`, which picks the engine; this is MPI's."""
+        Solvers ask :func:`.reusable.reusable_sum`, which picks the engine; this is MPI's.
+        """
         return PersistentAllreduce(self, tensor, op)
 
     def persistent_bcast(self, tensor: torch.Tensor, root: int = 0) -> PersistentBcast:
@@ -487,11 +489,14 @@ class Communicator:
         self._on_free.append(release)
 
     def free(self) -> None:
-        """Free what this wrapper made: what :meth:`on_free` was given, the communicators split
-        from it (theirs in turn), its node split and, if it was itself split from another
-        wrapper, its communicator. Never the world, nor a communicator the user wrapped (theirs
+        """Free what this wrapper made (collective).
+
+        That is: what :meth:`on_free` was given, the communicators split from it (theirs in
+        turn), its node split and, if it was itself split from another wrapper, its
+        communicator. Never the world, nor a communicator the user wrapped (theirs
         to free). Collective over the ranks of ``comm``, with nothing in flight; the wrapper
-        cannot be used afterwards."""
+        cannot be used afterwards.
+        """
         for release in reversed(self._on_free):
             release()
         self._on_free.clear()
@@ -556,6 +561,7 @@ class BlockingCall:
         self._thread.start()
 
     def arm(self, what: str, target: int | None) -> BlockingCall:
+        """Name the next call to watch, ``what`` (with its peer ``target``, if any); calls do not nest."""
         if self._call is not None:
             raise RuntimeError(f"blocking call {what} started inside {self._call[0]}: they do not nest")
         self._what, self._target = what, target
@@ -651,8 +657,11 @@ class PersistentCollective:
         self.stager.from_mpi()
 
     def free(self) -> None:
-        """Release the persistent request; refused while a started collective has not completed
-        (MPI forbids freeing an active request: complete it first, on every rank)."""
+        """Release the persistent request.
+
+        Refused while a started collective has not completed (MPI forbids freeing an active
+        request: complete it first, on every rank).
+        """
         posting = self.posting
         if not posting.posted or (posting.request != MPI.REQUEST_NULL and not posting.request.Test()):
             raise RuntimeError(f"a persistent {self.kind} was freed while still in flight: complete it first")
@@ -764,9 +773,12 @@ _threads_chosen = False
 
 
 def choose_threads(comm: Communicator, threads: int | None = None) -> None:
-    """Torch's intra-op threads: ``threads``; else, once per process (the first communicator made,
-    however it was made) and unless ``OMP_NUM_THREADS`` is set, the machine's cores over ``comm``'s
-    ranks on it, at least 1, as torchrun gives each of its processes."""
+    """Set torch's intra-op threads for this rank.
+
+    ``threads`` if given; else, once per process (the first communicator made, however it
+    was made) and unless ``OMP_NUM_THREADS`` is set, the machine's cores over ``comm``'s
+    ranks on it, at least 1, as torchrun gives each of its processes.
+    """
     global _threads_chosen
     if threads is not None:
         torch.set_num_threads(threads)

@@ -85,8 +85,11 @@ class Joined:
 
 @dataclass(frozen=True, kw_only=True)
 class CommonOptions(Options):
-    """Options every solver takes: every solver's options dataclass derives from this one
-    (see :mod:`mpisolve.solvers.nonfinite`)."""
+    """Options every solver takes.
+
+    Every solver's options dataclass derives from this one (see
+    :mod:`mpisolve.solvers.nonfinite`).
+    """
 
     nonfinite: NonFinitePolicy = option(
         "raise",
@@ -112,10 +115,12 @@ class SynchronousOptions(CommonOptions):
 
 
 def collective_round(method: F) -> F:
-    """Marks a method whose waits belong to the solver's current collective round: only there
-    does another rank's ``close()`` interrupt a wait. ``step`` and ``synchronize`` are rounds
+    """Mark a method whose waits belong to the solver's current collective round.
+
+    Only there does another rank's ``close()`` interrupt a wait. ``step`` and ``synchronize`` are rounds
     already where :attr:`Solver.round_per_step` says so; mark the methods that run a round
-    every few steps (an average, an exchange)."""
+    every few steps (an average, an exchange).
+    """
 
     @functools.wraps(method)
     def in_round(self: Solver, *args: Any, **kwargs: Any) -> Any:
@@ -231,9 +236,12 @@ class Solver(ABC, Generic[OptionsT]):
             self._samples += args[0].shape[0]
 
     def _training_forward(self, module: torch.nn.Module) -> bool:
-        """Whether a forward of ``module`` now is a training one, which counts its samples (and
-        K-FAC's factors): autograd on (not under ``no_grad`` or ``inference_mode``), the model
-        in training mode (not after ``model.eval()``), outside :meth:`evaluating`."""
+        """Whether a forward of ``module`` now is a training one.
+
+        A training forward counts its samples (and K-FAC's factors): autograd on (not under
+        ``no_grad`` or ``inference_mode``), the model in training mode (not after
+        ``model.eval()``), outside :meth:`evaluating`.
+        """
         return torch.is_grad_enabled() and module.training and not self._evaluating
 
     @property
@@ -255,8 +263,10 @@ class Solver(ABC, Generic[OptionsT]):
 
     # ----------------------------------------------------------- interface
     def local_batch_size(self, configured: int, probe: Callable[[int], float] | None = None) -> int:
-        """This rank's micro-batch size; a training loop asks once, on every rank, before drawing data
-        (and follows ``StepInfo.next_batch_size`` when a step changes it).
+        """This rank's micro-batch size.
+
+        A training loop asks once, on every rank, before drawing data (and follows
+        ``StepInfo.next_batch_size`` when a step changes it).
 
         ``configured``: the batch size the run was given. ``probe(n)``: the seconds one
         training micro-batch of ``n`` samples takes on this rank (forward, backward and any
@@ -265,8 +275,10 @@ class Solver(ABC, Generic[OptionsT]):
         return configured
 
     def zero_grad(self) -> None:
-        """Clear this rank's gradients before the next backward (any other way of zeroing works too):
-        torch's default, set to None, so that backward writes them afresh instead of adding to zeros."""
+        """Clear this rank's gradients before the next backward (any other way of zeroing works too).
+
+        Torch's default, set to None, so that backward writes them afresh instead of adding to zeros.
+        """
         self.optimizer.zero_grad()
 
     def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
@@ -311,8 +323,9 @@ class Solver(ABC, Generic[OptionsT]):
         return nullcontext()
 
     def synchronize(self, *, scaler: GradScaler | None = None) -> None:
-        """Complete this step's combination of gradients now; the next ``step()`` applies them
-        without communicating them again.
+        """Complete this step's combination of gradients now.
+
+        The next ``step()`` applies them without communicating them again.
 
         After it, ``p.grad`` holds what the step applies (the averaged or combined
         gradients; this rank's own for solvers that step on local gradients), to clip or
@@ -379,8 +392,11 @@ class Solver(ABC, Generic[OptionsT]):
         return self.rounds
 
     def _sync_to_last(self, taken: int) -> int:
-        """After ``join()``'s rounds: the last rank to join (most ``taken`` steps, then the highest
-        rank), whose model and optimizer state every rank takes (:attr:`joins_to_one_model`)."""
+        """After ``join()``'s rounds, find the last rank to join and take its state.
+
+        The last rank has the most ``taken`` steps, then the highest rank; every rank takes
+        its model and optimizer state (:attr:`joins_to_one_model`).
+        """
         size = self.comm.size
         if size == 1:
             return 0
@@ -393,8 +409,11 @@ class Solver(ABC, Generic[OptionsT]):
         return last
 
     def _shadow_round(self) -> bool:
-        """One collective round contributing nothing, on a rank that joined; whether any rank
-        still contributed (the join loop ends after the first round nobody did)."""
+        """Take one collective round contributing nothing, on a rank that joined.
+
+        Returns whether any rank still contributed (the join loop ends after the first round
+        nobody did).
+        """
         raise NotImplementedError(f"solver {self.name!r} does not implement join()")
 
     def close(self) -> None:
@@ -423,13 +442,19 @@ class Solver(ABC, Generic[OptionsT]):
         return False
 
     def _drainer(self) -> Callable[[], object] | None:
-        """What completes a round some rank left in flight, on every rank (``close``); None: this
-        solver starts and completes its collectives inside ``step``, so none is left in flight."""
+        """What completes a round some rank left in flight, on every rank (``close``).
+
+        None: this solver starts and completes its collectives inside ``step``, so none is
+        left in flight.
+        """
         return None
 
     def _free(self) -> None:
-        """The solver's own end (collective, every rank's rounds complete): its last results
-        settled (a center loaded, a final round applied) and its MPI resources released."""
+        """End the solver's own work (collective, every rank's rounds complete).
+
+        Its last results are settled (a center loaded, a final round applied) and its MPI
+        resources released.
+        """
 
     def _remove_hooks(self) -> None:
         """The model's and the optimizer's hooks go with the solver (the optimizer may step alone after)."""
@@ -478,7 +503,9 @@ class Solver(ABC, Generic[OptionsT]):
 
     def _end_round(self, active_ranks: int) -> None:
         """After a collective round (and its update): start broadcasting the buffers, count it.
-        ``active_ranks``: ranks that were still in their loops in it (all, but under ``join``)."""
+
+        ``active_ranks``: ranks that were still in their loops in it (all, but under ``join``).
+        """
         self._active_ranks = active_ranks
         if self._buffers is not None:
             self._buffers.start()
@@ -505,20 +532,28 @@ class Solver(ABC, Generic[OptionsT]):
         self._unscaled_by = scaler
 
     def _checks_finite(self, scaler: GradScaler | None) -> bool:
-        """Whether a step's reduction is to say if its values are finite: for the ``nonfinite``
-        policy (a step given an enabled GradScaler checks what the scaler unscaled instead)."""
+        """Whether a step's reduction is to say if its values are finite.
+
+        For the ``nonfinite`` policy (a step given an enabled GradScaler checks what the
+        scaler unscaled instead).
+        """
         return self.nonfinite.policy != "ignore" and (scaler is None or not scaler.is_enabled())
 
     def _may_apply(self, tensors: Sequence[torch.Tensor], what: str, scaler: GradScaler | None) -> bool:
-        """Whether to apply the step on ``tensors``: with a GradScaler, whether they are finite
-        (a skip is the scaler's normal one, uncounted); else the ``nonfinite`` policy."""
+        """Whether to apply the step on ``tensors``.
+
+        With a GradScaler, whether they are finite (a skip is the scaler's normal one,
+        uncounted); else the ``nonfinite`` policy.
+        """
         if scaler is not None and scaler.is_enabled():
             return all_finite(tensors)
         return self.nonfinite.ok(tensors, what)
 
     def _step_optimizer(self, scaler: GradScaler | None) -> None:
-        """The user's optimizer steps (through the scaler, which then knows the step was taken);
-        not in a joined rank's shadow step (``join()`` gives it the last rank's model after)."""
+        """Step the user's optimizer (through the scaler, which then knows the step was taken).
+
+        Not in a joined rank's shadow step (``join()`` gives it the last rank's model after).
+        """
         if self._shadowing:
             return
         self._stepping = True
@@ -541,8 +576,11 @@ class Solver(ABC, Generic[OptionsT]):
             )
 
     def _global_samples(self, reduction: Reduction, batch_size: int | None) -> int:
-        """The step's global sample count: the forward passes' (it rode with the gradients),
-        or the sum of ``batch_size`` over the ranks (one small allreduce)."""
+        """The step's global sample count.
+
+        The forward passes' (it rode with the gradients), or the sum of ``batch_size`` over
+        the ranks (one small allreduce).
+        """
         if batch_size is None:
             return reduction.samples
         if self._joining:
@@ -562,10 +600,12 @@ class Solver(ABC, Generic[OptionsT]):
         before_update: Callable[[], None] | None = None,
         after_update: Callable[[bool], None] | None = None,
     ) -> StepInfo:
-        """The step of a solver whose gradients ``grads`` reduces: complete the reduction
-        (unless ``synchronize`` did), decide, maybe ``before_update`` and the optimizer's
+        """The step of a solver whose gradients ``grads`` reduces.
+
+        Complete the reduction (unless ``synchronize`` did), decide, maybe ``before_update`` and the optimizer's
         step, rearm. The reduced gradients are the same on every rank: all decide alike.
-        ``after_update(applied)`` completes the solver's own work of the round, still inside it."""
+        ``after_update(applied)`` completes the solver's own work of the round, still inside it.
+        """
         if grads.backward_ran and batch_size is None and self._forward_at is None:
             raise RuntimeError(
                 f"mpisolve {self.name}: gradients arrived but no training forward of the solver's model was seen, "
@@ -602,8 +642,9 @@ class Solver(ABC, Generic[OptionsT]):
         return self._shadow_step()
 
     def _shadow_step(self) -> bool:
-        """A joined rank's step: decided as the ranks in their loops decide theirs, applying
-        nothing; whether any rank contributed.
+        """A joined rank's step, decided as the ranks in their loops decide theirs.
+
+        It applies nothing; returns whether any rank contributed.
 
         With the GradScaler this rank was last given: the step unscales through it as theirs
         do, and it is updated as their loops update theirs (so its scale stays theirs: K-FAC
@@ -643,9 +684,11 @@ class Solver(ABC, Generic[OptionsT]):
         yield self.model
 
     def broadcast_state(self, root: int = 0) -> None:
-        """Give every rank ``root``'s parameters, buffers and optimizer state (collective): after
-        rank ``root`` alone loaded a checkpoint, or any change made on some ranks only. Between
-        steps; the solver's own state (``state_dict``) is not sent."""
+        """Give every rank ``root``'s parameters, buffers and optimizer state (collective).
+
+        After rank ``root`` alone loaded a checkpoint, or any change made on some ranks only. Between
+        steps; the solver's own state (``state_dict``) is not sent.
+        """
         broadcast_module_and_optimizer(self.model, self.optimizer, self.comm, root)
 
     def state_dict(self) -> dict[str, Any]:
@@ -657,13 +700,17 @@ class Solver(ABC, Generic[OptionsT]):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` gave, on every rank; refused for another solver's state."""
         if state.get("solver") != self.name:
             raise ValueError(f"this state is from solver {state.get('solver')!r}, not {self.name!r}")
         self.nonfinite.skipped = int(state.get("nonfinite_skipped", 0))
 
     def __repr__(self) -> str:
-        """``AllreduceSolver('allreduce', rank 0 of 2, bucket_mb=10.0)``: the options that differ from
-        their defaults (callables by name), and whether the solver is closed."""
+        """``AllreduceSolver('allreduce', rank 0 of 2, bucket_mb=10.0)``.
+
+        The options that differ from their defaults (callables by name), and whether the
+        solver is closed.
+        """
         defaults = {f.name: f.default for f in dataclasses.fields(self.options)}
         parts = [repr(self.name), f"rank {self.comm.rank} of {self.comm.size}"] + (["closed"] if self.closed else [])
         parts += [
@@ -671,7 +718,8 @@ class Solver(ABC, Generic[OptionsT]):
             for k, v in options_to_dict(self.options).items()
             if getattr(self.options, k) != defaults[k]
         ]
-        return f"{type(self).__name__}({', '.join(parts)})"
+        registered = _REGISTRY.get(self.name, type(self))  # a mode's private class shows as its solver
+        return f"{registered.__name__}({', '.join(parts)})"
 
     def __enter__(self) -> Solver:
         return self
@@ -681,27 +729,33 @@ class Solver(ABC, Generic[OptionsT]):
 
 
 class BucketSolver(Solver[OptionsT]):
-    """A solver whose gradients live in :class:`GradientBuckets` (``self.grads``, made in
-    ``setup``) and are reduced while backward runs: zeroing, accumulation, early completion,
-    uneven inputs and closing are the buckets' (``allreduce``, ``lb-bsp``, ``kfac``)."""
+    """A solver whose gradients live in :class:`GradientBuckets`, reduced while backward runs.
+
+    ``self.grads`` is made in ``setup``; zeroing, accumulation, early completion,
+    uneven inputs and closing are the buckets' (``allreduce``, ``lb-bsp``, ``kfac``).
+    """
 
     grads: GradientBuckets
 
     @property
     def node_shared(self) -> bool:
+        """Whether the buckets' sums run in node-shared memory."""
         return self.grads.node is not None
 
     def zero_grad(self) -> None:
+        """Zero the buckets (the gradients are views into them)."""
         self.grads.zero_()
 
     def no_sync(self) -> AbstractContextManager[None]:
+        """Accumulate into the buckets without reducing them."""
         return self.grads.no_sync()
 
     def _synchronize(self, scaler: GradScaler | None) -> None:
         """Complete the buckets' reduction now, into this rank's own copy (to clip or unscale in place).
 
         Whether the reduced gradients are finite is read with them, now: the step applies
-        them, or not, on that finding (clipping keeps finite values finite)."""
+        them, or not, on that finding (clipping keeps finite values finite).
+        """
         self.grads.finish(writable=True, check_finite=self._checks_finite(scaler))
         self._unscale(scaler)
 
@@ -736,6 +790,7 @@ def register(cls: type[Solver]) -> type[Solver]:
 
 
 def solver_class(name: str) -> type[Solver]:
+    """The registered class of solver ``name``, or :class:`OptionError` naming the known ones."""
     try:
         return _REGISTRY[name]
     except KeyError:

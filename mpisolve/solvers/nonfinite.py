@@ -39,8 +39,11 @@ MAX_CONSECUTIVE_SKIPS = 100
 
 
 def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether every element of ``tensors`` is finite: one pass over each, one counted read
-    (:func:`~mpisolve.comm.readback.read`; a solver's step reads it with its other values where it can)."""
+    """Whether every element of ``tensors`` is finite.
+
+    One pass over each, one counted read (:func:`~mpisolve.comm.readback.read`; a solver's
+    step reads it with its other values where it can).
+    """
     if not tensors:
         return True
     return math.isfinite(read(finite_probe(tensors))[0])
