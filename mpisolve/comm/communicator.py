@@ -461,7 +461,8 @@ class Communicator:
             assert child is not None  # a duplicate always includes this rank
             return child
         self.flush("dup")
-        child = self._adopt(self.comm.Dup(), name)
+        # A split of one color keeping the ranks' order: a duplicate, made as the split(0) it replaces.
+        child = self._adopt(cast(MPI.Intracomm, self.comm.Split(0, self.rank)), name)
         assert child is not None
         return child
 
