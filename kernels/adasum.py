@@ -116,9 +116,9 @@ segment_combine = by_device(segment_combine_cpu, "mpisolve.kernels.adasum_cuda:s
 def warm_up_cpu(dtype: torch.dtype) -> None:
     """Compile (or load from Numba's cache) both CPU kernels for buffers of ``dtype`` now.
 
-    The first call of a kernel for a dtype costs about half a second per process (much
-    more with ranks sharing cores); a reduction built ahead of training pays it then,
-    not inside its first step.
+    The first call of a kernel for a dtype compiles it (or loads it from the cache), which
+    takes far longer than a step's work; a reduction built ahead of training pays for that
+    then, not inside its first step.
     """
     a = torch.zeros(1, dtype=dtype)
     bounds = torch.tensor([0, 1])

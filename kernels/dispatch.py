@@ -45,8 +45,8 @@ def by_device(cpu: Callable[..., Any], gpu: str) -> Callable[..., Any]:
 def bind(kernel: Any, *fixed: Any, per_call: tuple[Any, ...] = ()) -> Callable[..., Any]:
     """``kernel`` (a Numba CPU function) with its leading arguments ``fixed``, called past the dispatcher.
 
-    A call through Numba's dispatcher types every argument each time (a few hundred
-    nanoseconds, plus tens per array): more than a small round's whole work on a hot path
+    A call through Numba's dispatcher types every argument each time, which can cost more
+    than a small round's whole work on a hot path
     that calls one kernel with the same arrays every time. Here the overload for the
     types of ``fixed`` and ``per_call`` (the Numba types of the arguments given at each
     call) is compiled, or loaded from Numba's cache, once; the call goes straight to its

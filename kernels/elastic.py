@@ -11,8 +11,8 @@ Numba loop (every MPI rank already owns its share of the cores); the arithmetic 
 the tensors' dtype, as torch's would.
 
 (Synchronous EASGD's worker step, ``diff = x - center; x -= alpha diff``, stays in
-torch: two passes, which a Numba loop did not beat at the sizes the solvers see; see
-docs/studies/benchmarks.md.)
+torch: two passes, which a Numba loop does not beat at the sizes the solvers see
+(docs/studies/benchmarks.md).)
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from numba.extending import intrinsic, overload
 
 from .caching import CACHE
 from .counters import publish, reached_within
-from .dispatch import BenchCase, bind
+from .dispatch import bind
 
 #: Elements per block: one block of the output (float32: 8 KB) stays in L1 while every row is added into it.
 BLOCK = 2048
@@ -268,17 +268,3 @@ def arrival(
     if tally.shape != tally_slot.shape or tally.dtype != tally_slot.dtype:
         raise ValueError(f"cannot copy a tally of {tally.dtype}{tally.shape} into {tally_slot.dtype}{tally_slot.shape}")
     return bind(_arrive, source, slot, tally, tally_slot, int(index), *sums.arguments(), per_call=(types.int64,))
-
-
-def bench_cases(numel: int) -> list[BenchCase]:
-    """Four ranks' float32 slots summed by the kernel against torch's ``sum(dim=0, out=...)``."""
-    slots = torch.randn(4, numel)
-    out = torch.empty(numel)
-    rows, host_out = host_rows(slots), out.numpy()
-    return [
-        BenchCase(
-            "sum 4 slots",
-            kernel=slot_sum(rows, 0, numel, host_out),
-            reference=lambda: torch.sum(slots, dim=0, out=out),
-        )
-    ]

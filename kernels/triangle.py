@@ -6,8 +6,8 @@ pieces; unpacking also writes the mirror image below the diagonal, a transposed 
 that, done element by element (``index_copy_``), runs far below memory speed on a CPU.
 The CPU twin walks the matrix in square tiles so both writes stay in cache. It runs on
 the calling thread: under MPI each rank has its own core(s), and a Numba OpenMP pool
-beside torch's spins on the cores other ranks compute on (it slowed SPD-KFAC's factor
-phase when ranks shared cores: docs/studies/kfac-bench.md). The GPU twin (``triangle_cuda``) gives one thread
+beside torch's spins on the cores other ranks compute on (what that costs SPD-KFAC's
+factor phase when ranks share cores: docs/studies/kfac-bench.md). The GPU twin (``triangle_cuda``) gives one thread
 per matrix entry.
 """
 

@@ -9,25 +9,37 @@ The public door::
     solver = mpisolve.make_solver("allreduce", model, optimizer)
     mpisolve.solvers()                                      # every solver's name
 
-Names are imported on first use, so ``import mpisolve`` neither imports torch nor starts
-MPI: commands that need neither (``python -m mpisolve plot``) run on a login node.
+Every public error (:mod:`mpisolve.errors`) is here at once; the other names are imported
+on first use, so ``import mpisolve`` neither imports torch nor starts MPI: commands that
+need neither (``python -m mpisolve plot``) run on a login node.
 """
 
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from . import errors as _errors
+from .errors import *  # noqa: F403  (every public error, as errors.__all__ lists them)
+
+if TYPE_CHECKING:  # the lazy names below, typed for checkers; at run time __getattr__ imports them
+    from .comm import (
+        Communicator,
+        allgather,
+        allreduce,
+        alltoall,
+        broadcast,
+        init,
+        process_set,
+        reducescatter,
+    )
+    from .solvers import Joined, Solver, StepInfo, make_solver
 
 __version__ = "0.1.0"
 
-#: public name -> module that defines it
+#: public name -> module that defines it, imported on first use (they need torch and MPI)
 _EXPORTS = {
-    "CommTimeout": "mpisolve.comm",
     "Communicator": "mpisolve.comm",
-    "ModelMismatchError": "mpisolve.comm",
-    "PeerClosed": "mpisolve.comm",
-    "TensorMismatchError": "mpisolve.comm",
-    "UnevenSteps": "mpisolve.comm",
     "allgather": "mpisolve.comm",
     "allreduce": "mpisolve.comm",
     "alltoall": "mpisolve.comm",
@@ -36,13 +48,27 @@ _EXPORTS = {
     "process_set": "mpisolve.comm",
     "reducescatter": "mpisolve.comm",
     "Joined": "mpisolve.solvers",
-    "OptionError": "mpisolve.options",
     "Solver": "mpisolve.solvers",
     "StepInfo": "mpisolve.solvers",
     "make_solver": "mpisolve.solvers",
 }
 
-__all__ = [*_EXPORTS, "solvers"]
+__all__ = [
+    "Communicator",
+    "Joined",
+    "Solver",
+    "StepInfo",
+    "allgather",
+    "allreduce",
+    "alltoall",
+    "broadcast",
+    "init",
+    "make_solver",
+    "process_set",
+    "reducescatter",
+    "solvers",  # noqa: F405  (the subpackage, bound by __getattr__ on first use)
+]
+__all__ += _errors.__all__
 
 
 def __getattr__(name: str) -> Any:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from .options import InputError
+from .errors import InputError
 
 if TYPE_CHECKING:
     from .comm.communicator import Communicator

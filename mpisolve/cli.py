@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from .options import CollectiveInputError, InputError
+from .errors import CollectiveInputError, InputError
 
 #: command -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -7,23 +7,17 @@ rank starts MPI or training.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
+from .errors import OptionError
 
-class InputError(ValueError):
-    """Bad user input (a name, a value, a file): reported as one line, exit status 2."""
-
-
-class CollectiveInputError(InputError):
-    """Bad input that every rank has agreed on (``Communicator.agree``): the job can end cleanly."""
-
-
-class OptionError(InputError):
-    """A solver option is unknown, of the wrong type, or out of range."""
+T = TypeVar("T")
 
 
 def require(condition: bool, message: str) -> None:
@@ -32,12 +26,23 @@ def require(condition: bool, message: str) -> None:
         raise OptionError(message)
 
 
-def build_options(solver: str, cls: type, given: dict[str, Any]) -> Any:
+def choices(literal: Any) -> tuple[str, ...]:
+    """The values of a ``Literal[...]`` of strings, in order: the one list a choice's checks and help read."""
+    return typing.get_args(literal)
+
+
+def require_choice(name: str, value: object, literal: Any) -> None:
+    """Raise :class:`OptionError` unless ``value`` is one of ``literal``'s values."""
+    allowed = choices(literal)
+    require(value in allowed, f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+
+
+def build_options(solver: str, cls: type[T], given: dict[str, Any]) -> T:
     """Instantiate a solver's options dataclass from keywords, with errors that name the problem."""
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = [f.name for f in dataclasses.fields(cast(Any, cls))]
     for key in given:
         if key not in names:
-            takes = ", ".join(names) if names else "no options"
+            takes = ", ".join(sorted(names)) if names else "no options"
             raise OptionError(f"solver {solver!r} does not take option {key!r} (it takes: {takes})")
     hints = typing.get_type_hints(cls)
     for key, value in given.items():
@@ -49,6 +54,66 @@ def build_options(solver: str, cls: type, given: dict[str, Any]) -> Any:
 def option(default: Any, help: str) -> Any:
     """A dataclass field with a default and a one-line ``help`` (the meaning in the docs' options tables)."""
     return dataclasses.field(default=default, metadata={"help": help})
+
+
+def with_default(cls: type, name: str, default: Any) -> Any:
+    """Field ``name`` of the options dataclass ``cls`` with another default; its help stays ``cls``'s.
+
+    For a subclass whose solver needs another default: the option is still explained once.
+    """
+    field = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return option(default, field.metadata["help"])
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """The root of every options dataclass.
+
+    Each class that checks its fields does so in ``__post_init__``, calling
+    ``super().__post_init__()`` first, so that the mixins below combine in any order.
+    """
+
+    def __post_init__(self) -> None:
+        """Nothing to check at the root: here each subclass's chain of checks ends."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BucketOptions(Options):
+    """Gradients (or deltas) laid in fused buckets, each reduced as one unit."""
+
+    bucket_mb: float = option(
+        25.0, "size of the fused buckets, each reduced as one unit, in MB (10^6 bytes), as DDP's bucket_cap_mb"
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(math.isfinite(self.bucket_mb) and self.bucket_mb > 0, f"bucket_mb must be > 0, got {self.bucket_mb}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalStepsOptions(Options):
+    """Local steps between exchanges with the other ranks."""
+
+    tau: int = option(
+        4, "local steps between exchanges with the other ranks (an average, an elastic exchange, a push); 1: every step"
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureOptions(Options):
+    """How the ranks' speeds are measured where a solver splits the batch by speed."""
+
+    measure_batches: int = option(
+        3, "timed micro-batches per rank, after one warm-up, whose median gives its speed when speeds are measured"
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.measure_batches >= 1, f"measure_batches must be >= 1, got {self.measure_batches}")
 
 
 def option_fields(cls: type) -> dict[str, tuple[Any, Any]]:
@@ -137,7 +202,7 @@ def parse_option(solver: str, cls: type, key: str, text: str) -> Any:
     """Parse ``text`` (from ``--set key=text``) as the declared type of option ``key``."""
     fields = option_fields(cls)
     if key not in fields:
-        takes = ", ".join(fields) if fields else "no options"
+        takes = ", ".join(sorted(fields)) if fields else "no options"
         raise OptionError(f"solver {solver!r} does not take option {key!r} (it takes: {takes})")
     kind = fields[key][0]
     for candidate in _alternatives(kind):

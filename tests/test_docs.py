@@ -47,7 +47,7 @@ def test_the_docs_tree_has_its_fixed_layout():
     names = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")}
     guide = {f"guide/{n}.md" for n in ("install", "your-loop", "cli", "checkpoints-and-logs", "clusters", "gpus")}
     solvers = {f"solvers/{n}.md" for n in ("allreduce", "adasum", "abs-sgd", "kfac", "elastic", "baselines")}
-    internals = {f"internals/{n}.md" for n in ("comm", "kernels", "benchmarks")}
+    internals = {f"internals/{n}.md" for n in ("comm", "kernels", "benchmarks", "solvers")}
     required = {"index.md", "guide/reliability.md", *guide, *solvers, *internals}
     assert required <= names, f"missing pages: {sorted(required - names)}"
 

@@ -5,7 +5,8 @@ from typing import Literal
 
 import pytest
 
-from mpisolve.options import OptionError, build_options, option_fields, options_to_dict, parse_option, require
+from mpisolve.errors import OptionError
+from mpisolve.options import build_options, option_fields, options_to_dict, parse_option, require
 
 
 @dataclass(frozen=True, kw_only=True)

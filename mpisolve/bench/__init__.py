@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..comm import init
-    from ..options import InputError
+    from ..errors import InputError
 
     if args.repeats < 1 or args.warmup < 0:
         raise InputError("--repeats must be >= 1 and --warmup >= 0")
@@ -83,7 +83,7 @@ def bench_device(args: argparse.Namespace, comm: Communicator) -> torch.device:
 
 
 def _require_cuda() -> None:
-    from ..options import InputError
+    from ..errors import InputError
 
     if not torch.cuda.is_available():
         raise InputError("--device cuda needs a CUDA device, and torch sees none here")

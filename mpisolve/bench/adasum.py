@@ -24,7 +24,7 @@ from ..comm.adasum import AdasumReducer
 from ..comm.buckets import GradientBuckets
 from ..comm.collectives import allreduce
 from ..comm.communicator import Communicator
-from ..options import InputError
+from ..errors import InputError
 from . import add_device_argument, bench_device, interleaved_medians
 from .allreduce import contiguous_allreduce, gradient_params
 

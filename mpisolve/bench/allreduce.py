@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 from ..comm.buckets import GradientBuckets, plan_buckets
 from ..comm.communicator import Communicator, mpi_buffer
-from ..options import InputError
+from ..errors import InputError
 from ..train.models import MODELS, build_model
 from . import add_device_argument, bench_device, median_seconds
 

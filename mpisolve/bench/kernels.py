@@ -1,7 +1,7 @@
 """``bench kernels``: every kernel against its plain torch/numpy equivalent on the same data.
 
-Imports each kernel module of :data:`KERNEL_MODULES` that exists (the others are listed
-as ``missing``), and times each of its ``bench_cases(numel)``: ``kernel_s`` and
+Imports each kernel module of :data:`KERNEL_MODULES` and times each of its
+``bench_cases(numel)``: ``kernel_s`` and
 ``reference_s`` are medians over ``--repeats`` (after ``--warmup`` untimed calls, which
 also compile Numba code), ``kernel_over_reference`` their ratio: below 1 the kernel is
 faster. Tensors are on the CPU (torch and Numba use ``threads`` threads each; under
@@ -17,8 +17,8 @@ import importlib
 from typing import Any
 
 from ..comm.communicator import Communicator
+from ..errors import InputError
 from ..kernels.dispatch import parallel_threads
-from ..options import InputError
 from . import add_device_argument, bench_device, median_seconds
 
 #: Kernel modules under ``mpisolve.kernels``, one per operation.
@@ -42,14 +42,10 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         "threads": parallel_threads(),
         "mpi_cuda_aware": comm.cuda_aware,
         "mpi_cuda_aware_source": comm.cuda_aware_source,
-        "missing": [],
         "cases": {},
     }
     for name in args.kernels or KERNEL_MODULES:
-        module = _kernel_module(name)
-        if module is None:
-            result["missing"].append(name)
-            continue
+        module = importlib.import_module(f"mpisolve.kernels.{name}")
         for case in module.bench_cases(args.numel, device):
             kernel_s = median_seconds(case.kernel, comm, args.repeats, args.warmup)
             reference_s = median_seconds(case.reference, comm, args.repeats, args.warmup)
@@ -59,14 +55,3 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
                 "kernel_over_reference": kernel_s / reference_s,
             }
     return result
-
-
-def _kernel_module(name: str) -> Any:
-    """``mpisolve.kernels.<name>``, or None if that module does not exist (errors inside it propagate)."""
-    full_name = f"mpisolve.kernels.{name}"
-    try:
-        return importlib.import_module(full_name)
-    except ModuleNotFoundError as err:
-        if err.name == full_name:
-            return None
-        raise

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..comm.communicator import Communicator
-from ..options import InputError
+from ..errors import InputError
 from ..solvers import Solver, make_solver
 from ..solvers.kfac.placement import EVERY_RANK, max_over_mean
 from ..solvers.kfac.solver import PHASES, VARIANTS, KFACSolver

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from mpi4py import MPI
 
 from ..comm.communicator import Communicator
-from ..options import InputError
+from ..errors import InputError
 from ..solvers import make_solver, solvers
 from ..solvers.base import solver_class
 from ..train.data import ShardStream, load_dataset

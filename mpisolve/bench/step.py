@@ -37,7 +37,8 @@ import torch
 from torch import nn
 
 from ..comm.communicator import Communicator
-from ..options import InputError, options_to_dict, parse_option
+from ..errors import InputError
+from ..options import options_to_dict, parse_option
 from ..solvers import make_solver, solvers
 from ..solvers.base import solver_class
 from ..train.models import MODELS, build_model

@@ -43,7 +43,7 @@ from ..comm.buckets import GradientBuckets
 from ..comm.collectives import REDUCE_OPS, allreduce
 from ..comm.communicator import Communicator, mpi_buffer
 from ..comm.ops import allreduce as one_allreduce
-from ..options import InputError
+from ..errors import InputError
 from . import interleaved_medians, write_csv
 
 #: Operations every mpisolve has; "adasum" joins when the functional collective offers it.

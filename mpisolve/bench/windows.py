@@ -16,7 +16,8 @@ import statistics
 import torch
 
 from ..comm.communicator import Communicator
-from ..comm.windows import Progress, SharedVector
+from ..comm.progress import Progress
+from ..comm.windows import SharedVector
 from ..kernels.elastic import elastic_exchange_
 from . import median_seconds, write_csv
 

@@ -1,10 +1,12 @@
-"""Everything that touches MPI. Nothing outside this package imports mpi4py directly,
-except for type hints of the communicators users pass in."""
+"""Everything that touches MPI.
 
-from .closing import PeerClosed, UnevenSteps
-from .communicator import CommTimeout, Communicator, as_communicator, init, mpi_buffer
-from .ops import TensorMismatchError, allgather, allreduce, alltoall, broadcast, process_set, reducescatter
-from .state import ModelMismatchError
+Nothing outside this package imports mpi4py directly, except for type hints of the
+communicators users pass in.
+"""
+
+from ..errors import CommTimeout, ModelMismatchError, PeerClosed, TensorMismatchError, UnevenSteps
+from .communicator import Communicator, as_communicator, init, mpi_buffer
+from .ops import allgather, allreduce, alltoall, broadcast, process_set, reducescatter
 
 __all__ = [
     "CommTimeout",

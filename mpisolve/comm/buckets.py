@@ -194,18 +194,34 @@ class Bucket:
     ``finish``: the same buffer, except for node-shared buckets (``node``: the
     :class:`NodeSumReducer` giving the storage) on the bandwidth path, whose sum is read in
     place from the window (``shared``).
+
+    ``storage``: a reducer's offer of storage for a CPU bucket reduced in its own dtype
+    (``storage(numel, dtype)``, collective over the node; None where it has none), which
+    the bucket then lives in, so that the reducer works in place (Adasum's node path).
     """
 
     def __init__(
-        self, index: int, params: list[torch.nn.Parameter], extra: int, node: NodeSumReducer | None = None
+        self,
+        index: int,
+        params: list[torch.nn.Parameter],
+        extra: int,
+        node: NodeSumReducer | None = None,
+        storage: Callable[[int, torch.dtype], torch.Tensor | None] | None = None,
     ) -> None:
         self.index = index
         self.params = params
         dtype = params[0].dtype
         shapes = [p.shape for p in params]
         if node is None:
-            self.buffer = FusedBuffer(shapes, dtype, params[0].device, extra=extra)
             wire = wire_dtype(dtype)
+            numel = sum(s.numel() for s in shapes) + extra
+            offered = None
+            if storage is not None and params[0].device.type == "cpu" and wire == dtype:
+                offered = storage(numel, dtype)
+            if offered is None:
+                self.buffer = FusedBuffer(shapes, dtype, params[0].device, extra=extra)
+            else:
+                self.buffer = FusedBuffer(shapes, dtype, extra=extra, flat=offered)
             # Half-precision gradients are reduced through a float32 twin of the buffer.
             self.wire = self.buffer.flat if wire == dtype else torch.zeros_like(self.buffer.flat, dtype=wire)
         else:

@@ -20,17 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
+from ..errors import PeerClosed
 from .communicator import Communicator
 
 _TAG = 1
-
-
-class PeerClosed(RuntimeError):
-    """Another rank reached ``close()`` while this rank waits in a round that rank never took."""
-
-
-class UnevenSteps(RuntimeError):
-    """The ranks ran different numbers of collective rounds (steps) before ``close()``."""
 
 
 @dataclass(frozen=True)

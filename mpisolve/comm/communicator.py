@@ -28,7 +28,7 @@ from typing import Any, TypeVar, cast, overload
 import torch
 from mpi4py import MPI
 
-from ..options import CollectiveInputError, InputError
+from ..errors import CollectiveInputError, CommTimeout, InputError
 from .device import Stager, detect_cuda_aware, detect_stage_all, host_twin, local_device
 from .engine import TorchGroup, rank_facts, resolve_engine
 
@@ -61,10 +61,6 @@ WATCH_INTERVAL_S = 0.1
 #: Between a rank's error message (the watchdog's, an uncaught exception's) and its abort:
 #: lets mpiexec forward it before tearing the job down.
 ABORT_GRACE_S = 0.5
-
-
-class CommTimeout(RuntimeError):
-    """A collective or window operation did not complete within the watchdog timeout."""
 
 
 def mpi_buffer(tensor: torch.Tensor) -> list[Any]:
@@ -124,6 +120,7 @@ class Posting:
         self.posted = True  # nothing queued
 
     def ready(self) -> bool:
+        """Whether every stager's data is ready to be posted."""
         return all(stager.ready() for stager in self.stagers)
 
 
@@ -423,7 +420,8 @@ class Communicator:
     def persistent_allreduce(self, tensor: torch.Tensor, op: str = "sum") -> PersistentAllreduce:
         """MPI's reusable in-place allreduce of ``tensor`` (MPI-4 persistent where available).
 
-        Solvers ask :func:`.reusable.reusable_sum`, which picks the engine; this is MPI's."""
+        Solvers ask :func:`.reusable.reusable_sum`, which picks the engine; this is MPI's.
+        """
         return PersistentAllreduce(self, tensor, op)
 
     def persistent_bcast(self, tensor: torch.Tensor, root: int = 0) -> PersistentBcast:
@@ -463,6 +461,26 @@ class Communicator:
         sub = cast(
             MPI.Intracomm, self.comm.Split(MPI.UNDEFINED if color is None else color, self.rank if key is None else key)
         )
+        return self._adopt(sub, name)
+
+    def dup(self, *, name: Any = None) -> Communicator:
+        """A duplicate of this communicator: the same ranks in the same order, its own message space (collective).
+
+        Collectives on it never match those on this one, so a component (a solver, the
+        trainer) can run its own alongside others'. ``name`` works as in :meth:`split`.
+        """
+        if name is not None and name in self._named_splits:
+            child = self._named_splits[name]
+            assert child is not None  # a duplicate always includes this rank
+            return child
+        self.flush("dup")
+        # A split of one color keeping the ranks' order: a duplicate, made as the split(0) it replaces.
+        child = self._adopt(cast(MPI.Intracomm, self.comm.Split(0, self.rank)), name)
+        assert child is not None
+        return child
+
+    def _adopt(self, sub: MPI.Intracomm, name: Any) -> Communicator | None:
+        """Wrap ``sub``, made from this communicator, with the same policies; :meth:`free` frees it."""
         child = None
         if sub != MPI.COMM_NULL:
             child = Communicator(
@@ -485,11 +503,14 @@ class Communicator:
         self._on_free.append(release)
 
     def free(self) -> None:
-        """Free what this wrapper made: what :meth:`on_free` was given, the communicators split
-        from it (theirs in turn), its node split and, if it was itself split from another
-        wrapper, its communicator. Never the world, nor a communicator the user wrapped (theirs
+        """Free what this wrapper made (collective).
+
+        That is: what :meth:`on_free` was given, the communicators split from it (theirs in
+        turn), its node split and, if it was itself split from another wrapper, its
+        communicator. Never the world, nor a communicator the user wrapped (theirs
         to free). Collective over the ranks of ``comm``, with nothing in flight; the wrapper
-        cannot be used afterwards."""
+        cannot be used afterwards.
+        """
         for release in reversed(self._on_free):
             release()
         self._on_free.clear()
@@ -554,6 +575,7 @@ class BlockingCall:
         self._thread.start()
 
     def arm(self, what: str, target: int | None) -> BlockingCall:
+        """Name the next call to watch, ``what`` (with its peer ``target``, if any); calls do not nest."""
         if self._call is not None:
             raise RuntimeError(f"blocking call {what} started inside {self._call[0]}: they do not nest")
         self._what, self._target = what, target
@@ -649,8 +671,11 @@ class PersistentCollective:
         self.stager.from_mpi()
 
     def free(self) -> None:
-        """Release the persistent request; refused while a started collective has not completed
-        (MPI forbids freeing an active request: complete it first, on every rank)."""
+        """Release the persistent request.
+
+        Refused while a started collective has not completed (MPI forbids freeing an active
+        request: complete it first, on every rank).
+        """
         posting = self.posting
         if not posting.posted or (posting.request != MPI.REQUEST_NULL and not posting.request.Test()):
             raise RuntimeError(f"a persistent {self.kind} was freed while still in flight: complete it first")
@@ -762,9 +787,12 @@ _threads_chosen = False
 
 
 def choose_threads(comm: Communicator, threads: int | None = None) -> None:
-    """Torch's intra-op threads: ``threads``; else, once per process (the first communicator made,
-    however it was made) and unless ``OMP_NUM_THREADS`` is set, the machine's cores over ``comm``'s
-    ranks on it, at least 1, as torchrun gives each of its processes."""
+    """Set torch's intra-op threads for this rank.
+
+    ``threads`` if given; else, once per process (the first communicator made, however it
+    was made) and unless ``OMP_NUM_THREADS`` is set, the machine's cores over ``comm``'s
+    ranks on it, at least 1, as torchrun gives each of its processes.
+    """
     global _threads_chosen
     if threads is not None:
         torch.set_num_threads(threads)

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..options import CollectiveInputError
+from ..errors import TensorMismatchError
 from .communicator import Communicator
 from .shm import node_group
 
@@ -61,10 +61,6 @@ CHECK = "MPI_Allreduce (mpisolve.allreduce's signature check)"
 Signature = tuple[torch.dtype, torch.Size, str]
 #: How a signature's calls go: its values with the flag, after the flag, or the general path after it.
 INLINE, SEPARATE, GENERAL = "inline", "separate", "general"
-
-
-class TensorMismatchError(CollectiveInputError):
-    """Ranks called a collective with tensors, reductions or roots that do not match (raised on every rank)."""
 
 
 class OneTensor:

@@ -37,11 +37,12 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from ..errors import TensorMismatchError
 from .collectives import _adasum, _packed
 from .collectives import allreduce as float_allreduce
 from .communicator import Communicator, Posting, as_communicator, mpi_buffer
 from .device import Stager
-from .onetensor import TensorMismatchError, one_tensor
+from .onetensor import one_tensor
 
 KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "join")
 REDUCTIONS = ("sum", "average", "min", "max", "product", "adasum")
@@ -150,9 +151,9 @@ class TensorOps:
 
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm
-        self.hdr = comm.split(0, name="ops.header")
-        self.data = comm.split(0, name="ops.data")
-        self.ctl = comm.split(0, name="ops.barrier")
+        self.hdr = comm.dup(name="ops.header")
+        self.data = comm.dup(name="ops.data")
+        self.ctl = comm.dup(name="ops.barrier")
         self._pending: list[Pending] = []
         self._names: set[str] = set()
         self.rounds = 0  # header rounds negotiated here: the same count on every rank
@@ -174,12 +175,15 @@ class TensorOps:
         name: str | None = None,
         out: Sequence[torch.Tensor] | None = None,
     ) -> Pending:
-        """Start ``kind`` on ``tensors`` (every rank the same kind, op, root, dtypes and shapes,
-        but for the first dimension of a gather or all-to-all). ``out``: an allreduce or a
+        """Start ``kind`` on ``tensors``.
+
+        Every rank gives the same kind, op, root, dtypes and shapes, but for the first
+        dimension of a gather or all-to-all. ``out``: an allreduce or a
         broadcast writes its results into these tensors (in place) instead of new ones.
         ``splits``: an all-to-all's rows for each rank (default: equal). Errors in this
         rank's own arguments raise at once; disagreements between ranks raise from
-        :meth:`Pending.wait` on every rank."""
+        :meth:`Pending.wait` on every rank.
+        """
         self.progress()
         tensors = list(tensors)
         _check_local(kind, tensors, op, root, splits, self.comm.size)
@@ -232,8 +236,11 @@ class TensorOps:
 
     @staticmethod
     def _meta(kind: str, tensors: list[torch.Tensor], op: str, splits: Sequence[int] | None) -> list[int]:
-        """The per-rank sizes the others need: an allreduce's wire groups (for a joined rank),
-        a gather's first dimensions, an all-to-all's splits."""
+        """The per-rank sizes the others need.
+
+        An allreduce's wire groups (for a joined rank), a gather's first dimensions, an
+        all-to-all's splits.
+        """
         if kind == "allreduce" and op != "adasum":
             groups: dict[torch.dtype, int] = {}
             for t in tensors:
@@ -249,8 +256,11 @@ class TensorOps:
 
     # ----------------------------------------------------------------- progress
     def progress(self) -> None:
-        """Move every started collective along, in start order: negotiate those whose headers
-        have arrived, post their data rounds, complete those whose data has arrived."""
+        """Move every started collective along, in start order.
+
+        Negotiate those whose headers have arrived, post their data rounds, complete those
+        whose data has arrived.
+        """
         for pending in self._pending:
             if pending.stage == "header":
                 if not self.hdr.test(pending.posting):
@@ -648,7 +658,8 @@ def _check_splits(tensor: torch.Tensor, splits: Sequence[int] | None, size: int)
 def _disagreement(headers: np.ndarray[Any, Any]) -> str | None:
     """What is wrong with the ranks' headers, or None: the same answer on every rank.
 
-    The working (not joined) ranks must agree; a joined rank answers an allreduce only."""
+    The working (not joined) ranks must agree; a joined rank answers an allreduce only.
+    """
     if not headers[:, _JOINED].any():  # the common case, in two array operations
         agreed = headers[:, _AGREED]
         named = headers[:, _NAME]
@@ -746,8 +757,11 @@ def _wire_flats(
 
 
 def _inline(header: np.ndarray[Any, Any], used: int, tensors: list[torch.Tensor], prescale: float) -> None:
-    """Put an allreduce's (prescaled, wire-dtype) values in the header after its ``used`` sizes,
-    if they fit; ``header[_INLINE]`` says how many bytes (0: they travel in a data round)."""
+    """Put an allreduce's (prescaled, wire-dtype) values in the header if they fit.
+
+    They go after its ``used`` sizes; ``header[_INLINE]`` says how many bytes (0: they
+    travel in a data round).
+    """
     groups = _wire_groups(tensors)
     if sum(tensors[i].numel() * wire.itemsize for wire, members in groups.items() for i in members) > (META - used) * 8:
         return
@@ -761,8 +775,10 @@ def _inline(header: np.ndarray[Any, Any], used: int, tensors: list[torch.Tensor]
 
 
 def _scale(flat: torch.Tensor, factor: float, dtype: torch.dtype) -> None:
-    """Scale a wire buffer by ``factor`` as a tensor of ``dtype`` would be: integers in float64
-    (truncated back), half precision in float32 and rounded to ``dtype``."""
+    """Scale a wire buffer by ``factor`` as a tensor of ``dtype`` would be.
+
+    Integers in float64 (truncated back), half precision in float32 and rounded to ``dtype``.
+    """
     if not dtype.is_floating_point:
         flat.copy_(flat.double().mul_(factor))
     else:
@@ -856,8 +872,10 @@ def allreduce(
 
 
 def allgather(tensors: torch.Tensor | Sequence[torch.Tensor], comm: MPI.Comm | Communicator | None = None) -> Any:
-    """Every rank's tensor concatenated along the first dimension, in rank order (first
-    dimensions may differ between ranks; the others, and dtypes, may not)."""
+    """Every rank's tensor concatenated along the first dimension, in rank order.
+
+    First dimensions may differ between ranks; the others, and dtypes, may not.
+    """
     given, single = _one_or_list(tensors)
     out = tensor_ops(comm).start("allgather", given).wait()
     return out[0] if single else out
@@ -875,8 +893,10 @@ def broadcast(
 def alltoall(
     tensor: torch.Tensor, splits: Sequence[int] | None = None, comm: MPI.Comm | Communicator | None = None
 ) -> tuple[torch.Tensor, list[int]]:
-    """Send ``splits[r]`` consecutive rows of ``tensor`` to rank r (default: equal shares);
-    returns the rows received, in rank order, and how many came from each rank."""
+    """Send ``splits[r]`` consecutive rows of ``tensor`` to rank r (default: equal shares).
+
+    Returns the rows received, in rank order, and how many came from each rank.
+    """
     result: tuple[torch.Tensor, list[int]] = tensor_ops(comm).start("alltoall", [tensor], splits=splits).wait()
     return result
 
@@ -884,8 +904,11 @@ def alltoall(
 def reducescatter(
     tensors: torch.Tensor | Sequence[torch.Tensor], op: str = "average", comm: MPI.Comm | Communicator | None = None
 ) -> Any:
-    """Reduce across ranks and keep this rank's rows: the first dimension is split as evenly
-    as possible, the first ranks one row more (:func:`scatter_rows`)."""
+    """Reduce across ranks and keep this rank's rows.
+
+    The first dimension is split as evenly as possible, the first ranks one row more
+    (:func:`scatter_rows`).
+    """
     given, single = _one_or_list(tensors)
     out = tensor_ops(comm).start("reducescatter", given, op=op).wait()
     return out[0] if single else out

@@ -10,7 +10,9 @@ its collectives and passive-target operations standing. Two remedies:
 - MPICH's own progress thread, which the job must be launched with
   (``MPICH_ASYNC_PROGRESS=1``); it busy-polls a core.
 
-:func:`require_async_progress` checks, up front, that the remedy asked for is available.
+:data:`Progress` names the choice, one vocabulary for every option called ``progress``
+(``"none"``: neither remedy, the rank's own MPI calls alone); :func:`check_progress`
+checks, up front, that the remedy asked for is available.
 """
 
 from __future__ import annotations
@@ -18,10 +20,16 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from typing import Literal
 
 from mpi4py import MPI
 
-from ..options import OptionError
+from ..errors import OptionError
+from ..options import require_choice
+
+#: Who moves MPI's operations along while a rank computes: a thread of ours, MPICH's progress
+#: thread, or neither (the rank's own MPI calls, or the library alone).
+Progress = Literal["thread", "mpich", "none"]
 
 #: How often a progress thread calls into MPI.
 PROGRESS_INTERVAL_S = 5e-4
@@ -30,6 +38,13 @@ PROGRESS_INTERVAL_S = 5e-4
 def threads_multiple() -> bool:
     """Whether MPI was initialised with ``MPI_THREAD_MULTIPLE`` (several threads may call it at once)."""
     return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+
+
+def check_progress(progress: str) -> None:
+    """Raise :class:`OptionError` unless ``progress`` is a :data:`Progress` this MPI can make."""
+    require_choice("progress", progress, Progress)
+    if progress != "none":
+        require_async_progress(progress)
 
 
 def require_async_progress(mode: str) -> None:

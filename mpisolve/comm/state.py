@@ -8,12 +8,9 @@ from typing import Any
 
 import torch
 
+from ..errors import ModelMismatchError
 from .communicator import Communicator
 from .reusable import reusable_bcast
-
-
-class ModelMismatchError(ValueError):
-    """Ranks were given models that differ in parameter count, names, shapes or dtypes."""
 
 
 def model_signature(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...], str]]:

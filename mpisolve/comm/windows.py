@@ -62,15 +62,12 @@ from typing import Literal
 import torch
 from mpi4py import MPI
 
-from ..options import OptionError
+from ..options import require_choice
 from .communicator import MPI_TYPES, Communicator, mpi_buffer
 from .device import Stager
-from .progress import ProgressThread, require_async_progress
+from .progress import Progress, ProgressThread, check_progress
 
 Layout = Literal["sharded", "server"]
-Progress = Literal["thread", "mpich", "none"]
-LAYOUTS: tuple[str, ...] = ("sharded", "server")
-PROGRESS_MODES: tuple[str, ...] = ("thread", "mpich", "none")
 
 #: Default size of one RMA operation: large float accumulates are not hardware atomics.
 CHUNK_BYTES = 1 << 20
@@ -102,14 +99,6 @@ def shard_bounds(numel: int, size: int, layout: str, itemsize: int) -> list[tupl
     per = -(-numel // size)
     per = -(-per // align) * align
     return [(min(r * per, numel), min((r + 1) * per, numel)) for r in range(size)]
-
-
-def check_progress(progress: str) -> None:
-    """Raise :class:`OptionError` unless this MPI can make progress the way ``progress`` says."""
-    if progress not in PROGRESS_MODES:
-        raise OptionError(f"progress must be one of {', '.join(PROGRESS_MODES)}, got {progress!r}")
-    if progress != "none":
-        require_async_progress(progress)
 
 
 class _ProgressThread:
@@ -149,8 +138,7 @@ class SharedVector:
         chunk_bytes: int = CHUNK_BYTES,
         device: torch.device | None = None,
     ) -> None:
-        if layout not in LAYOUTS:
-            raise OptionError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        require_choice("layout", layout, Layout)
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"a shared vector holds float32 or float64, got {dtype}")
         if numel < 1 or chunk_bytes < 1:

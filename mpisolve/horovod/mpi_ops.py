@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
-from ..comm import Communicator, TensorMismatchError, as_communicator
+from ..comm import Communicator, as_communicator
 from ..comm.ops import Pending, TensorOps, tensor_ops, threads_supported
 from ..comm.ops import process_set as communicator_of
+from ..errors import TensorMismatchError
 from .compression import Compression, Compressor
 from .timeline import Timeline
 

@@ -79,7 +79,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not process_set.included() or process_set.size() == 1 or not trained:
             return
         assert process_set.comm is not None
-        comm = process_set.comm.split(0, name="horovod.optimizer")
+        comm = process_set.comm.dup(name="horovod.optimizer")
         bucket_bytes = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", DEFAULT_BUCKET_BYTES)) or DEFAULT_BUCKET_BYTES
         if op == Adasum:
             self._deltas = DeltaBuckets(trained[::-1], comm, bucket_bytes=bucket_bytes)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..options import InputError
+from ..errors import InputError
 from .network import Algorithm, Network, adasum_allreduce, window_exchange
 from .node import NodeMemory, node_sum
 from .sharing import SharedCores

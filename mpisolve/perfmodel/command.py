@@ -18,7 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..options import InputError, option_fields
+from ..errors import InputError
+from ..options import option_fields
 from .calibrate import fit_adasum_gamma, fit_network, fit_window, read_sweep, read_window_bench
 from .iteration import MODELS, Case, Compute, iteration, model_options, parse_model_option
 from .network import ALGORITHMS, Algorithm, Network

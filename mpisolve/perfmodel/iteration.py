@@ -38,7 +38,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..options import InputError, build_options, parse_option, require
+from ..errors import InputError
+from ..options import BucketOptions, LocalStepsOptions, build_options, parse_option, require, with_default
 from .network import Network, adasum_allreduce, allgather, window_exchange
 from .sharing import SharedCores
 from .workloads import Workload
@@ -94,29 +95,14 @@ class Iteration:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BucketOptions:
-    """``bucket_mb``: gradient bucket size (each bucket is one allreduce); ``fusion``: how
-    gradients are grouped as backward produces them (:func:`backward_timeline`)."""
+class GradientOptions(BucketOptions):
+    """``fusion``: how gradients are grouped as backward produces them (:func:`backward_timeline`)."""
 
-    bucket_mb: float = 25.0
     fusion: Literal["buckets", "ready"] = "buckets"
 
-    def __post_init__(self) -> None:
-        require(math.isfinite(self.bucket_mb) and self.bucket_mb > 0, f"bucket_mb must be > 0, got {self.bucket_mb}")
-
 
 @dataclass(frozen=True, kw_only=True)
-class ExchangeOptions:
-    """``tau``: local steps between exchanges."""
-
-    tau: int = 4
-
-    def __post_init__(self) -> None:
-        require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class WindowOptions(ExchangeOptions):
+class WindowOptions(LocalStepsOptions):
     """``layout``: "sharded" (each rank owns a slice of the shared vector) or "server" (rank 0)."""
 
     layout: Literal["sharded", "server"] = "sharded"
@@ -124,11 +110,13 @@ class WindowOptions(ExchangeOptions):
 
 @dataclass(frozen=True, kw_only=True)
 class EveryStepWindowOptions(WindowOptions):
-    tau: int = 1
+    """The window of the solvers that push every step by default."""
+
+    tau: int = with_default(LocalStepsOptions, "tau", 1)
 
 
 @dataclass(frozen=True, kw_only=True)
-class KFACModelOptions(BucketOptions):
+class KFACModelOptions(GradientOptions):
     """As the kfac solver's options of these names; ``inverse_cost``: flops of one
     inversion per d^3 (about 1 for a Cholesky inverse, 5-10 for an eigendecomposition)."""
 
@@ -181,7 +169,7 @@ def _bucketed(case: Case, bucket_mb: float, each: Callable[[float], float]) -> f
     return sum(each(n) for n in _bucket_sizes(case, bucket_mb))
 
 
-def backward_timeline(case: Case, options: BucketOptions, each: Callable[[float], float]) -> tuple[float, float]:
+def backward_timeline(case: Case, options: GradientOptions, each: Callable[[float], float]) -> tuple[float, float]:
     """Seconds from the start of backward to the end of the last gradient exchange, and
     the exchanges' seconds in all.
 
@@ -225,7 +213,7 @@ def backward_timeline(case: Case, options: BucketOptions, each: Callable[[float]
     return max(max(free, last) + each(size), backward), busy
 
 
-def _gradients(case: Case, options: BucketOptions, each: Callable[[float], float]) -> tuple[float, float]:
+def _gradients(case: Case, options: GradientOptions, each: Callable[[float], float]) -> tuple[float, float]:
     """The gradient exchange's seconds in all and the part of them the iteration waits for:
     every bucket after backward, or with ``case.overlap`` what the backward timeline
     leaves after backward."""
@@ -242,7 +230,7 @@ def _waits(case: Case, exchanges: float = 0.0, locks: float = 0.0) -> float:
     return 0.0 if sharing is None else sharing.waits(case.p, exchanges) + sharing.locks(case.p, locks)
 
 
-def _allreduce(case: Case, options: BucketOptions) -> Exchange:
+def _allreduce(case: Case, options: GradientOptions) -> Exchange:
     def each(n: float) -> float:
         return case.net.allreduce(case.p, n)
 
@@ -251,7 +239,7 @@ def _allreduce(case: Case, options: BucketOptions) -> Exchange:
     return Exchange(0.0, comm + waits, exposed + waits)
 
 
-def _abs_sgd(case: Case, options: BucketOptions) -> Exchange:
+def _abs_sgd(case: Case, options: GradientOptions) -> Exchange:
     """ABS-SGD computes micro-batches until its delayed allreduce completes: only what
     outlasts a step's compute is waited for; with its bounded rounds (one micro-batch a
     round, the default) each step still waits for the round before, a blocking exchange."""
@@ -260,7 +248,7 @@ def _abs_sgd(case: Case, options: BucketOptions) -> Exchange:
     return Exchange(0.0, comm + waits, max(0.0, comm - case.compute.seconds(case.p)) + waits)
 
 
-def _adasum(case: Case, options: BucketOptions) -> Exchange:
+def _adasum(case: Case, options: GradientOptions) -> Exchange:
     share = case.workload.tensors / max(case.grad_bytes, 1.0)  # tensors per byte, spread over buckets
 
     def each(n: float) -> float:
@@ -272,7 +260,7 @@ def _adasum(case: Case, options: BucketOptions) -> Exchange:
     return Exchange(0.0, comm + waits, exposed + waits)
 
 
-def _easgd(case: Case, options: ExchangeOptions) -> Exchange:
+def _easgd(case: Case, options: LocalStepsOptions) -> Exchange:
     comm = (case.net.allreduce(case.p, case.grad_bytes) + _waits(case, 1.0)) / options.tau
     return Exchange(0.0, comm, comm)
 
@@ -335,12 +323,12 @@ def _kfac(case: Case, options: KFACModelOptions) -> Exchange:
 
 #: solver -> (its model: extra compute, communication and what of it is waited for, per iteration; its options).
 MODELS: dict[str, tuple[Callable[[Case, Any], Exchange], type]] = {
-    "allreduce": (_allreduce, BucketOptions),
-    "abs-sgd": (_abs_sgd, BucketOptions),
-    "adasum": (_adasum, BucketOptions),
-    "easgd": (_easgd, ExchangeOptions),
-    "local-sgd": (_easgd, ExchangeOptions),  # an allreduce of the parameters every tau steps
-    "lb-bsp": (_allreduce, BucketOptions),  # batch sizes balance the ranks' compute; the exchange is allreduce's
+    "allreduce": (_allreduce, GradientOptions),
+    "abs-sgd": (_abs_sgd, GradientOptions),
+    "adasum": (_adasum, GradientOptions),
+    "easgd": (_easgd, LocalStepsOptions),
+    "local-sgd": (_easgd, LocalStepsOptions),  # an allreduce of the parameters every tau steps
+    "lb-bsp": (_allreduce, GradientOptions),  # batch sizes balance the ranks' compute; the exchange is allreduce's
     "async-sgd": (_window(locked=True), EveryStepWindowOptions),
     "async-msgd": (_window(locked=True), EveryStepWindowOptions),
     "hogwild-sgd": (_window(locked=False), EveryStepWindowOptions),

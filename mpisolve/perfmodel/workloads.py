@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..options import InputError
+from ..errors import InputError
 
 if TYPE_CHECKING:
     import torch

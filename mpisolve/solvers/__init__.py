@@ -8,7 +8,7 @@ importing a subpackage always binds its module to the parent's attribute of that
 import sys
 import types
 
-from ..options import OptionError
+from ..errors import OptionError
 from . import (
     abs_sgd,  # noqa: F401  (registers "abs-sgd")
     adasum,  # noqa: F401  (registers "adasum")

@@ -33,8 +33,8 @@ flight :data:`STALL_ROUNDS` times as long as the recent rounds took (at least
 :data:`STALL_MIN_S`; :data:`STALL_FIRST_S` before any round completed): the rank goes on
 computing micro-batches into its next round, past the bound, until that round completes.
 
-The paper's full text was not available: the rule above is reconstructed from its
-abstract, and its open choices are the options below. Three defaults make it converge
+The rule above follows the paper's abstract; the choices it leaves open are the options
+below. Three defaults make it converge
 wherever synchronous SGD does (docs/solvers/abs-sgd.md derives them, docs/studies/abs-sgd.md
 measures them):
 
@@ -44,7 +44,7 @@ measures them):
   learning rate each update then costs that many more samples.
 - ``weight_prediction=1.5``: a round's micro-batches compute their gradients at the weights
   predicted for when the round is applied, ``w + c (w - w_before_last_update)``. The model
-  holds the predicted weights while it trains; :meth:`ABSSGD.evaluating`, ``close`` and
+  holds the predicted weights while it trains; :meth:`ABSSGDSolver.evaluating`, ``close`` and
   checkpoints keep the true ones.
 - ``momentum_correction=True``: a gradient one round late acts as one more round of
   momentum (Mitliagkas et al., 2016), so each update runs the optimizer's momentum lowered
@@ -69,20 +69,19 @@ from torch.amp import GradScaler
 
 from ..comm.buckets import FusedBuffer, wire_dtype
 from ..comm.closing import CloseNotices
-from ..comm.communicator import CommTimeout
 from ..comm.engine import Reusable
-from ..comm.progress import ProgressThread, require_async_progress
+from ..comm.progress import Progress, ProgressThread, check_progress
 from ..comm.readback import Readback, write_finite_probe
 from ..comm.reusable import reusable_sum
 from ..comm.shm import NodePersistentAllreduce
-from ..options import option, require
-from .base import Solver, StepInfo, register
-from .lb_bsp import measure_speeds, proportional_batches
+from ..errors import CommTimeout, UnsupportedModelError
+from ..options import MeasureOptions, option, require
+from .base import CommonOptions, Solver, StepInfo, register
 from .nonfinite import all_finite
+from .speeds import measure_speeds, proportional_batches
 
 Trigger = Literal["collective", "window", "samples"]
 LRScaling = Literal["none", "linear", "sqrt"]
-ProgressMode = Literal["poll", "thread", "mpich"]
 MicroBatch = Literal["adaptive", "speed", "fixed"]
 
 #: Rounds of measured speeds whose per-rank median sets the adaptive split (one slow round does not move it).
@@ -101,7 +100,7 @@ MOMENTUM_FLOOR = 1e-3
 
 
 @dataclass(frozen=True, kw_only=True)
-class ABSSGDOptions:
+class ABSSGDOptions(MeasureOptions, CommonOptions):
     """When a round ends, how an update follows the delay and the round's batch, who moves
     MPI along, how large each rank's micro-batches are (docs/solvers/abs-sgd.md)."""
 
@@ -123,10 +122,10 @@ class ABSSGDOptions:
         "the global batch lr_scaling and momentum_correction compare an update's with (default: the first "
         "update's, synchronous SGD's global batch)",
     )
-    progress: ProgressMode = option(
+    progress: Progress = option(
         "thread",
-        "who moves the allreduce along while the rank computes: a thread testing it every progress_ms; 'poll': "
-        "step()'s tests only; 'mpich': MPICH's own thread (launch with MPICH_ASYNC_PROGRESS=1)",
+        "who moves the allreduce along while the rank computes: a thread testing it every progress_ms; 'mpich': "
+        "MPICH's own thread (launch with MPICH_ASYNC_PROGRESS=1); 'none': step()'s tests only",
     )
     progress_ms: float = option(1.0, "the progress thread's interval, in milliseconds")
     micro_batch: MicroBatch = option(
@@ -134,7 +133,6 @@ class ABSSGDOptions:
         "each rank's micro-batch: synchronous SGD's global batch split by the speeds every rank measures, split "
         "again as they change; 'speed': split once; 'fixed': the configured size everywhere",
     )
-    measure_batches: int = option(3, "timed micro-batches whose median gives each rank's speed at the start")
     weight_prediction: float = option(
         1.5,
         "delay compensation c: a round's gradients are computed at w + c * (the last update); 0: at w, the rule "
@@ -152,6 +150,7 @@ class ABSSGDOptions:
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require(
             math.isfinite(self.progress_ms) and self.progress_ms > 0, f"progress_ms must be > 0, got {self.progress_ms}"
         )
@@ -178,7 +177,6 @@ class ABSSGDOptions:
             self.reference_batch is None or self.reference_batch >= 1,
             f"reference_batch must be >= 1, got {self.reference_batch}",
         )
-        require(self.measure_batches >= 1, f"measure_batches must be >= 1, got {self.measure_batches}")
         require(
             self.max_round_batches is None or self.max_round_batches >= 1,
             f"max_round_batches must be >= 1 or None, got {self.max_round_batches}",
@@ -204,20 +202,20 @@ def corrected_momentum(momentum: float, ratio: float, delay: int = 1) -> float:
 
 
 @register
-class ABSSGD(Solver):
+class ABSSGDSolver(Solver[ABSSGDOptions]):
     """Delayed synchronous SGD with an adaptive batch size: no worker waits for another."""
 
     name = "abs-sgd"
     Options = ABSSGDOptions
     #: A rank may stop rounds before the others: ``close`` lets it catch up (see there).
     tolerates_uneven = True
+    round_per_step = False  # a round spans the micro-batches until the previous round's allreduce completes
 
     def setup(self) -> None:
-        if self.options.progress != "poll":
-            require_async_progress(self.options.progress)
+        check_progress(self.options.progress)
         kinds = {(p.dtype, p.device) for p in self.params}
         if len(kinds) != 1:
-            raise TypeError(
+            raise UnsupportedModelError(
                 f"abs-sgd needs trainable parameters of one dtype on one device, got {sorted(map(str, kinds))}"
             )
         dtype, device = kinds.pop()
@@ -243,7 +241,7 @@ class ABSSGD(Solver):
             self._weights = FusedBuffer(shapes, dtype, device)
             self._weights.pack([p.detach() for p in self.params])
             self._last_update = FusedBuffer(shapes, dtype, device)
-        self._control = self.comm.split(0, name="abs-sgd close")  # close()'s agreement, apart from the rounds
+        self._control = self.comm.dup(name="abs-sgd close")  # close()'s agreement, apart from the rounds
         # A rank that stops early announces it, so that a bounded round stops waiting for its
         # contribution (close() then evens the ranks' rounds).
         self._closings = CloseNotices(self.comm, lambda: None, self.name, "rounds") if self.comm.size > 1 else None
@@ -309,14 +307,12 @@ class ABSSGD(Solver):
         self._point_grads_at_views()
 
     # -------------------------------------------------------------------- step
-    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
+    def _step(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
         """Add this micro-batch to the round; apply last round's mean if its allreduce has completed.
 
         ``scaler``: the micro-batch's gradients are unscaled; a non-finite micro-batch is left
         out of the round (the scaler's skip); the rounds go on as usual.
         """
-        if self.closed:
-            raise RuntimeError("solver 'abs-sgd' is closed")
         started_at = self._forward_at  # this micro-batch's first training forward
         n = self.take_samples(batch_size)
         if n == 0:  # no micro-batch: nothing to add, and a round needs one
@@ -358,7 +354,7 @@ class ABSSGD(Solver):
                     f"on rank {self.comm.rank} of {self.comm.size} (watchdog; set MPISOLVE_TIMEOUT to change it)"
                 )
             return False
-        if self.options.trigger == "window":
+        if self.options.window_s is not None:  # trigger="window" (the options give both or neither)
             return time.perf_counter() - self._posted_at >= self.options.window_s
         return True
 
@@ -398,7 +394,8 @@ class ABSSGD(Solver):
         if self.options.micro_batch == "adaptive" and self.batch_sizes is not None:
             self._resplit(list(values[1:-1]))
         total = int(round(values[0]))
-        if self._carry is not None and total < self.options.min_samples:
+        least = self.options.min_samples  # trigger="samples" (the options give both or neither)
+        if self._carry is not None and least is not None and total < least:
             return False, 0
         if total == 0:  # an empty round (only from close): nothing to apply
             return False, 0
@@ -543,7 +540,7 @@ class ABSSGD(Solver):
     def node_shared(self) -> bool:
         return self._drives_waits
 
-    def close(self) -> None:
+    def _free(self) -> None:
         """Collective: complete every round in flight, keep the ranks' models equal, free MPI resources.
 
         Ranks may stop one round apart (a rank posts round k + 1 once round k completed,
@@ -552,8 +549,6 @@ class ABSSGD(Solver):
         the newest round with an empty contribution. The newest round, which no rank has
         applied, is dropped: the micro-batches computed in it are not applied.
         """
-        if self.closed:
-            return
         if self._thread is not None:
             self._thread.stop()
         if self._closings is not None:  # announced first: a rank waiting in a bounded round stops waiting
@@ -574,7 +569,6 @@ class ABSSGD(Solver):
             round_.free()
         if self._weights is not None:
             self._hold_true_weights()  # the user's model ends at the true weights
-        super().close()
 
     def state_dict(self) -> dict[str, Any]:
         """Collective (every rank at the same applied update, as the trainer checkpoints).

@@ -10,9 +10,8 @@ combined gradient, its state identical everywhere.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch.amp import GradScaler
@@ -21,27 +20,27 @@ from ..comm.adasum import AdasumReducer
 from ..comm.buckets import Bucket, FusedBuffer, GradientBuckets, plan_buckets
 from ..comm.communicator import Communicator
 from ..comm.reusable import reusable_sum
-from ..options import option, require
-from .base import Solver, StepInfo, SynchronousOptions, collective_round, register
+from ..options import BucketOptions, choices, option, require_choice
+from .base import BucketSolver, Solver, StepInfo, SynchronousOptions, register
 from .nonfinite import all_finite
 
-MODES = ("delta", "gradient")
+Mode = Literal["delta", "gradient"]
+MODES = choices(Mode)
 
 
 @dataclass(frozen=True, kw_only=True)
-class AdasumOptions(SynchronousOptions):
+class AdasumOptions(BucketOptions, SynchronousOptions):
     """What Adasum combines, and in which units."""
 
-    mode: Literal["delta", "gradient"] = option(
+    mode: Mode = option(
         "delta",
         "delta: each rank takes its local optimizer step and the model deltas are combined (Horovod's); "
         "gradient: the gradients are combined during backward, then one optimizer step",
     )
-    bucket_mb: float = option(25.0, "size of the fused buckets reduced as units, in MB (10^6 bytes)")
 
     def __post_init__(self) -> None:
-        require(self.mode in MODES, f"mode must be one of {', '.join(map(repr, MODES))}, got {self.mode!r}")
-        require(self.bucket_mb > 0, f"bucket_mb must be > 0, got {self.bucket_mb}")
+        super().__post_init__()
+        require_choice("mode", self.mode, Mode)
 
 
 class DeltaBuckets:
@@ -63,8 +62,10 @@ class DeltaBuckets:
         self.weights: list[torch.Tensor] = []
         self.starts: list[torch.Tensor] = []
         for i, members in enumerate(plan_buckets(params, bucket_bytes)):
-            bucket = Bucket(i, [params[j] for j in members], extra=0)
-            self._keep_in_node_storage(bucket)
+            # CPU buckets reduced in their own dtype live in node-shared storage where Adasum's node
+            # path applies: the deltas are written where node partners read them, and the result is
+            # read where it lands (no copy in or out; :meth:`.AdasumReduction.wait_writable`).
+            bucket = Bucket(i, [params[j] for j in members], extra=0, storage=self.reducer.storage)
             self.buckets.append(bucket)
             weights = FusedBuffer([p.shape for p in bucket.params], bucket.buffer.flat.dtype, bucket.buffer.flat.device)
             weights.pack([p.detach() for p in bucket.params])
@@ -73,18 +74,6 @@ class DeltaBuckets:
             self.weights.append(weights.flat)
             self.starts.append(torch.empty_like(weights.flat))
             self.reducer.prepare(bucket)
-
-    def _keep_in_node_storage(self, bucket: Bucket) -> None:
-        """Lay a CPU bucket reduced in its own dtype over node-shared storage where Adasum's
-        node path applies: the deltas are written where node partners read them, and the result
-        is read where it lands (no copy in or out; :meth:`.AdasumReduction.wait_writable`)."""
-        flat = bucket.buffer.flat
-        if flat.device.type != "cpu" or bucket.wire is not flat:
-            return  # half precision travels in a float32 twin: the message path's copy stays
-        storage = self.reducer.storage(flat.numel(), flat.dtype)
-        if storage is not None:
-            bucket.buffer = bucket.result = FusedBuffer(bucket.buffer.shapes, flat.dtype, flat=storage)
-            bucket.wire = bucket.wire_values = storage
 
     @torch.no_grad()
     def begin(self) -> None:
@@ -109,7 +98,7 @@ class DeltaBuckets:
 
 
 @register
-class AdasumSolver(Solver):
+class AdasumSolver(Solver[AdasumOptions]):
     """Data-parallel training with Adasum in place of the average (Maleki et al., MLSys 2021).
 
     Adasum combines two ranks' updates g1, g2 per tensor as
@@ -122,55 +111,73 @@ class AdasumSolver(Solver):
     starts after backward (buckets still reduce while later deltas are computed); in
     gradient mode each bucket's combination starts from the autograd hooks during
     backward, as the allreduce solver's sums do.
+
+    Each mode is a class of its own behind this one name, picked by ``mode`` when the
+    solver is made (as Horovod's ``DistributedOptimizer`` picks its Adasum class by ``op``):
+    :class:`_GradientAdasum` is a bucket solver whose reducer is Adasum's,
+    :class:`_DeltaAdasum` combines the deltas of local optimizer steps.
     """
 
     name = "adasum"
     Options = AdasumOptions
 
+    def __new__(cls, *args: Any, **options: Any) -> AdasumSolver:
+        if cls is AdasumSolver:
+            cls = _GradientAdasum if options.get("mode") == "gradient" else _DeltaAdasum
+        return super().__new__(cls)
+
+    def _alone(self) -> bool:
+        """One rank: Adasum of one update is the update; nothing is combined (staging forced keeps the path)."""
+        return self.comm.size == 1 and not self.comm.stage_all
+
+
+class _GradientAdasum(BucketSolver[AdasumOptions], AdasumSolver):
+    """``mode="gradient"``: the gradients combined by Adasum in fused buckets while backward runs."""
+
     def setup(self) -> None:
-        bucket_bytes = int(self.options.bucket_mb * 1e6)
-        self.grads: GradientBuckets | None = None
+        self._reducer = None if self._alone() else AdasumReducer(self.comm)
+        self.grads = GradientBuckets(
+            self.params,
+            self.comm,
+            bucket_bytes=int(self.options.bucket_mb * 1e6),
+            reducer=self._reducer,
+            samples=self.samples_seen,
+        )
+
+    @property
+    def node_shared(self) -> bool:
+        return self._reducer is not None and self._reducer.node_shared
+
+    def _step(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
+        return self._bucket_step(self.grads, batch_size, scaler, "combined gradients")
+
+
+class _DeltaAdasum(AdasumSolver):
+    """``mode="delta"`` (Horovod's): a local optimizer step on every rank, the deltas combined."""
+
+    def setup(self) -> None:
         self.deltas: DeltaBuckets | None = None
-        self._reducer: AdasumReducer | None = None
-        # One rank: Adasum of one update is the update; nothing is combined (staging forced keeps the path).
-        alone = self.comm.size == 1 and not self.comm.stage_all
-        if self.options.mode == "gradient":
-            self._reducer = None if alone else AdasumReducer(self.comm)
-            self.grads = GradientBuckets(
-                self.params, self.comm, bucket_bytes=bucket_bytes, reducer=self._reducer, samples=self.samples_seen
-            )
-        elif not alone:
+        if not self._alone():
             # Reverse registration order, as gradient buckets: roughly the order backward ends.
-            self.deltas = DeltaBuckets(self.params[::-1], self.comm, bucket_bytes=bucket_bytes)
-            self._reducer = self.deltas.reducer
-        #: Delta mode: this step's samples and whether this rank contributes, summed beside the deltas.
+            self.deltas = DeltaBuckets(self.params[::-1], self.comm, bucket_bytes=int(self.options.bucket_mb * 1e6))
+        #: This step's samples and whether this rank contributes, summed beside the deltas.
         self._tally = torch.zeros(GradientBuckets.TALLY, dtype=torch.float64)
         self._tally_host = self._tally.numpy().data
         self._tally_sum = reusable_sum(self.comm, self._tally)
-        #: Delta mode: this step's agreement that every rank's local gradients are finite (None: not yet).
+        #: This step's agreement that every rank's local gradients are finite (None: not yet).
         self._all_finite: bool | None = None
         self._withheld = False
 
-    def zero_grad(self) -> None:
-        if self.grads is not None:
-            self.grads.zero_()
-        else:
-            super().zero_grad()
+    @property
+    def node_shared(self) -> bool:
+        return self.deltas is not None and self.deltas.reducer.node_shared
 
-    def no_sync(self) -> AbstractContextManager[None]:
-        """Gradient mode: accumulate into the buckets. Delta mode communicates nothing during
-        backward: accumulation needs no context."""
-        return self.grads.no_sync() if self.grads is not None else super().no_sync()
-
-    @collective_round
-    def synchronize(self, *, scaler: GradScaler | None = None) -> None:
-        """Gradient mode: complete the gradients' Adasum. Delta mode: the gradients stay this
-        rank's own (the local step needs them); the ranks agree whether all are finite (one
-        1-element allreduce), and if not, with a scaler, make this rank's non-finite too,
-        so that every rank's scaler skips the step and backs off alike."""
-        if self.grads is not None:
-            self.grads.finish(writable=True, check_finite=self._checks_finite(scaler))
-        elif self._all_finite is None:
+    def _synchronize(self, scaler: GradScaler | None) -> None:
+        """The gradients stay this rank's own (the local step needs them); the ranks agree
+        whether all are finite (one 1-element allreduce), and if not, with a scaler, make
+        this rank's non-finite too, so that every rank's scaler skips the step and backs
+        off alike."""
+        if self._all_finite is None:
             grads = [] if self._withheld else [p.grad for p in self.params if p.grad is not None]
             checked = self.nonfinite.policy != "ignore" or (scaler is not None and scaler.is_enabled())
             self._all_finite = not checked or self.nonfinite.agreed(all_finite(grads))
@@ -181,11 +188,8 @@ class AdasumSolver(Solver):
                 first.grad.view(-1)[:1].fill_(float("nan"))
         self._unscale(scaler)
 
-    @collective_round
-    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
-        if self.grads is not None:
-            return self._bucket_step(self.grads, batch_size, scaler, "combined gradients")
-        self.synchronize(scaler=scaler)
+    def _step(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
+        self._synchronize(scaler)
         local = self.take_samples(batch_size)
         # The local step would poison this rank's optimizer state: the ranks agreed before it.
         if scaler is not None and scaler.is_enabled():
@@ -212,26 +216,13 @@ class AdasumSolver(Solver):
         return StepInfo(applied=applied, global_samples=global_samples if applied else 0, local_samples=local)
 
     def _shadow_round(self) -> bool:
-        if self.grads is not None:
-            return self._shadow_bucket_round(self.grads)
         self._withheld = True
         try:
             return self._shadow_step()
         finally:
             self._withheld = False
 
-    @property
-    def node_shared(self) -> bool:
-        return self._reducer is not None and self._reducer.node_shared
-
-    def close(self) -> None:
-        if not self.closed:
-            if self.grads is not None:
-                self._end_rounds(busy=self.grads.in_flight, drain=self.grads.finish)
-                self.grads.close()
-            else:
-                self._end_rounds(busy=False, drain=None)
-                if self.deltas is not None:
-                    self.deltas.close()
-            self._tally_sum.free()
-        super().close()
+    def _free(self) -> None:
+        if self.deltas is not None:
+            self.deltas.close()
+        self._tally_sum.free()

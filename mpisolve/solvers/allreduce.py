@@ -7,22 +7,17 @@ from dataclasses import dataclass
 from torch.amp import GradScaler
 
 from ..comm.buckets import GradientBuckets
-from ..options import option, require
-from .base import BucketSolver, StepInfo, SynchronousOptions, collective_round, register
+from ..options import BucketOptions
+from .base import BucketSolver, StepInfo, SynchronousOptions, register
 
 
 @dataclass(frozen=True, kw_only=True)
-class AllreduceOptions(SynchronousOptions):
-    """The bucketed allreduce's one knob."""
-
-    bucket_mb: float = option(25.0, "size of the fused gradient buckets, in MB (10^6 bytes), as DDP's bucket_cap_mb")
-
-    def __post_init__(self) -> None:
-        require(self.bucket_mb > 0, f"bucket_mb must be > 0, got {self.bucket_mb}")
+class AllreduceOptions(BucketOptions, SynchronousOptions):
+    """The bucketed allreduce's one knob, ``bucket_mb``."""
 
 
 @register
-class AllreduceSolver(BucketSolver):
+class AllreduceSolver(BucketSolver[AllreduceOptions]):
     """Data-parallel synchronous SGD, DDP-grade.
 
     Gradients live in fused buckets (``p.grad`` are views into them); each bucket's
@@ -49,6 +44,5 @@ class AllreduceSolver(BucketSolver):
             average=True,
         )
 
-    @collective_round
-    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
+    def _step(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
         return self._bucket_step(self.grads, batch_size, scaler, "averaged gradients")

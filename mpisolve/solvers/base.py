@@ -32,17 +32,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import torch
 from mpi4py import MPI
 from torch.amp import GradScaler
 
 from ..comm.buckets import GradientBuckets, Reduction
-from ..comm.closing import CloseNotices, UnevenSteps
+from ..comm.closing import CloseNotices
 from ..comm.communicator import Communicator, as_communicator
 from ..comm.state import BufferBroadcast, broadcast_module_and_optimizer, check_same_model
-from ..options import OptionError, build_options, option, options_to_dict
+from ..errors import OptionError, UnevenSteps
+from ..options import Options, build_options, option, options_to_dict
 from .nonfinite import NonFiniteGuard, NonFinitePolicy, all_finite
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -83,8 +84,12 @@ class Joined:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CommonOptions:
-    """Options every solver takes, besides its own (see :mod:`mpisolve.solvers.nonfinite`)."""
+class CommonOptions(Options):
+    """Options every solver takes.
+
+    Every solver's options dataclass derives from this one (see
+    :mod:`mpisolve.solvers.nonfinite`).
+    """
 
     nonfinite: NonFinitePolicy = option(
         "raise",
@@ -94,7 +99,7 @@ class CommonOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SynchronousOptions:
+class SynchronousOptions(CommonOptions):
     """Options of the solvers whose ranks hold one model (allreduce, adasum, lb-bsp, kfac).
 
     ``broadcast_buffers``: one nonblocking broadcast of rank 0's buffers is started after
@@ -110,36 +115,31 @@ class SynchronousOptions:
 
 
 def collective_round(method: F) -> F:
-    """Marks a method whose waits belong to the solver's current collective round (``step``,
-    ``synchronize``): only there does another rank's ``close()`` interrupt a wait."""
+    """Mark a method whose waits belong to the solver's current collective round.
+
+    Only there does another rank's ``close()`` interrupt a wait. ``step`` and ``synchronize`` are rounds
+    already where :attr:`Solver.round_per_step` says so; mark the methods that run a round
+    every few steps (an average, an exchange).
+    """
 
     @functools.wraps(method)
     def in_round(self: Solver, *args: Any, **kwargs: Any) -> Any:
-        if self._round_open:
+        with self._collective_round():
             return method(self, *args, **kwargs)
-        self._round_open = self._round_entered = True
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            self._round_open = False
 
     return cast(F, in_round)
 
 
-def with_common_options(own: type) -> type:
-    """``own`` (a solver's options dataclass) extended by :class:`CommonOptions`' fields."""
-    if issubclass(own, CommonOptions):
-        return own
-    namespace = {"__doc__": own.__doc__, "__module__": own.__module__, "__qualname__": own.__qualname__}
-    return dataclass(frozen=True, kw_only=True)(type(own.__name__, (CommonOptions, own), namespace))
+#: A solver's options dataclass.
+OptionsT = TypeVar("OptionsT", bound=CommonOptions)
 
 
-class Solver(ABC):
-    """The interface every mpisolve solver implements."""
+class Solver(ABC, Generic[OptionsT]):
+    """The interface every mpisolve solver implements, generic in its options dataclass ``OptionsT``."""
 
     name: ClassVar[str]
-    #: The solver's options dataclass; a subclass's own is extended by :class:`CommonOptions`.
-    Options: ClassVar[type] = CommonOptions
+    #: The solver's options dataclass (``OptionsT``): it derives from :class:`CommonOptions`.
+    Options: ClassVar[type[CommonOptions]] = CommonOptions
     #: True when every rank's ``step`` returns the same sequence of applied updates with
     #: the same ``global_samples`` (counted over all ranks): synchronous rounds, or
     #: ABS-SGD's delayed rounds, however many micro-batches each rank computes per round.
@@ -154,15 +154,14 @@ class Solver(ABC):
     tolerates_uneven: ClassVar[bool] = False
     #: What a collective round of this solver is called in messages.
     round_unit: ClassVar[str] = "steps"
+    #: True when every ``step`` (and ``synchronize``) is one collective round; False for solvers
+    #: whose rounds come every few steps (they mark those methods :func:`collective_round`) or
+    #: that have none the ranks take together.
+    round_per_step: ClassVar[bool] = True
     #: Whether ``join()`` ends by giving every rank the model (parameters and buffers) and the
     #: optimizer state of the last rank to join, as DDP's ``Join`` gives its model: False where
     #: the ranks' models differ by design (EASGD's workers; its result is the center).
     joins_to_one_model: ClassVar[bool] = True
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "Options" in cls.__dict__:
-            cls.Options = with_common_options(cls.Options)
 
     def __init__(
         self,
@@ -175,12 +174,10 @@ class Solver(ABC):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        self.options = build_options(self.name, self.Options, options)
-        # The solver's own communicator (a split of the one given): its collectives never
+        self.options: OptionsT = cast(OptionsT, build_options(self.name, self.Options, options))
+        # The solver's own communicator (a duplicate of the one given): its collectives never
         # interleave with the user's or another solver's, whatever order those come in.
-        private = as_communicator(comm).split(0)
-        assert private is not None
-        self.comm = private
+        self.comm = as_communicator(comm).dup()
         self.model = model
         self.optimizer = optimizer
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -205,7 +202,8 @@ class Solver(ABC):
         self._verdict: str | None = None
         buffers = [b for b in model.buffers() if b.numel() > 0]
         self._buffers: BufferBroadcast | None = None
-        if getattr(self.options, "broadcast_buffers", False) and buffers and self.comm.size > 1:
+        synchronous = isinstance(self.options, SynchronousOptions) and self.options.broadcast_buffers
+        if synchronous and buffers and self.comm.size > 1:
             self._buffers = BufferBroadcast(buffers, self.comm)
         self._notices: CloseNotices | None = None
         if not self.tolerates_uneven and self.comm.size > 1:
@@ -238,9 +236,12 @@ class Solver(ABC):
             self._samples += args[0].shape[0]
 
     def _training_forward(self, module: torch.nn.Module) -> bool:
-        """Whether a forward of ``module`` now is a training one, which counts its samples (and
-        K-FAC's factors): autograd on (not under ``no_grad`` or ``inference_mode``), the model
-        in training mode (not after ``model.eval()``), outside :meth:`evaluating`."""
+        """Whether a forward of ``module`` now is a training one.
+
+        A training forward counts its samples (and K-FAC's factors): autograd on (not under
+        ``no_grad`` or ``inference_mode``), the model in training mode (not after
+        ``model.eval()``), outside :meth:`evaluating`.
+        """
         return torch.is_grad_enabled() and module.training and not self._evaluating
 
     @property
@@ -262,8 +263,10 @@ class Solver(ABC):
 
     # ----------------------------------------------------------- interface
     def local_batch_size(self, configured: int, probe: Callable[[int], float] | None = None) -> int:
-        """This rank's micro-batch size; a training loop asks once, on every rank, before drawing data
-        (and follows ``StepInfo.next_batch_size`` when a step changes it).
+        """This rank's micro-batch size.
+
+        A training loop asks once, on every rank, before drawing data (and follows
+        ``StepInfo.next_batch_size`` when a step changes it).
 
         ``configured``: the batch size the run was given. ``probe(n)``: the seconds one
         training micro-batch of ``n`` samples takes on this rank (forward, backward and any
@@ -272,11 +275,12 @@ class Solver(ABC):
         return configured
 
     def zero_grad(self) -> None:
-        """Clear this rank's gradients before the next backward (any other way of zeroing works too):
-        torch's default, set to None, so that backward writes them afresh instead of adding to zeros."""
+        """Clear this rank's gradients before the next backward (any other way of zeroing works too).
+
+        Torch's default, set to None, so that backward writes them afresh instead of adding to zeros.
+        """
         self.optimizer.zero_grad()
 
-    @abstractmethod
     def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
         """Combine work across ranks and maybe update the model.
 
@@ -288,6 +292,23 @@ class Solver(ABC):
         normal skip, not an error) and steps through ``scaler.step``; call
         ``scaler.update()`` after it. Do not call ``scaler.unscale_`` or ``scaler.step``
         yourself.
+
+        Refused on a closed solver; a collective round where :attr:`round_per_step`; the
+        solver's own work is :meth:`_step`.
+        """
+        self._check_open("step")
+        if not self.round_per_step:
+            return self._step(batch_size, scaler)
+        with self._collective_round():
+            return self._step(batch_size, scaler)
+
+    @abstractmethod
+    def _step(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
+        """The solver's step (the hook :meth:`step` calls once the solver is known open).
+
+        It ends each collective round it completes with :meth:`_end_round` (the buffers'
+        broadcast starts, the round is counted) and a step that completes none with
+        :meth:`_end_step`; :meth:`_bucket_step` does all of it for a solver of gradient buckets.
         """
 
     def no_sync(self) -> AbstractContextManager[None]:
@@ -302,15 +323,41 @@ class Solver(ABC):
         return nullcontext()
 
     def synchronize(self, *, scaler: GradScaler | None = None) -> None:
-        """Complete this step's combination of gradients now; the next ``step()`` applies them
-        without communicating them again.
+        """Complete this step's combination of gradients now.
+
+        The next ``step()`` applies them without communicating them again.
 
         After it, ``p.grad`` holds what the step applies (the averaged or combined
         gradients; this rank's own for solvers that step on local gradients), to clip or
         inspect. ``scaler``: also unscale them (the ranks' reduced gradients are equal,
         so every rank decides alike whether to skip). Call it on every rank.
         """
+        self._check_open("synchronize")
+        if not self.round_per_step:
+            self._synchronize(scaler)
+            return
+        with self._collective_round():
+            self._synchronize(scaler)
+
+    def _synchronize(self, scaler: GradScaler | None) -> None:
+        """The solver's :meth:`synchronize`; by default the gradients stay this rank's own, unscaled."""
         self._unscale(scaler)
+
+    def _check_open(self, call: str) -> None:
+        if self.closed:
+            raise RuntimeError(f"mpisolve {self.name}: {call}() on a closed solver (close() was called)")
+
+    @contextmanager
+    def _collective_round(self) -> Iterator[None]:
+        """The waits inside belong to the current collective round (nested: the outer one's)."""
+        if self._round_open:
+            yield
+            return
+        self._round_open = self._round_entered = True
+        try:
+            yield
+        finally:
+            self._round_open = False
 
     @contextmanager
     def join(self) -> Iterator[Joined]:
@@ -345,8 +392,11 @@ class Solver(ABC):
         return self.rounds
 
     def _sync_to_last(self, taken: int) -> int:
-        """After ``join()``'s rounds: the last rank to join (most ``taken`` steps, then the highest
-        rank), whose model and optimizer state every rank takes (:attr:`joins_to_one_model`)."""
+        """After ``join()``'s rounds, find the last rank to join and take its state.
+
+        The last rank has the most ``taken`` steps, then the highest rank; every rank takes
+        its model and optimizer state (:attr:`joins_to_one_model`).
+        """
         size = self.comm.size
         if size == 1:
             return 0
@@ -359,8 +409,11 @@ class Solver(ABC):
         return last
 
     def _shadow_round(self) -> bool:
-        """One collective round contributing nothing, on a rank that joined; whether any rank
-        still contributed (the join loop ends after the first round nobody did)."""
+        """Take one collective round contributing nothing, on a rank that joined.
+
+        Returns whether any rank still contributed (the join loop ends after the first round
+        nobody did).
+        """
         raise NotImplementedError(f"solver {self.name!r} does not implement join()")
 
     def close(self) -> None:
@@ -368,14 +421,40 @@ class Solver(ABC):
 
         For the synchronous solvers the ranks first compare how many rounds they ran: if
         they differ (a rank stopped early without ``join()``), :class:`UnevenSteps` is
-        raised on every rank.
+        raised on every rank. A second call does nothing.
+
+        The sequence is this class's: the rounds compared (and a round some rank left in
+        flight, :meth:`_round_in_flight`, completed by :meth:`_drainer`'s function), then
+        the solver's own :meth:`_free`, then the hooks and the communicator released.
         """
-        if not self.closed:
-            self._remove_hooks()
-            self.closed = True
-            self.comm.free()
-            if self._verdict is not None:
-                raise UnevenSteps(self._verdict)
+        if self.closed:
+            return
+        self._end_rounds(busy=self._round_in_flight(), drain=self._drainer())
+        self._free()
+        self._remove_hooks()
+        self.closed = True
+        self.comm.free()
+        if self._verdict is not None:
+            raise UnevenSteps(self._verdict)
+
+    def _round_in_flight(self) -> bool:
+        """Whether this rank left a round's communication started and not complete (``close``)."""
+        return False
+
+    def _drainer(self) -> Callable[[], object] | None:
+        """What completes a round some rank left in flight, on every rank (``close``).
+
+        None: this solver starts and completes its collectives inside ``step``, so none is
+        left in flight.
+        """
+        return None
+
+    def _free(self) -> None:
+        """End the solver's own work (collective, every rank's rounds complete).
+
+        Its last results are settled (a center loaded, a final round applied) and its MPI
+        resources released.
+        """
 
     def _remove_hooks(self) -> None:
         """The model's and the optimizer's hooks go with the solver (the optimizer may step alone after)."""
@@ -424,7 +503,9 @@ class Solver(ABC):
 
     def _end_round(self, active_ranks: int) -> None:
         """After a collective round (and its update): start broadcasting the buffers, count it.
-        ``active_ranks``: ranks that were still in their loops in it (all, but under ``join``)."""
+
+        ``active_ranks``: ranks that were still in their loops in it (all, but under ``join``).
+        """
         self._active_ranks = active_ranks
         if self._buffers is not None:
             self._buffers.start()
@@ -451,20 +532,28 @@ class Solver(ABC):
         self._unscaled_by = scaler
 
     def _checks_finite(self, scaler: GradScaler | None) -> bool:
-        """Whether a step's reduction is to say if its values are finite: for the ``nonfinite``
-        policy (a step given an enabled GradScaler checks what the scaler unscaled instead)."""
+        """Whether a step's reduction is to say if its values are finite.
+
+        For the ``nonfinite`` policy (a step given an enabled GradScaler checks what the
+        scaler unscaled instead).
+        """
         return self.nonfinite.policy != "ignore" and (scaler is None or not scaler.is_enabled())
 
     def _may_apply(self, tensors: Sequence[torch.Tensor], what: str, scaler: GradScaler | None) -> bool:
-        """Whether to apply the step on ``tensors``: with a GradScaler, whether they are finite
-        (a skip is the scaler's normal one, uncounted); else the ``nonfinite`` policy."""
+        """Whether to apply the step on ``tensors``.
+
+        With a GradScaler, whether they are finite (a skip is the scaler's normal one,
+        uncounted); else the ``nonfinite`` policy.
+        """
         if scaler is not None and scaler.is_enabled():
             return all_finite(tensors)
         return self.nonfinite.ok(tensors, what)
 
     def _step_optimizer(self, scaler: GradScaler | None) -> None:
-        """The user's optimizer steps (through the scaler, which then knows the step was taken);
-        not in a joined rank's shadow step (``join()`` gives it the last rank's model after)."""
+        """Step the user's optimizer (through the scaler, which then knows the step was taken).
+
+        Not in a joined rank's shadow step (``join()`` gives it the last rank's model after).
+        """
         if self._shadowing:
             return
         self._stepping = True
@@ -487,8 +576,11 @@ class Solver(ABC):
             )
 
     def _global_samples(self, reduction: Reduction, batch_size: int | None) -> int:
-        """The step's global sample count: the forward passes' (it rode with the gradients),
-        or the sum of ``batch_size`` over the ranks (one small allreduce)."""
+        """The step's global sample count.
+
+        The forward passes' (it rode with the gradients), or the sum of ``batch_size`` over
+        the ranks (one small allreduce).
+        """
         if batch_size is None:
             return reduction.samples
         if self._joining:
@@ -508,10 +600,12 @@ class Solver(ABC):
         before_update: Callable[[], None] | None = None,
         after_update: Callable[[bool], None] | None = None,
     ) -> StepInfo:
-        """The step of a solver whose gradients ``grads`` reduces: complete the reduction
-        (unless ``synchronize`` did), decide, maybe ``before_update`` and the optimizer's
+        """The step of a solver whose gradients ``grads`` reduces.
+
+        Complete the reduction (unless ``synchronize`` did), decide, maybe ``before_update`` and the optimizer's
         step, rearm. The reduced gradients are the same on every rank: all decide alike.
-        ``after_update(applied)`` completes the solver's own work of the round, still inside it."""
+        ``after_update(applied)`` completes the solver's own work of the round, still inside it.
+        """
         if grads.backward_ran and batch_size is None and self._forward_at is None:
             raise RuntimeError(
                 f"mpisolve {self.name}: gradients arrived but no training forward of the solver's model was seen, "
@@ -548,8 +642,9 @@ class Solver(ABC):
         return self._shadow_step()
 
     def _shadow_step(self) -> bool:
-        """A joined rank's step: decided as the ranks in their loops decide theirs, applying
-        nothing; whether any rank contributed.
+        """A joined rank's step, decided as the ranks in their loops decide theirs.
+
+        It applies nothing; returns whether any rank contributed.
 
         With the GradScaler this rank was last given: the step unscales through it as theirs
         do, and it is updated as their loops update theirs (so its scale stays theirs: K-FAC
@@ -589,9 +684,11 @@ class Solver(ABC):
         yield self.model
 
     def broadcast_state(self, root: int = 0) -> None:
-        """Give every rank ``root``'s parameters, buffers and optimizer state (collective): after
-        rank ``root`` alone loaded a checkpoint, or any change made on some ranks only. Between
-        steps; the solver's own state (``state_dict``) is not sent."""
+        """Give every rank ``root``'s parameters, buffers and optimizer state (collective).
+
+        After rank ``root`` alone loaded a checkpoint, or any change made on some ranks only. Between
+        steps; the solver's own state (``state_dict``) is not sent.
+        """
         broadcast_module_and_optimizer(self.model, self.optimizer, self.comm, root)
 
     def state_dict(self) -> dict[str, Any]:
@@ -603,13 +700,17 @@ class Solver(ABC):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` gave, on every rank; refused for another solver's state."""
         if state.get("solver") != self.name:
             raise ValueError(f"this state is from solver {state.get('solver')!r}, not {self.name!r}")
         self.nonfinite.skipped = int(state.get("nonfinite_skipped", 0))
 
     def __repr__(self) -> str:
-        """``AllreduceSolver('allreduce', rank 0 of 2, bucket_mb=10.0)``: the options that differ from
-        their defaults (callables by name), and whether the solver is closed."""
+        """``AllreduceSolver('allreduce', rank 0 of 2, bucket_mb=10.0)``.
+
+        The options that differ from their defaults (callables by name), and whether the
+        solver is closed.
+        """
         defaults = {f.name: f.default for f in dataclasses.fields(self.options)}
         parts = [repr(self.name), f"rank {self.comm.rank} of {self.comm.size}"] + (["closed"] if self.closed else [])
         parts += [
@@ -617,7 +718,8 @@ class Solver(ABC):
             for k, v in options_to_dict(self.options).items()
             if getattr(self.options, k) != defaults[k]
         ]
-        return f"{type(self).__name__}({', '.join(parts)})"
+        registered = _REGISTRY.get(self.name, type(self))  # a mode's private class shows as its solver
+        return f"{registered.__name__}({', '.join(parts)})"
 
     def __enter__(self) -> Solver:
         return self
@@ -626,44 +728,45 @@ class Solver(ABC):
         self.close()
 
 
-class BucketSolver(Solver):
-    """A solver whose gradients live in :class:`GradientBuckets` (``self.grads``, made in
-    ``setup``) and are reduced while backward runs: zeroing, accumulation, early completion,
-    uneven inputs and closing are the buckets' (``allreduce``, ``lb-bsp``, ``kfac``)."""
+class BucketSolver(Solver[OptionsT]):
+    """A solver whose gradients live in :class:`GradientBuckets`, reduced while backward runs.
+
+    ``self.grads`` is made in ``setup``; zeroing, accumulation, early completion,
+    uneven inputs and closing are the buckets' (``allreduce``, ``lb-bsp``, ``kfac``).
+    """
 
     grads: GradientBuckets
 
     @property
     def node_shared(self) -> bool:
+        """Whether the buckets' sums run in node-shared memory."""
         return self.grads.node is not None
 
     def zero_grad(self) -> None:
+        """Zero the buckets (the gradients are views into them)."""
         self.grads.zero_()
 
     def no_sync(self) -> AbstractContextManager[None]:
+        """Accumulate into the buckets without reducing them."""
         return self.grads.no_sync()
 
-    @collective_round
-    def synchronize(self, *, scaler: GradScaler | None = None) -> None:
+    def _synchronize(self, scaler: GradScaler | None) -> None:
         """Complete the buckets' reduction now, into this rank's own copy (to clip or unscale in place).
 
         Whether the reduced gradients are finite is read with them, now: the step applies
-        them, or not, on that finding (clipping keeps finite values finite)."""
+        them, or not, on that finding (clipping keeps finite values finite).
+        """
         self.grads.finish(writable=True, check_finite=self._checks_finite(scaler))
         self._unscale(scaler)
 
     def _shadow_round(self) -> bool:
         return self._shadow_bucket_round(self.grads)
 
-    def close(self) -> None:
-        if not self.closed:
-            self._end_rounds(busy=self._in_flight(), drain=self._drain)
-            self._free()
-        super().close()
-
-    def _in_flight(self) -> bool:
-        """Whether this rank left a round's communication started and not complete."""
+    def _round_in_flight(self) -> bool:
         return self.grads.in_flight
+
+    def _drainer(self) -> Callable[[], object] | None:
+        return self._drain
 
     def _drain(self) -> None:
         """Complete a round some rank left in flight (``close``)."""
@@ -687,6 +790,7 @@ def register(cls: type[Solver]) -> type[Solver]:
 
 
 def solver_class(name: str) -> type[Solver]:
+    """The registered class of solver ``name``, or :class:`OptionError` naming the known ones."""
     try:
         return _REGISTRY[name]
     except KeyError:

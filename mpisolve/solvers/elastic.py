@@ -46,46 +46,65 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 from torch.amp import GradScaler
 
-from ..comm.buckets import FusedBuffer, HostTally
+from ..comm.buckets import HostTally
 from ..comm.device import Stager
-from ..comm.progress import threads_multiple
+from ..comm.progress import Progress, check_progress, threads_multiple
 from ..comm.readback import wait_event
 from ..comm.reusable import reusable_sum
-from ..comm.windows import Layout, LocalVector, Progress, SharedVector, check_progress
+from ..comm.windows import Layout, LocalVector, SharedVector
+from ..errors import OptionError
 from ..kernels.elastic import elastic_exchange_
-from ..options import OptionError, option, require
-from .base import Solver, StepInfo, collective_round, register
+from ..options import LocalStepsOptions, Options, option, require, require_choice, with_default
+from .base import CommonOptions, Solver, StepInfo, collective_round, register
+from .flat import flatten_parameters
 
 
 # ------------------------------------------------------------------ options
 @dataclass(frozen=True, kw_only=True)
-class EASGDOptions:
+class LocalStepOptions(LocalStepsOptions, CommonOptions):
+    """Options of every solver of this module: an exchange every ``tau`` local steps."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MomentumOptions(Options):
+    """Nesterov momentum the solver itself adds to each local step."""
+
+    momentum: float = option(
+        0.9,
+        "Nesterov momentum the solver adds to each local step (EAMSGD's 0.99): give it an optimizer without momentum",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(0 <= self.momentum < 1, f"momentum must be in [0, 1), got {self.momentum}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EASGDOptions(LocalStepOptions):
     """The elastic exchange: how often, and how strongly workers and center pull together."""
 
-    tau: int = option(4, "local steps between exchanges")
     alpha: float | None = option(
         None, "elastic moving rate, in (0, 1]; None (and no rho): 0.9 / ranks; easgd needs alpha * ranks <= 1"
     )
     rho: float | None = option(None, "elastic penalty instead of alpha: alpha = lr * rho")
 
     def __post_init__(self) -> None:
-        require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
+        super().__post_init__()
         require(self.alpha is None or self.rho is None, "give alpha or rho, not both")
         require(self.alpha is None or 0 < self.alpha <= 1, f"alpha must be in (0, 1], got {self.alpha}")
         require(self.rho is None or self.rho > 0, f"rho must be > 0, got {self.rho}")
 
 
 WindowMemory = Literal["host", "device"]
-WINDOW_MEMORY: tuple[str, ...] = ("host", "device")
 
 
 @dataclass(frozen=True, kw_only=True)
-class WindowOptions:
+class WindowOptions(LocalStepOptions):
     """The shared vector's MPI window: who owns it, who moves its operations along, where it lives."""
 
     layout: Layout = option(
@@ -111,38 +130,20 @@ class WindowOptions:
     )
 
     def __post_init__(self) -> None:
-        require(self.window in WINDOW_MEMORY, f"window must be one of {', '.join(WINDOW_MEMORY)}, got {self.window!r}")
-        later = getattr(super(), "__post_init__", None)  # EASGDOptions' checks, for the async EASGD options
-        if later is not None:
-            later()
-
-
-def _check_momentum(momentum: float) -> None:
-    require(0 <= momentum < 1, f"momentum must be in [0, 1), got {momentum}")
+        super().__post_init__()
+        require_choice("window", self.window, WindowMemory)
 
 
 @dataclass(frozen=True, kw_only=True)
 class AsyncSGDOptions(WindowOptions):
-    """Downpour's push period."""
+    """Downpour's push period: ``tau`` local steps between pushes to the shared parameters."""
 
-    tau: int = option(1, "local steps between pushes to the shared parameters (1: every step)")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
+    tau: int = with_default(LocalStepsOptions, "tau", 1)
 
 
 @dataclass(frozen=True, kw_only=True)
-class AsyncMSGDOptions(AsyncSGDOptions):
+class AsyncMSGDOptions(MomentumOptions, AsyncSGDOptions):
     """Downpour with Nesterov momentum on the local steps."""
-
-    momentum: float = option(
-        0.9, "Nesterov momentum the solver adds to each local step: give it an optimizer without momentum"
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_momentum(self.momentum)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,42 +152,13 @@ class AsyncEASGDOptions(WindowOptions, EASGDOptions):
 
 
 @dataclass(frozen=True, kw_only=True)
-class AsyncMEASGDOptions(AsyncEASGDOptions):
+class AsyncMEASGDOptions(MomentumOptions, AsyncEASGDOptions):
     """EAMSGD: asynchronous EASGD with Nesterov momentum on the local steps."""
 
-    momentum: float = option(
-        0.99,
-        "Nesterov momentum the solver adds to each local step (EAMSGD's 0.99): give it an optimizer without momentum",
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_momentum(self.momentum)
+    momentum: float = with_default(MomentumOptions, "momentum", 0.99)
 
 
 # ------------------------------------------------------------------ pieces
-def flatten_parameters(
-    params: list[torch.nn.Parameter], *, who: str = "the EASGD family", extra: int = 0
-) -> torch.Tensor:
-    """Make ``params`` views into one flat tensor on their device (one copy, now) and return it.
-
-    ``extra`` trailing elements follow the parameters (e.g. a sample count that rides
-    along in the same message); ``who`` names the solver in errors.
-    """
-    dtypes = {p.dtype for p in params}
-    if len(dtypes) != 1 or not dtypes <= {torch.float32, torch.float64}:
-        found = ", ".join(sorted(map(str, dtypes)))
-        raise OptionError(f"{who} needs parameters of one dtype, float32 or float64; got {found}")
-    devices = {p.device for p in params}
-    if len(devices) != 1:
-        raise OptionError(f"{who} needs parameters on one device; got {', '.join(sorted(map(str, devices)))}")
-    flat = FusedBuffer([p.shape for p in params], params[0].dtype, params[0].device, extra=extra)
-    flat.pack([p.detach() for p in params])
-    for p, view in zip(params, flat.views):
-        p.data = view
-    return flat.flat
-
-
 class NesterovMomentum:
     """Nesterov momentum around any optimizer's step: v = mu v + delta; x += mu v."""
 
@@ -205,7 +177,11 @@ class NesterovMomentum:
         self.flat.add_(self.velocity, alpha=self.momentum)
 
 
-class _LocalSteps(Solver):
+LocalT = TypeVar("LocalT", bound=LocalStepOptions)
+WindowT = TypeVar("WindowT", bound=WindowOptions)
+
+
+class _LocalSteps(Solver[LocalT]):
     """Local optimizer steps on a flat copy of the model, an exchange every ``tau`` of them.
 
     Each step applies this rank's own update and, but for ``easgd``, reports only its own
@@ -214,9 +190,10 @@ class _LocalSteps(Solver):
     """
 
     lockstep = False
+    round_per_step = False  # the rounds, where there are any, are the exchanges (every tau steps)
 
     def setup(self) -> None:
-        momentum = getattr(self.options, "momentum", 0.0)
+        momentum = self.options.momentum if isinstance(self.options, MomentumOptions) else 0.0
         if momentum and any(group.get("momentum", 0) for group in self.optimizer.param_groups):
             raise OptionError(
                 f"{self.name} applies its own momentum ({momentum}); give it an optimizer without momentum"
@@ -237,9 +214,7 @@ class _LocalSteps(Solver):
     def _steps_taken(self) -> int:
         return self.steps
 
-    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
-        if self.closed:
-            raise RuntimeError(f"solver {self.name!r} is closed")
+    def _step(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
         self.poll()
         self._unscale(scaler)
         local = self.take_samples(batch_size)
@@ -327,7 +302,7 @@ def _resolve_alpha(options: EASGDOptions, optimizer: torch.optim.Optimizer, rank
 
 # ------------------------------------------------------------------ synchronous EASGD
 @register
-class EASGD(_LocalSteps):
+class EASGDSolver(_LocalSteps[EASGDOptions]):
     """Synchronous EASGD: every ``tau`` steps each worker and the (replicated) center pull together.
 
     x_c += alpha sum_i (x_i - x_c) and x_i -= alpha (x_i - x_c), both from the old
@@ -396,19 +371,16 @@ class EASGD(_LocalSteps):
         super().load_state_dict(state)
         self.center.copy_(state["center"])
 
-    def close(self) -> None:
+    def _free(self) -> None:
         """Every rank's model becomes rank 0's center (bit for bit)."""
-        if not self.closed:
-            self._end_rounds(busy=False, drain=None)
-            self.comm.bcast_(self.center, what="easgd center")
-            self.flat.copy_(self.center)
-            self._sum.free()
-            self._tally.free()
-        super().close()
+        self.comm.bcast_(self.center, what="easgd center")
+        self.flat.copy_(self.center)
+        self._sum.free()
+        self._tally.free()
 
 
 # ------------------------------------------------------------------ windowed, asynchronous
-class _Windowed(_LocalSteps):
+class _Windowed(_LocalSteps[WindowT]):
     """The asynchronous solvers: the shared vector lives in a :class:`SharedVector`.
 
     Ranks may stop at different steps: ``close`` waits until every rank has stopped
@@ -503,16 +475,14 @@ class _Windowed(_LocalSteps):
         super().load_state_dict(state)
         self.vector.store_(state["center"])
 
-    def close(self) -> None:
+    def _free(self) -> None:
         """Collective: wait until every rank has stopped writing, load the center, free the window."""
-        if not self.closed:
-            if self._overlapped is not None:
-                self._overlapped.apply()
-                self._overlapped.close()
-            self.vector.quiesce()
-            self.read_center(self.flat)
-            self.vector.close()
-        super().close()
+        if self._overlapped is not None:
+            self._overlapped.apply()
+            self._overlapped.close()
+        self.vector.quiesce()
+        self.read_center(self.flat)
+        self.vector.close()
 
 
 class OverlappedExchange:
@@ -591,7 +561,7 @@ def _require_cuda_aware(aware: bool, source: str) -> None:
     )
 
 
-class _SharedParameters(_Windowed):
+class _SharedParameters(_Windowed[WindowT]):
     """Downpour-style: push the local progress since the last exchange, pull the shared parameters."""
 
     def setup_exchange(self) -> None:
@@ -627,7 +597,7 @@ class _SharedParameters(_Windowed):
         self.anchor.copy_(state["anchor"])
 
 
-class _ElasticExchange(_Windowed):
+class _ElasticExchange(_Windowed[WindowT]):
     """Asynchronous EASGD: d = alpha (x_i - x_c); x_i -= d; x_c += d, against the shared center."""
 
     def exchange_function(self, center: torch.Tensor, start: int, stop: int) -> None:
@@ -635,7 +605,7 @@ class _ElasticExchange(_Windowed):
 
 
 @register
-class AsyncSGD(_SharedParameters):
+class AsyncSGDSolver(_SharedParameters[AsyncSGDOptions]):
     """Asynchronous SGD on shared parameters, each push-and-pull atomic per shard."""
 
     name = "async-sgd"
@@ -644,7 +614,7 @@ class AsyncSGD(_SharedParameters):
 
 
 @register
-class AsyncMSGD(_SharedParameters):
+class AsyncMSGDSolver(_SharedParameters[AsyncMSGDOptions]):
     """Asynchronous momentum SGD: async-sgd with Nesterov momentum on the local steps."""
 
     name = "async-msgd"
@@ -653,7 +623,7 @@ class AsyncMSGD(_SharedParameters):
 
 
 @register
-class HogwildSGD(_SharedParameters):
+class HogwildSGDSolver(_SharedParameters[AsyncSGDOptions]):
     """Hogwild SGD: async-sgd without any lock."""
 
     name = "hogwild-sgd"
@@ -662,7 +632,7 @@ class HogwildSGD(_SharedParameters):
 
 
 @register
-class AsyncEASGD(_ElasticExchange):
+class AsyncEASGDSolver(_ElasticExchange[AsyncEASGDOptions]):
     """Asynchronous EASGD, each exchange atomic per shard of the center."""
 
     name = "async-easgd"
@@ -671,7 +641,7 @@ class AsyncEASGD(_ElasticExchange):
 
 
 @register
-class AsyncMEASGD(_ElasticExchange):
+class AsyncMEASGDSolver(_ElasticExchange[AsyncMEASGDOptions]):
     """Asynchronous EAMSGD: async-easgd with Nesterov momentum on the local steps."""
 
     name = "async-measgd"
@@ -680,7 +650,7 @@ class AsyncMEASGD(_ElasticExchange):
 
 
 @register
-class EAWild(_ElasticExchange):
+class EAWildSolver(_ElasticExchange[AsyncEASGDOptions]):
     """EA-wild (Hogwild EASGD): workers update the center concurrently, without locks."""
 
     name = "ea-wild"

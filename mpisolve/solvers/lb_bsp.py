@@ -10,9 +10,6 @@ gradients, reduced while backward runs as the ``allreduce`` solver does.
 
 from __future__ import annotations
 
-import heapq
-import math
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,63 +17,13 @@ from typing import Any
 from torch.amp import GradScaler
 
 from ..comm.buckets import GradientBuckets
-from ..comm.communicator import Communicator
-from ..options import OptionError, option, require
-from .base import BucketSolver, StepInfo, SynchronousOptions, collective_round, register
-
-
-def parse_speeds(text: str) -> tuple[float, ...]:
-    """``"1,1,1,0.25"`` -> relative speeds (finite, > 0)."""
-    speeds = []
-    for item in text.split(","):
-        try:
-            speed = float(item)
-        except ValueError:
-            raise OptionError(f"speeds must be 'measure' or comma-separated numbers, got {text!r}") from None
-        require(math.isfinite(speed) and speed > 0, f"every speed must be finite and > 0, got {item.strip()!r}")
-        speeds.append(speed)
-    return tuple(speeds)
-
-
-def proportional_batches(speeds: tuple[float, ...], total: int) -> list[int]:
-    """``total`` samples split by ``speeds`` so that the slowest rank's step is as short as it can be.
-
-    Every rank gets one sample, then each further sample goes to the rank that would
-    finish it soonest. This minimises the step's time,
-    ``max(batch / speed)``; rounding shares of the spare samples does not (with speeds
-    1, 1, 1, 0.25 and 16 samples it gives 5, 5, 4, 2: a step of 2 / 0.25 = 8 units, not 5).
-    The greedy part starts from one sample under each rank's share of the spare ones,
-    which it would have given anyway, so it places about one sample per rank, not the
-    whole batch (ABS-SGD splits again every round).
-    """
-    if total < len(speeds):
-        raise OptionError(f"a global batch of {total} cannot give each of {len(speeds)} ranks a sample")
-    require(all(math.isfinite(s) and s > 0 for s in speeds), f"every speed must be finite and > 0, got {speeds}")
-    # The last spare sample ends at time >= spare / sum(speeds): every k / speed below that is taken.
-    per_speed = (total - len(speeds)) / sum(speeds)
-    batches = [max(1, math.floor(per_speed * speed) - 1) for speed in speeds]
-    finish = [((batch + 1) / speed, rank) for rank, (batch, speed) in enumerate(zip(batches, speeds))]
-    heapq.heapify(finish)  # when each rank's next sample would end
-    for _ in range(total - sum(batches)):
-        _, rank = heapq.heappop(finish)
-        batches[rank] += 1
-        heapq.heappush(finish, ((batches[rank] + 1) / speeds[rank], rank))
-    return batches
-
-
-def measure_speeds(
-    comm: Communicator, configured: int, probe: Callable[[int], float] | None, batches: int, *, who: str
-) -> tuple[float, ...]:
-    """Collective: every rank's speed in samples/s, from ``probe`` (a warm-up, then the median of ``batches``)."""
-    if probe is None:
-        raise OptionError(f"{who} measures each rank's speed with the training loop's probe, and none was given")
-    probe(configured)
-    seconds = statistics.median(probe(configured) for _ in range(batches))
-    return tuple(comm.allgather_object(configured / max(seconds, 1e-9)))
+from ..options import BucketOptions, MeasureOptions, option, require
+from .base import BucketSolver, StepInfo, SynchronousOptions, register
+from .speeds import measure_speeds, parse_speeds, proportional_batches
 
 
 @dataclass(frozen=True, kw_only=True)
-class LBBSPOptions(SynchronousOptions):
+class LBBSPOptions(MeasureOptions, BucketOptions, SynchronousOptions):
     """How the ranks' speeds are known, and the gradient buckets."""
 
     speeds: str = option(
@@ -84,18 +31,15 @@ class LBBSPOptions(SynchronousOptions):
         "measure: time micro-batches with the loop's probe (after one warm-up, the median); "
         "or relative speeds, one per rank (1,1,1,0.25)",
     )
-    measure_batches: int = option(3, "timed micro-batches per rank when speeds are measured")
-    bucket_mb: float = option(25.0, "size of the fused gradient buckets, in MB (10^6 bytes), as for allreduce")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.speeds != "measure":
             parse_speeds(self.speeds)
-        require(self.measure_batches >= 1, f"measure_batches must be >= 1, got {self.measure_batches}")
-        require(self.bucket_mb > 0, f"bucket_mb must be > 0, got {self.bucket_mb}")
 
 
 @register
-class LBBSP(BucketSolver):
+class LBBSPSolver(BucketSolver[LBBSPOptions]):
     """Synchronous SGD with static speed-proportional micro-batches and sample-weighted averaging."""
 
     name = "lb-bsp"
@@ -130,8 +74,7 @@ class LBBSP(BucketSolver):
             self.batch_sizes = proportional_batches(self.speeds, configured * self.comm.size)
         return self.batch_sizes[self.comm.rank]
 
-    @collective_round
-    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
+    def _step(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
         """Complete the weighted reduction and step. The sample counts are the forward passes'."""
         if batch_size is not None:
             raise ValueError(

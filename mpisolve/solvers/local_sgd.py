@@ -22,9 +22,9 @@ from torch.amp import GradScaler
 
 from ..comm.buckets import HostTally
 from ..comm.reusable import reusable_sum
-from ..options import option, require
-from .base import Solver, StepInfo, collective_round, register
-from .elastic import flatten_parameters
+from ..options import LocalStepsOptions
+from .base import CommonOptions, Solver, StepInfo, collective_round, register
+from .flat import flatten_parameters
 
 #: Trailing elements of the averaged message: samples since the last average, ranks that
 #: contributed their model, ranks still in their loops (every one, but under ``join()``).
@@ -32,20 +32,16 @@ TALLY = 3
 
 
 @dataclass(frozen=True, kw_only=True)
-class LocalSGDOptions:
-    """How often the models are averaged."""
-
-    tau: int = option(4, "local steps between parameter averages (H); 4, as the EASGD family's exchange period")
-
-    def __post_init__(self) -> None:
-        require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
+class LocalSGDOptions(LocalStepsOptions, CommonOptions):
+    """How often the models are averaged: every ``tau`` local steps (H in the papers)."""
 
 
 @register
-class LocalSGD(Solver):
+class LocalSGDSolver(Solver[LocalSGDOptions]):
     """Local SGD with periodic parameter averaging (one allreduce every ``tau`` steps)."""
 
     name = "local-sgd"
+    round_per_step = False  # the rounds are the averages (every tau steps)
     Options = LocalSGDOptions
     round_unit = "averages"
 
@@ -59,10 +55,8 @@ class LocalSGD(Solver):
         self._moved = False  # this rank took a local step since the last average
         self._kept: torch.Tensor | None = None  # a joined rank's model while it contributes nothing
 
-    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
+    def _step(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
         """One local step; every ``tau``-th also averages the models (the applied global update)."""
-        if self.closed:
-            raise RuntimeError("solver 'local-sgd' is closed")
         self._unscale(scaler)
         local = self.take_samples(batch_size)
         # Each rank checks its own gradients and skips its local step alone: nothing non-finite is averaged.
@@ -120,9 +114,6 @@ class LocalSGD(Solver):
         self.steps = int(state["steps"])
         self._since_average = int(state["samples_since_average"])
 
-    def close(self) -> None:
-        if not self.closed:
-            self._end_rounds(busy=False, drain=None)
-            self._average.free()
-            self._counts.free()
-        super().close()
+    def _free(self) -> None:
+        self._average.free()
+        self._counts.free()

@@ -15,7 +15,8 @@ A solver calls :meth:`NonFiniteGuard.ok` on what it is about to apply. Where tha
 result of a reduction (allreduce, Adasum), every rank holds the same values, so every rank
 decides alike with no communication (a NaN on one rank makes the sum NaN everywhere).
 Where ranks hold different values but must decide alike (a local step before a
-collective), ``agree=True`` adds one 1-element allreduce. Asynchronous solvers check
+collective), :meth:`NonFiniteGuard.agreed` adds one 1-element allreduce and
+:meth:`NonFiniteGuard.decide` applies the policy to its answer. Asynchronous solvers check
 their own update and skip it alone: nothing non-finite then reaches the shared vector.
 """
 
@@ -29,20 +30,20 @@ import torch
 
 from ..comm.communicator import Communicator
 from ..comm.readback import finite_probe, read
+from ..errors import NonFiniteError
+from ..options import require_choice
 
 NonFinitePolicy = Literal["raise", "skip", "ignore"]
-POLICIES: tuple[str, ...] = ("raise", "skip", "ignore")
 #: Under ``"skip"``, this many skipped steps in a row stop the job: the model has diverged.
 MAX_CONSECUTIVE_SKIPS = 100
 
 
-class NonFiniteError(FloatingPointError):
-    """A NaN or Inf was about to reach the model under ``nonfinite="raise"``."""
-
-
 def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether every element of ``tensors`` is finite: one pass over each, one counted read
-    (:func:`~mpisolve.comm.readback.read`; a solver's step reads it with its other values where it can)."""
+    """Whether every element of ``tensors`` is finite.
+
+    One pass over each, one counted read (:func:`~mpisolve.comm.readback.read`; a solver's
+    step reads it with its other values where it can).
+    """
     if not tensors:
         return True
     return math.isfinite(read(finite_probe(tensors))[0])
@@ -52,8 +53,7 @@ class NonFiniteGuard:
     """One solver's non-finite policy: checks, the count of skipped steps, the error."""
 
     def __init__(self, policy: NonFinitePolicy, comm: Communicator, solver: str) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"nonfinite must be one of {', '.join(POLICIES)}, got {policy!r}")
+        require_choice("nonfinite", policy, NonFinitePolicy)
         self.policy = policy
         self.comm = comm
         self.solver = solver
@@ -64,19 +64,15 @@ class NonFiniteGuard:
         self._flag = torch.zeros(1)  # on the host: read through its memory, never from a device
         self._flag_host = self._flag.numpy()
 
-    def ok(self, tensors: Sequence[torch.Tensor], what: str, *, agree: bool = False) -> bool:
+    def ok(self, tensors: Sequence[torch.Tensor], what: str) -> bool:
         """True: apply the step. False: skip it (``"skip"``, counted). Raises under ``"raise"``.
 
-        ``agree``: ranks hold different ``tensors`` but must decide alike (one small
-        allreduce; every rank must call it). Without it the decision is this rank's own,
-        which is the same on every rank when ``tensors`` are the result of a reduction.
+        The decision is this rank's own, which is the same on every rank when ``tensors``
+        are the result of a reduction.
         """
         if self.policy == "ignore":
             return True
-        finite = all_finite(tensors)
-        if agree:
-            finite = self.agreed(finite)
-        return self.decide(finite, what, agreed=agree)
+        return self.decide(all_finite(tensors), what)
 
     def agreed(self, finite: bool) -> bool:
         """Collective: whether ``finite`` holds on every rank (one 1-element allreduce)."""

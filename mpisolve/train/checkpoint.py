@@ -32,16 +32,12 @@ from typing import Any
 
 import torch
 
-from ..options import InputError
+from ..errors import CheckpointError
 
 MAGIC = b"MPISOLVE-CHECKPOINT\n"
 FORMAT = 1
 MANIFEST = "latest.json"
 _MAX_HEADER = 1 << 16
-
-
-class CheckpointError(InputError):
-    """A checkpoint that cannot be used: missing, foreign, truncated, corrupt, or of another run."""
 
 
 def atomic_write(path: Path, chunks: Iterable[bytes | memoryview]) -> None:

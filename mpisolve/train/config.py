@@ -18,7 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..options import InputError, build_options, option_fields, parse_option
+from ..errors import InputError
+from ..options import build_options, option_fields, parse_option
 from .data import DATASET_FORMS, DEFAULT_IMAGE_SIZE, SYNTHETIC_MIN_SIZE, parse_dataset
 from .hetero import PRESETS, factors_for_world, parse_hetero
 from .models import MODEL_FORMS, check_model_spec

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..options import InputError
+from ..errors import InputError
 from . import datasets
 from .factory import describe, is_reference
 

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from ..options import InputError
+from ..errors import InputError
 from .factory import call, describe, load_callable
 
 #: The files of CIFAR-10's python version.

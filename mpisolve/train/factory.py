@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..options import InputError
+from ..errors import InputError
 
 
 def is_reference(spec: str) -> bool:

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from ..options import InputError
+from ..errors import InputError
 
 ENV = "MPISOLVE_FAULT"
 KINDS = ("raise", "kill", "stall")

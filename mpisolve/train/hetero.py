@@ -26,7 +26,7 @@ import math
 import time
 from collections.abc import Callable
 
-from ..options import InputError
+from ..errors import InputError
 
 #: Named heterogeneous 4-worker clusters (slowdown factor of each worker).
 PRESETS: dict[str, tuple[float, ...]] = {

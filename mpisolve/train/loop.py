@@ -34,7 +34,8 @@ import torch.nn.functional as F
 
 from ..comm.communicator import Communicator
 from ..comm.state import model_signature
-from ..options import CollectiveInputError, option_fields, options_to_dict
+from ..errors import CollectiveInputError
+from ..options import option_fields, options_to_dict
 from ..solvers import make_solver
 from ..solvers.base import solver_class
 from . import config as train_settings
@@ -95,9 +96,7 @@ class Trainer:
     def __init__(self, config: TrainConfig, comm: Communicator, *, show: bool) -> None:
         self.config = config
         self.comm = comm
-        ctrl = comm.split(0)  # the trainer's own collectives, apart from the solver's
-        assert ctrl is not None  # every rank gives color 0, so every rank joins
-        self.ctrl = ctrl
+        self.ctrl = comm.dup()  # the trainer's own collectives, apart from the solver's
         rank, size = comm.rank, comm.size
         seed_everything(config.seed)  # a data set factory that draws random numbers draws the same on every rank
         self.data = self.ctrl.agree(

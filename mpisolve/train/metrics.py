@@ -29,7 +29,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..options import InputError
+from ..errors import InputError
 from .checkpoint import atomic_write
 
 

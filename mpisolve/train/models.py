@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from ..options import InputError
+from ..errors import InputError
 from .factory import call, describe, is_reference, load_callable
 
 if TYPE_CHECKING:

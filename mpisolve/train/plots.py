@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..options import InputError
+from ..errors import InputError
 from .metrics import read_records
 
 if TYPE_CHECKING:

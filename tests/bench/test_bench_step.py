@@ -11,7 +11,7 @@ import mpisolve
 from mpisolve.bench import bench_device, interleaved_medians
 from mpisolve.cli import main
 from mpisolve.comm.communicator import Communicator
-from mpisolve.options import CollectiveInputError
+from mpisolve.errors import CollectiveInputError
 
 
 @pytest.mark.parametrize("solver", mpisolve.solvers())  # async-msgd, async-measgd: their own momentum

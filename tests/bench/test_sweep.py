@@ -9,7 +9,7 @@ import torch
 from mpisolve import bench
 from mpisolve.bench import sweep
 from mpisolve.comm.communicator import Communicator
-from mpisolve.options import InputError
+from mpisolve.errors import InputError
 
 
 def sweep_args(*argv: str) -> argparse.Namespace:

@@ -6,7 +6,8 @@ import torch
 
 import mpisolve
 from mpisolve.comm.adasum import Adasum
-from mpisolve.comm.communicator import CommTimeout, Communicator
+from mpisolve.comm.communicator import Communicator
+from mpisolve.errors import CommTimeout
 from tests.adasum_reference import tree
 
 # Sizes 0, 1 and below every rank count the suite runs, odd sizes that put VHDD's cuts

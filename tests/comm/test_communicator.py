@@ -7,7 +7,8 @@ import torch
 from mpi4py import MPI
 
 from mpisolve.comm import communicator
-from mpisolve.comm.communicator import CommTimeout, Communicator, mpi_buffer
+from mpisolve.comm.communicator import Communicator, mpi_buffer
+from mpisolve.errors import CommTimeout
 
 
 @pytest.mark.mpi(min_size=2)
@@ -90,7 +91,7 @@ def test_persistent_bcast_reused_from_any_root():
 def test_a_persistent_collective_in_flight_is_not_freed():
     """Freeing an active request is erroneous in MPI: refused until it has completed."""
     comm = Communicator()
-    signal = comm.split(0)  # rank 1 starts only once rank 0 has tried to free
+    signal = comm.dup()  # rank 1 starts only once rank 0 has tried to free
     buf = torch.ones(4)
     allreduce = comm.persistent_allreduce(buf)
     if comm.rank == 0:

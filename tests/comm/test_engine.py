@@ -47,7 +47,7 @@ def test_an_engine_that_cannot_run_or_that_ranks_disagree_on_is_refused_by_name(
 def test_mpi_is_the_engine_without_a_gpu_and_gloo_when_asked():
     assert Communicator().engine == "mpi"
     comm = Communicator(engine="gloo")
-    assert comm.engine == "gloo" and comm.split(0).engine == "gloo"
+    assert comm.engine == "gloo" and comm.dup().engine == "gloo"
     t = torch.ones(3)
     assert isinstance(reusable_sum(Communicator(), t), PersistentAllreduce)
     assert isinstance(reusable_sum(comm, t), TorchCollective)

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import mpisolve
-from mpisolve.comm.state import ModelMismatchError
+from mpisolve.errors import ModelMismatchError
 
 
 def models(rank, odd):

@@ -14,8 +14,9 @@ from torch import nn
 import mpisolve
 from mpisolve.comm import shm
 from mpisolve.comm.buckets import GradientBuckets
-from mpisolve.comm.communicator import CommTimeout, Communicator
+from mpisolve.comm.communicator import Communicator
 from mpisolve.comm.shm import LATENCY_MAX_BYTES, NodeAllreduce, node_group
+from mpisolve.errors import CommTimeout
 
 ALL_SIZES = pytest.mark.ranks(2, 3, 4, 5, 8)
 

@@ -94,7 +94,7 @@ def test_staged_gradient_buckets_equal_direct():
 @pytest.mark.ranks(2, 3)
 def test_forced_staging_reaches_every_communicator_the_library_makes(monkeypatch):
     staged = Communicator(stage_all=True)
-    sub = staged.split(0)
+    sub = staged.dup()
     assert staged.stage_all and sub.stage_all and sub.needs_staging(torch.zeros(1))
     assert staged.stager(torch.zeros(3)).host is not None
     monkeypatch.setenv(STAGE_ENV, "1")  # what a user sets to run the staged path without a GPU

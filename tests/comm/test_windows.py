@@ -11,7 +11,7 @@ import torch
 
 from mpisolve.comm.communicator import Communicator
 from mpisolve.comm.windows import SharedVector, check_progress, shard_bounds
-from mpisolve.options import OptionError
+from mpisolve.errors import OptionError
 
 
 @pytest.mark.parametrize("numel", [1, 15, 16, 1000, 1001])

@@ -69,7 +69,7 @@ CASES = [
             "damping": 0.01,
         },
     ),
-    Case("abs-sgd", "abs-sgd", {"progress": "poll", "micro_batch": "fixed", "weight_prediction": 0.0}),
+    Case("abs-sgd", "abs-sgd", {"progress": "none", "micro_batch": "fixed", "weight_prediction": 0.0}),
     Case("local-sgd", "local-sgd", {"tau": 2}),
     Case("easgd", "easgd", {"tau": 2}),
     Case("async-sgd", "async-sgd", ASYNC_LOCAL),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mpisolve.comm.closing import PeerClosed, UnevenSteps
+from mpisolve.errors import PeerClosed, UnevenSteps
 
 from .harness import (
     BATCH,

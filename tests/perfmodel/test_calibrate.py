@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from mpisolve.options import InputError
+from mpisolve.errors import InputError
 from mpisolve.perfmodel.calibrate import (
     fit_adasum_gamma,
     fit_contention,

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from mpisolve.options import InputError, OptionError
+from mpisolve.errors import InputError, OptionError
 from mpisolve.perfmodel.iteration import Case, Compute, iteration, model_options
 from mpisolve.perfmodel.network import Network, adasum_allreduce, ring_allreduce
 from mpisolve.perfmodel.sharing import SharedCores

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from mpisolve.options import OptionError
+from mpisolve.errors import OptionError
 from mpisolve.perfmodel.network import (
     Network,
     adasum_allreduce,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mpisolve.options import OptionError
+from mpisolve.errors import OptionError
 from mpisolve.perfmodel.network import Network
 from mpisolve.perfmodel.node import NodeMemory, fit_node_memory, node_allreduce, node_sum
 

@@ -12,7 +12,7 @@ from torch import nn
 import mpisolve
 from mpisolve.comm import shm
 from mpisolve.comm.communicator import Communicator
-from mpisolve.solvers.lb_bsp import proportional_batches
+from mpisolve.solvers.speeds import proportional_batches
 from mpisolve.train.config import TrainConfig
 from mpisolve.train.hetero import PRESETS
 from mpisolve.train.loop import train
@@ -67,9 +67,9 @@ def documented_momentum(momentum, ratio):
     [
         ("thread", 1.5, True, 1),  # the defaults
         ("thread", 1.0, True, None),  # rounds of several micro-batches: the correction follows their size
-        ("poll", 1.0, False, None),
+        ("none", 1.0, False, None),
         ("thread", 0.0, False, 1),
-        ("poll", 0.5, True, None),
+        ("none", 0.5, True, None),
     ],
 )
 def test_update_is_the_documented_rule_on_the_previous_round(comm, progress, prediction, correction, max_round_batches):
@@ -308,7 +308,7 @@ def test_one_slow_round_does_not_move_the_split_a_lasting_change_does(comm):
     """The split follows each rank's median speed over the last 3 rounds (no timing: speeds given)."""
     model = net()
     solver = mpisolve.make_solver(
-        "abs-sgd", model, torch.optim.SGD(model.parameters(), lr=LR), comm, measure_batches=1, progress="poll"
+        "abs-sgd", model, torch.optim.SGD(model.parameters(), lr=LR), comm, measure_batches=1, progress="none"
     )
     solver.local_batch_size(8, lambda k: k * 1e-3)  # equal speeds
     assert solver.batch_sizes == [8, 8]
@@ -328,7 +328,7 @@ def test_adaptive_micro_batches_follow_speeds_that_move(comm, mode):
     model = net()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     solver = mpisolve.make_solver(
-        "abs-sgd", model, optimizer, comm, measure_batches=1, progress="poll", micro_batch=mode
+        "abs-sgd", model, optimizer, comm, measure_batches=1, progress="none", micro_batch=mode
     )
     last = comm.size - 1
 
@@ -380,7 +380,7 @@ def test_adaptive_micro_batches_follow_speeds_that_move(comm, mode):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.cluster
 @pytest.mark.ranks(2, 3, 4)
-@pytest.mark.parametrize("progress", ["thread", "poll"])
+@pytest.mark.parametrize("progress", ["thread", "none"])
 def test_a_round_posted_after_the_others_reached_close_completes(comm, node_round, progress):
     """Rank 0 posts round 0 only once another rank is in close(), its progress thread stopped:
     on the node-shared path that rank's share of the round moves only because its waits in
@@ -432,7 +432,7 @@ def test_the_progress_thread_moves_the_round_while_its_rank_computes(comm, node_
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.cluster
 @pytest.mark.ranks(2, 3)
-@pytest.mark.parametrize("progress", ["thread", "poll"])
+@pytest.mark.parametrize("progress", ["thread", "none"])
 @pytest.mark.parametrize("node_shm", [True, False], ids=["node-shared", "mpi"])
 def test_bounded_rounds_and_a_users_collective_between_steps_do_not_wait_on_each_other(progress, node_shm):
     """Rounds of at most two micro-batches, the last rank slower, and the user's
@@ -483,7 +483,7 @@ def test_a_state_saved_after_its_round_completed_holds_the_global_sums(comm):
         comm,
         trigger="window",
         window_s=60.0,
-        progress="poll",
+        progress="none",
     )
     train_step(model, solver, *micro_batch(comm.rank, 0))  # round 0 posted
     assert not train_step(model, solver, *micro_batch(comm.rank, 1)).applied  # round 0 complete, window open

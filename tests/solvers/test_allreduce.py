@@ -6,7 +6,7 @@ from torch import nn
 
 import mpisolve
 from mpisolve.comm.communicator import Communicator
-from mpisolve.comm.state import ModelMismatchError
+from mpisolve.errors import ModelMismatchError
 
 
 class Net(nn.Module):

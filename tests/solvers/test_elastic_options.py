@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import mpisolve
-from mpisolve.options import OptionError
+from mpisolve.errors import OptionError, UnsupportedModelError
 
 FAMILY = ["easgd", "async-sgd", "async-msgd", "hogwild-sgd", "async-easgd", "async-measgd", "ea-wild"]
 
@@ -49,7 +49,7 @@ def test_momentum_variants_refuse_an_optimizer_with_momentum(name):
 
 def test_parameters_must_share_a_float_dtype_on_the_cpu():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).half())
-    with pytest.raises(OptionError, match="one dtype, float32 or float64"):
+    with pytest.raises(UnsupportedModelError, match="one dtype, float32 or float64"):
         build("ea-wild", model=model)
 
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from mpisolve.options import OptionError
-from mpisolve.solvers.lb_bsp import parse_speeds, proportional_batches
+from mpisolve.errors import OptionError
+from mpisolve.solvers.speeds import parse_speeds, proportional_batches
 
 
 def test_batches_follow_speed_and_sum_to_the_total():

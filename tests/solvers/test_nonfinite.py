@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import mpisolve
+from mpisolve.errors import NonFiniteError
 from mpisolve.options import option_fields
 from mpisolve.solvers.base import solver_class
 from mpisolve.solvers.elastic import _LocalSteps
-from mpisolve.solvers.nonfinite import NonFiniteError
 
 #: Solvers whose steps do not each apply an update (delayed rounds, periodic averages): the
 #: checks below assume one update per step. They check non-finite values too (abs-sgd the

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import mpisolve
-from mpisolve.options import OptionError
-from mpisolve.solvers.nonfinite import MAX_CONSECUTIVE_SKIPS, NonFiniteError, all_finite
+from mpisolve.errors import NonFiniteError, OptionError
+from mpisolve.solvers.nonfinite import MAX_CONSECUTIVE_SKIPS, all_finite
 
 
 def test_all_finite_finds_nan_and_inf_in_any_tensor_and_dtype():

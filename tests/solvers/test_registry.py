@@ -4,11 +4,17 @@ import pytest
 import torch
 
 import mpisolve
-from mpisolve.options import OptionError
+from mpisolve.errors import OptionError
+from mpisolve.solvers.base import solver_class
 
 
 def test_allreduce_is_registered():
     assert "allreduce" in mpisolve.solvers()
+
+
+def test_every_solver_class_is_named_for_what_it_is():
+    """One naming rule: the class of a registered solver is ``<Name>Solver``."""
+    assert [n for n in mpisolve.solvers() if not solver_class(n).__name__.endswith("Solver")] == []
 
 
 def test_unknown_solver_and_option_are_named():
@@ -47,9 +53,9 @@ def test_a_solver_prints_its_name_rank_and_chosen_options(name):
     with mpisolve.make_solver(name, model, torch.optim.SGD(model.parameters(), lr=0.1), **chosen) as solver:
         shown = repr(solver)
         assert shown == str(solver) and " at 0x" not in shown
-        assert shown.startswith(f"{type(solver).__name__}('{name}', rank 0 of 1") and shown.endswith(
-            "nonfinite='skip')"
-        )
+        registered = solver_class(name).__name__  # adasum's modes are private classes behind it
+        assert isinstance(solver, solver_class(name))
+        assert shown.startswith(f"{registered}('{name}', rank 0 of 1") and shown.endswith("nonfinite='skip')")
     assert "closed" in repr(solver)
 
 
@@ -60,3 +66,13 @@ def test_a_callable_option_is_printed_by_name():
     model = torch.nn.Linear(2, 2)
     with mpisolve.make_solver("kfac", model, torch.optim.SGD(model.parameters(), lr=0.1), damping=damping) as solver:
         assert repr(solver) == "KFACSolver('kfac', rank 0 of 1, damping=damping)"
+
+
+def test_adasum_is_one_name_over_a_class_per_mode():
+    """Gradient mode is a bucket solver with Adasum's reducer; delta mode a solver of its own."""
+    from mpisolve.solvers.base import BucketSolver
+
+    for mode, buckets in (("gradient", True), ("delta", False)):
+        model = torch.nn.Linear(2, 2)
+        with mpisolve.make_solver("adasum", model, torch.optim.SGD(model.parameters(), lr=0.1), mode=mode) as solver:
+            assert isinstance(solver, solver_class("adasum")) and isinstance(solver, BucketSolver) == buckets

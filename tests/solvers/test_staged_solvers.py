@@ -22,7 +22,7 @@ from mpisolve.comm.device import detect_cuda_aware
 
 WINDOWED = ("async-sgd", "async-msgd", "hogwild-sgd", "async-easgd", "async-measgd", "ea-wild")
 OPTIONS = {
-    "abs-sgd": {"progress": "poll", "micro_batch": "fixed"},
+    "abs-sgd": {"progress": "none", "micro_batch": "fixed"},
     "easgd": {"tau": 2},
     "local-sgd": {"tau": 2},
     "kfac": {

@@ -8,7 +8,8 @@ import sys
 import pytest
 import torch
 
-from mpisolve.train.checkpoint import MANIFEST, CheckpointDir, CheckpointError, read_file, write_file
+from mpisolve.errors import CheckpointError
+from mpisolve.train.checkpoint import MANIFEST, CheckpointDir, read_file, write_file
 
 STATE = {"model": {"w": torch.arange(6.0).reshape(2, 3)}, "step": 4, "rng": (3, (1, 2), None), "name": "x"}
 IDENTITY = {"model": "mlp", "model_signature": "abc", "dataset": "digits", "solver": "allreduce"}

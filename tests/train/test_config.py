@@ -3,7 +3,7 @@
 import pytest
 
 from mpisolve.cli import OneLineParser
-from mpisolve.options import InputError, OptionError
+from mpisolve.errors import InputError, OptionError
 from mpisolve.train import compare as compare_command
 from mpisolve.train import config as settings
 from mpisolve.train.hetero import PRESETS

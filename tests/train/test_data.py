@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from mpisolve.options import InputError
+from mpisolve.errors import InputError
 from mpisolve.train.data import ShardStream, eval_shard, load_dataset, synthetic_images
 
 

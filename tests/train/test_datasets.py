@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from mpisolve.options import InputError
+from mpisolve.errors import InputError
 from mpisolve.train.data import DatasetSplit, ShardStream, TensorSplit, eval_shard, load_dataset
 from mpisolve.train.datasets import IMAGENET_MEAN, IMAGENET_STD
 from mpisolve.train.models import build_model, check_model_spec, model_for

@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from mpisolve.options import InputError
+from mpisolve.errors import InputError
 from mpisolve.train.hetero import PRESETS, Slowdown, factors_for_world, moving_factor, parse_hetero
 
 

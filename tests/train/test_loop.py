@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import mpisolve
-from mpisolve.options import CollectiveInputError
+from mpisolve.errors import CollectiveInputError
 from mpisolve.solvers import Solver, StepInfo, base
 from mpisolve.train.checkpoint import CheckpointDir
 from mpisolve.train.compare import SOLVER_FIELDS, compare, table
@@ -28,6 +28,7 @@ class DelayedSolver(Solver):
     """
 
     name = "test-delayed"
+    round_per_step = False
 
     def setup(self):
         n = sum(p.numel() for p in self.params)
@@ -38,7 +39,7 @@ class DelayedSolver(Solver):
         self.micro_batches = 0
         BUILT.append(self)
 
-    def step(self, batch_size=None):
+    def _step(self, batch_size, scaler):
         n = self.take_samples(batch_size)
         self.micro_batches += 1
         offset = 0
@@ -62,12 +63,10 @@ class DelayedSolver(Solver):
             self.in_flight = True
         return StepInfo(applied=applied, global_samples=total, local_samples=n)
 
-    def close(self):
-        if not self.closed:
-            if self.in_flight:
-                self.round.wait()
-            self.round.free()
-        super().close()
+    def _free(self):
+        if self.in_flight:
+            self.round.wait()
+        self.round.free()
 
 
 class LocalSolver(Solver):
@@ -75,12 +74,13 @@ class LocalSolver(Solver):
 
     name = "test-local"
     lockstep = False
+    round_per_step = False
 
     def setup(self):
         self.updates = 0
         BUILT.append(self)
 
-    def step(self, batch_size=None):
+    def _step(self, batch_size, scaler):
         n = self.take_samples(batch_size)
         self._step_optimizer(None)
         self.updates += 1
@@ -92,10 +92,10 @@ class StallingLocalSolver(LocalSolver):
 
     name = "test-local-stall"
 
-    def step(self, batch_size=None):
+    def _step(self, batch_size, scaler):
         if self.updates == 0 and self.comm.rank == self.comm.size - 1:
             time.sleep(0.5)
-        return super().step(batch_size)
+        return super()._step(batch_size, scaler)
 
 
 class ResizingLocalSolver(LocalSolver):
@@ -103,8 +103,8 @@ class ResizingLocalSolver(LocalSolver):
 
     name = "test-local-resize"
 
-    def step(self, batch_size=None):
-        info = super().step(batch_size)
+    def _step(self, batch_size, scaler):
+        info = super()._step(batch_size, scaler)
         if self.updates == 3:
             return StepInfo(
                 applied=True,

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ...options import OptionError
+from ...errors import OptionError
 
 #: Most block rows a symmetric product is split into when only its upper triangle is
 #: needed: k block rows do (k + 1) / 2k of the full product's work (5/8 at 4), and more

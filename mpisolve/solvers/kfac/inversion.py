@@ -48,13 +48,6 @@ def result_shapes(n: int, method: str, packed: bool) -> list[torch.Size]:
     return [torch.Size([triangle_numel(n)])] if packed else [torch.Size([n, n])]
 
 
-def duplicate(comm: Communicator) -> Communicator:
-    """A communicator of the same ranks (collective): its collectives are ordered apart from ``comm``'s."""
-    twin = comm.split(0)
-    assert twin is not None  # every rank passes a color
-    return twin
-
-
 def write_stamp(slots: torch.Tensor, seconds: float) -> None:
     """Store ``seconds`` in two slots of a float32 (or wider) buffer without losing precision."""
     high = float(torch.tensor(seconds, dtype=slots.dtype))
@@ -151,7 +144,7 @@ class Inverter:
         self._root_comms: list[Communicator] = []
         roots = sorted({self.owners[f] for f in self.members} - {EVERY_RANK})
         for root in roots if comm.size > 1 else []:
-            root_comm = duplicate(comm)
+            root_comm = comm.dup()
             self._root_comms.append(root_comm)
             for equal in by_size([f for f in self.members if self.owners[f] == root], self.factors):
                 for group in [equal] if fuse_broadcasts else [[f] for f in equal]:

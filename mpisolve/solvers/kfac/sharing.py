@@ -21,7 +21,7 @@ from ...comm.buckets import FusedBuffer
 from ...comm.communicator import Communicator
 from ...comm.engine import Reusable
 from ...comm.reusable import reusable_bcast
-from .inversion import STAMP_SLOTS, duplicate, read_stamp, split_blocked, write_stamp
+from .inversion import STAMP_SLOTS, read_stamp, split_blocked, write_stamp
 
 
 class GradientSharing:
@@ -49,7 +49,7 @@ class GradientSharing:
         self._root_comms: list[Communicator] = []
         if comm.size > 1:
             for root in sorted(set(self.roots)):
-                root_comm = duplicate(comm)
+                root_comm = comm.dup()
                 self._root_comms.append(root_comm)
                 for layer, r in enumerate(self.roots):
                     if r == root:

@@ -39,25 +39,53 @@ from ...comm.buckets import GradientBuckets
 from ...comm.communicator import Communicator
 from ...comm.readback import read, write_finite_probe
 from ...comm.reusable import reusable_allreduce
+from ...errors import OptionError, UnsupportedModelError
 from ...kernels.inverse import FAILED, RECOVERED, eigh_psd_, inverse_spd_
 from ...kernels.triangle import triangle_numel, unpack_triu_
-from ...options import OptionError, option, require
-from ..base import BucketSolver, StepInfo, SynchronousOptions, collective_round, register
+from ...options import BucketOptions, choices, option, require
+from ..base import BucketSolver, StepInfo, SynchronousOptions, register
 from . import placement
 from .exchange import FactorExchange
 from .factors import find_layers
 from .fusion import CommModel, measure_comm_model, plan_fusion, probe_sizes
-from .inversion import Inverter, duplicate, result_shapes
+from .inversion import Inverter, result_shapes
 from .layers import KFACLayer, factored_damping, precondition_matrix
 from .sharing import GradientSharing
 
-VARIANTS = ("d-kfac", "mpd-kfac", "spd-kfac")
+Variant = Literal["d-kfac", "mpd-kfac", "spd-kfac"]
+VARIANTS = choices(Variant)
+
+
+@dataclass(frozen=True)
+class VariantRule:
+    """What a K-FAC variant decides: how the factor work is spread and sent, and the defaults
+    of the knobs left at None (:meth:`KFACOptions.resolved`)."""
+
+    #: Each factor is inverted by its owner (or by every member of a group, replicated) and
+    #: the result broadcast; False (d-kfac): every rank inverts every factor.
+    shares_inversions: bool
+    #: Factors travel one message each as soon as they are ready, merged by a fitted
+    #: communication model, and inverses are broadcast fused (spd-kfac).
+    pipelined: bool
+    fusion: str
+    placement: str
+    replicate: str
+    pack_triangles: bool
+
+
+#: Every variant's rule: the solver reads this table, never the variant's name. Columns:
+#: shares_inversions, pipelined, then the defaults of fusion, placement, replicate, pack_triangles.
+VARIANT_RULES: dict[str, VariantRule] = {
+    "d-kfac": VariantRule(False, False, "none", "round-robin", "never", False),
+    "mpd-kfac": VariantRule(True, False, "none", "round-robin", "never", False),
+    "spd-kfac": VariantRule(True, True, "dynamic", "balanced", "auto", True),
+}
 #: Largest message the communication-model probes send (elements); the fit extrapolates.
 PROBE_LIMIT = 1 << 22
 
 
 @dataclass(frozen=True, kw_only=True)
-class KFACOptions(SynchronousOptions):
+class KFACOptions(BucketOptions, SynchronousOptions):
     """Options of the "kfac" solver (docs/solvers/kfac.md gives the defaults' reasons).
 
     Knobs left at None take the variant's choice: ``fusion`` ("dynamic" for spd-kfac),
@@ -65,7 +93,7 @@ class KFACOptions(SynchronousOptions):
     ("never" for mpd-kfac, "auto" for spd-kfac), ``pack_triangles`` (True for spd-kfac).
     """
 
-    variant: Literal["d-kfac", "mpd-kfac", "spd-kfac"] = option(
+    variant: Variant = option(
         "spd-kfac", "how factor work is spread and communicated: d-kfac, mpd-kfac or spd-kfac (same parameters)"
     )
     method: Literal["eigen", "inverse"] = option(
@@ -88,7 +116,6 @@ class KFACOptions(SynchronousOptions):
         "own. The optimizer's lr is left alone",
     )
     skip: tuple | list = option((), "module names, class names or classes left unpreconditioned")
-    bucket_mb: float = option(25.0, "gradient bucket size in MB, as the allreduce solver's")
     grad_worker_fraction: float = option(
         1.0,
         "fraction of ranks that precondition each layer (KAISA's): 1 every rank; 1/ranks or 0 the rank that "
@@ -113,6 +140,7 @@ class KFACOptions(SynchronousOptions):
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not callable(self.damping):
             require(math.isfinite(self.damping) and self.damping > 0, f"damping must be > 0, got {self.damping}")
         require(0.0 <= self.factor_decay < 1.0, f"factor_decay must be in [0, 1), got {self.factor_decay}")
@@ -131,33 +159,29 @@ class KFACOptions(SynchronousOptions):
             require(self.lr >= 0, f"lr must be >= 0, got {self.lr}")
         for entry in self.skip:
             require(isinstance(entry, (str, type)), f"skip entries must be module names or classes, got {entry!r}")
-        require(self.bucket_mb > 0, f"bucket_mb must be > 0, got {self.bucket_mb}")
         require(
             0.0 <= self.grad_worker_fraction <= 1.0,
             f"grad_worker_fraction must be in [0, 1], got {self.grad_worker_fraction}",
         )
         require(self.fusion_profile_steps >= 1, f"fusion_profile_steps must be >= 1, got {self.fusion_profile_steps}")
-        if self.variant != "spd-kfac":
+        if not self.rule.pipelined:
             require(self.fusion is None, f"fusion applies to variant 'spd-kfac' only, not {self.variant!r}")
-        if self.variant == "d-kfac":
+        if not self.rule.shares_inversions:
             for knob in ("placement", "replicate"):
                 require(
                     getattr(self, knob) is None,
                     f"{knob} applies to mpd-kfac and spd-kfac: d-kfac inverts everything everywhere",
                 )
 
+    @property
+    def rule(self) -> VariantRule:
+        """The variant's rule (:data:`VARIANT_RULES`)."""
+        return VARIANT_RULES[self.variant]
+
     def resolved(self, knob: str) -> Any:
         """A knob's value, the variant's default when left at None."""
         value = getattr(self, knob)
-        if value is not None:
-            return value
-        spd = self.variant == "spd-kfac"
-        return {
-            "fusion": "dynamic" if spd else "none",
-            "placement": "balanced" if spd else "round-robin",
-            "replicate": "auto" if spd else "never",
-            "pack_triangles": spd,
-        }[knob]
+        return getattr(self.rule, knob) if value is None else value
 
 
 def _every(value: int | Callable[[int], int], step: int, name: str) -> bool:
@@ -201,7 +225,7 @@ def gradient_workers(fraction: float, ranks: int) -> int:
 
 
 @register
-class KFACSolver(BucketSolver):
+class KFACSolver(BucketSolver[KFACOptions]):
     """Distributed K-FAC (Martens and Grosse; KFC for convolutions) with the D-, MPD- and SPD-KFAC schemes."""
 
     name = "kfac"
@@ -214,7 +238,9 @@ class KFACSolver(BucketSolver):
             raise OptionError("kfac: the model has no Linear or Conv2d layer left to precondition")
         devices = {s.module.weight.device for s in specs}
         if len(devices) > 1:
-            raise ValueError(f"kfac: preconditioned layers are on several devices: {sorted(map(str, devices))}")
+            raise UnsupportedModelError(
+                f"kfac: preconditioned layers are on several devices: {sorted(map(str, devices))}"
+            )
         dtype = torch.float32
         for s in specs:
             if s.module.weight.dtype not in (torch.float16, torch.bfloat16):
@@ -236,7 +262,7 @@ class KFACSolver(BucketSolver):
         )
         # Factor traffic has its own communicator: its collectives, started from forward and
         # backward hooks, never have to be ordered against the gradient buckets'.
-        self.factor_comm = duplicate(self.comm)
+        self.factor_comm = self.comm.dup()
         self.group_comm = self._split(self.group)
         self.row_comm = self._split(rank // len(self.groups))
         self.factor_comm.barrier("K-FAC clock")
@@ -260,7 +286,7 @@ class KFACSolver(BucketSolver):
             [group_ranks.index(r) if r in group_ranks else placement.EVERY_RANK for r in self.owners],
             method=o.method,
             packed=self.inverse_packed,
-            fuse_broadcasts=o.variant == "spd-kfac",
+            fuse_broadcasts=o.rule.pipelined,
             epoch=epoch,
         )
         self.sharing = GradientSharing(
@@ -274,7 +300,7 @@ class KFACSolver(BucketSolver):
         for layer, result in zip(self.layers, self.sharing.results):
             layer.result = result
         self._statuses = reusable_allreduce(self.factor_comm, self.inverter.statuses, "max")
-        self.exchange = self._exchange(self._unfused_groups(), eager=o.variant == "spd-kfac")
+        self.exchange = self._exchange(self._unfused_groups(), eager=o.rule.pipelined)
         self._fusion_pending = o.resolved("fusion") == "dynamic" and self.comm.size > 1
         self._ready_at = torch.zeros(len(self.factors), dtype=torch.float64)
         self._ready_sum = torch.zeros(len(self.factors) + 1, dtype=torch.float64)  # + profiled steps
@@ -302,7 +328,7 @@ class KFACSolver(BucketSolver):
         """Before (or without) fusion: one message for all (d/mpd) or one per factor (spd)."""
         forward = [2 * i for i in range(len(self.layers))]
         backward = [2 * i + 1 for i in reversed(range(len(self.layers)))]
-        if self.options.variant == "spd-kfac":
+        if self.options.rule.pipelined:
             return [[f] for f in forward + backward]
         return [forward + backward]
 
@@ -333,7 +359,7 @@ class KFACSolver(BucketSolver):
         self.precondition_costs = [placement.precondition_flop_cost(g, a, o.method) for g, a in shapes]
         self.inverse_packed = [False] * len(dims)
         replicated = [True] * len(dims)
-        broadcasts = o.variant != "d-kfac" and self.group_comm.size > 1
+        broadcasts = o.rule.shares_inversions and self.group_comm.size > 1
         seconds: dict[int, float] = {}
         if broadcasts:
             packable = self.packed and o.method == "inverse"
@@ -361,7 +387,7 @@ class KFACSolver(BucketSolver):
                     if seconds[n] > broadcast[n]:
                         break
                 replicated = [n in seconds and seconds[n] <= broadcast[n] for n in dims]
-        elif o.variant != "d-kfac":
+        elif o.rule.shares_inversions:
             replicated = [False] * len(dims)  # a group of one: its member inverts everything it preconditions
         if o.placement_cost == "measured":
             for n in sorted(set(dims) - set(seconds)):
@@ -375,7 +401,7 @@ class KFACSolver(BucketSolver):
             self.groups,
             inverters=self.inverting_ranks,
             replicated=replicated,
-            balance=o.variant == "d-kfac" or o.resolved("placement") == "balanced",
+            balance=not o.rule.shares_inversions or o.resolved("placement") == "balanced",
         )
 
     def _packing_pays(self, n: int) -> bool:
@@ -401,7 +427,7 @@ class KFACSolver(BucketSolver):
         node running more ranks than it has cores gives them to as many of its ranks as it
         has cores (more would only time-share those cores, and thrash their caches)."""
         o = self.options
-        if o.variant == "d-kfac" or o.resolved("placement") != "balanced" or self.comm.size == 1:
+        if not o.rule.shares_inversions or o.resolved("placement") != "balanced" or self.comm.size == 1:
             return list(range(self.comm.size))
         seats = self.comm.allgather_object(self.comm.local_rank < self.comm.cores)
         return [rank for rank, seated in enumerate(seats) if seated]
@@ -502,10 +528,9 @@ class KFACSolver(BucketSolver):
 
     # ----------------------------------------------------------------- step
 
-    @collective_round
-    def synchronize(self, *, scaler: GradScaler | None = None) -> None:
+    def _synchronize(self, scaler: GradScaler | None) -> None:
         self._exchange_factors()
-        super().synchronize(scaler=scaler)
+        super()._synchronize(scaler)
 
     def _exchange_factors(self) -> None:
         """Complete the step's factor messages, first in the step whether it begins at
@@ -526,8 +551,7 @@ class KFACSolver(BucketSolver):
         self.exchange.finish()
         self.timings["factor_comm"] += time.perf_counter() - start
 
-    @collective_round
-    def step(self, batch_size: int | None = None, *, scaler: GradScaler | None = None) -> StepInfo:
+    def _step(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
         o = self.options
         step = self.steps
         self._exchange_factors()
@@ -753,12 +777,12 @@ class KFACSolver(BucketSolver):
         self._invert_next = bool(self.factor_comm.allreduce_(missing, op="max", what="K-FAC state check"))
         self.exchange.rearm()
 
-    def close(self) -> None:
+    def _remove_hooks(self) -> None:
+        super()._remove_hooks()
         for hook in self._hooks:
             hook.remove()
-        super().close()
 
-    def _in_flight(self) -> bool:
+    def _round_in_flight(self) -> bool:
         return self.grads.in_flight or self.exchange.in_flight or self.inverter.in_flight
 
     def _free(self) -> None:

@@ -11,8 +11,8 @@ import mpisolve
 from mpisolve.comm.communicator import Communicator
 from mpisolve.solvers.kfac import placement
 from mpisolve.solvers.kfac.placement import EVERY_RANK
+from mpisolve.solvers.kfac.solver import VARIANTS
 
-VARIANTS = ("d-kfac", "mpd-kfac", "spd-kfac")
 EXACT = dict(factor_decay=0.0, kl_clip=None, factor_update_steps=1, inv_update_steps=1)
 
 
@@ -384,7 +384,7 @@ def test_inverter_places_inverts_and_shares_results(method, fuse):
     shifts = [0.1 * (i + 1) for i in range(len(dims))]
     packed = [i % 2 == 1 for i in range(len(dims))]  # inverses broadcast as triangles or in full
     inverter = Inverter(
-        comm.split(0),
+        comm.dup(),
         factors,
         range(len(dims)),
         owners,

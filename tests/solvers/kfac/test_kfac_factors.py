@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from mpisolve.options import OptionError
+from mpisolve.errors import OptionError
 from mpisolve.solvers.kfac.factors import FactorComputer, find_layers
 
 

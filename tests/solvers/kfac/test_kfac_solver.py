@@ -9,8 +9,7 @@ from torch import nn
 
 import mpisolve
 from mpisolve.comm.communicator import Communicator
-
-VARIANTS = ("d-kfac", "mpd-kfac", "spd-kfac")
+from mpisolve.solvers.kfac.solver import VARIANTS
 
 
 class Net(nn.Module):

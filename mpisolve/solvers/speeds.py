@@ -1,0 +1,66 @@
+"""Batch splitting by speed: each rank's share of a global batch, from measured or given speeds.
+
+Shared by the solvers that size each rank's micro-batch by its speed (``lb-bsp`` once,
+``abs-sgd`` as the speeds change), so that all ranks finish a step together.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import statistics
+from collections.abc import Callable
+
+from ..comm.communicator import Communicator
+from ..errors import OptionError
+from ..options import require
+
+
+def parse_speeds(text: str) -> tuple[float, ...]:
+    """``"1,1,1,0.25"`` -> relative speeds (finite, > 0)."""
+    speeds = []
+    for item in text.split(","):
+        try:
+            speed = float(item)
+        except ValueError:
+            raise OptionError(f"speeds must be 'measure' or comma-separated numbers, got {text!r}") from None
+        require(math.isfinite(speed) and speed > 0, f"every speed must be finite and > 0, got {item.strip()!r}")
+        speeds.append(speed)
+    return tuple(speeds)
+
+
+def proportional_batches(speeds: tuple[float, ...], total: int) -> list[int]:
+    """``total`` samples split by ``speeds`` so that the slowest rank's step is as short as it can be.
+
+    Every rank gets one sample, then each further sample goes to the rank that would
+    finish it soonest. This minimises the step's time,
+    ``max(batch / speed)``; rounding shares of the spare samples does not (with speeds
+    1, 1, 1, 0.25 and 16 samples it gives 5, 5, 4, 2: a step of 2 / 0.25 = 8 units, not 5).
+    The greedy part starts from one sample under each rank's share of the spare ones,
+    which it would have given anyway, so it places about one sample per rank, not the
+    whole batch (ABS-SGD splits again every round).
+    """
+    if total < len(speeds):
+        raise OptionError(f"a global batch of {total} cannot give each of {len(speeds)} ranks a sample")
+    require(all(math.isfinite(s) and s > 0 for s in speeds), f"every speed must be finite and > 0, got {speeds}")
+    # The last spare sample ends at time >= spare / sum(speeds): every k / speed below that is taken.
+    per_speed = (total - len(speeds)) / sum(speeds)
+    batches = [max(1, math.floor(per_speed * speed) - 1) for speed in speeds]
+    finish = [((batch + 1) / speed, rank) for rank, (batch, speed) in enumerate(zip(batches, speeds))]
+    heapq.heapify(finish)  # when each rank's next sample would end
+    for _ in range(total - sum(batches)):
+        _, rank = heapq.heappop(finish)
+        batches[rank] += 1
+        heapq.heappush(finish, ((batches[rank] + 1) / speeds[rank], rank))
+    return batches
+
+
+def measure_speeds(
+    comm: Communicator, configured: int, probe: Callable[[int], float] | None, batches: int, *, who: str
+) -> tuple[float, ...]:
+    """Collective: every rank's speed in samples/s, from ``probe`` (a warm-up, then the median of ``batches``)."""
+    if probe is None:
+        raise OptionError(f"{who} measures each rank's speed with the training loop's probe, and none was given")
+    probe(configured)
+    seconds = statistics.median(probe(configured) for _ in range(batches))
+    return tuple(comm.allgather_object(configured / max(seconds, 1e-9)))
