@@ -91,7 +91,7 @@ SPEED_ROUNDS = 3
 #: recent rounds' durations (another rank may be in a collective of the user's, not in its step).
 STALL_ROUNDS = 20
 #: ... but never sooner than this many seconds, and this long before any round completed.
-STALL_MIN_S = 0.05
+STALL_MIN_S = 0.5
 STALL_FIRST_S = 1.0
 
 #: The least momentum ``momentum_correction`` gives an optimizer that has some: at 0, torch's SGD
@@ -227,10 +227,16 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         #: Two rounds' sums, one accumulating, one in flight: the gradients, the sample count, then
         #: one slot per rank for its measured speed (a sum of one nonzero term: exact everywhere).
         self._sums = [torch.zeros(numel + 1 + self.comm.size, dtype=wire, device=device) for _ in range(2)]
+        # The rounds on a communicator of their own: a rank posts its next round before or after
+        # a collective of the user's, as its last round completed, so sharing one with the user's
+        # would start them in different orders on different ranks (node-shared sums post their
+        # inter-node parts in start order, and waited on each other until the watchdog). Waits
+        # on it still run this communicator's interrupts.
+        rounds_comm = self.comm.dup(name="abs-sgd rounds")
         if self.options.progress == "mpich":  # MPICH's thread moves MPI's allreduce, not a node-shared sum
-            self._rounds: list[Reusable] = [self.comm.persistent_allreduce(s) for s in self._sums]
+            self._rounds: list[Reusable] = [rounds_comm.persistent_allreduce(s) for s in self._sums]
         else:
-            self._rounds = [reusable_sum(self.comm, s) for s in self._sums]
+            self._rounds = [reusable_sum(rounds_comm, s) for s in self._sums]
         self._carry = torch.zeros(numel + 1, dtype=wire, device=device) if self.options.trigger == "samples" else None
         #: What the host reads of a round, at once: its samples, every rank's speed, its finite probe.
         self._readback = Readback(2 + self.comm.size, device)
