@@ -29,7 +29,7 @@ A rank waiting in a bounded round (``max_round_batches``) waits for the others t
 their next round, which a rank does in its next ``step()``. A rank waiting meanwhile in a
 collective of the user's (a metric's allreduce every few steps) would never get there, and
 each would wait for the other. So a bounded round's wait ends once the round has been in
-flight :data:`STALL_ROUNDS` times as long as the recent rounds took (at least
+flight :data:`STALL_ROUNDS` times as long as the shortest recent round took (at least
 :data:`STALL_MIN_S`; :data:`STALL_FIRST_S` before any round completed): the rank goes on
 computing micro-batches into its next round, past the bound, until that round completes.
 
@@ -87,8 +87,9 @@ MicroBatch = Literal["adaptive", "speed", "fixed"]
 #: Rounds of measured speeds whose per-rank median sets the adaptive split (one slow round does not move it).
 SPEED_ROUNDS = 3
 
-#: A bounded round's wait ends once the round has been in flight this many times the median of the
-#: recent rounds' durations (another rank may be in a collective of the user's, not in its step).
+#: A bounded round's wait ends once the round has been in flight this many times the shortest of
+#: the recent rounds that did not stall (another rank may be in a collective of the user's, not in
+#: its step; a round that completed during one also takes long, hence the shortest).
 STALL_ROUNDS = 20
 #: ... but never sooner than this many seconds, and this long before any round completed.
 STALL_MIN_S = 0.5
@@ -263,6 +264,8 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         self._speeds: deque[list[float]] = deque(maxlen=SPEED_ROUNDS)
         #: The last rounds' durations on this rank, from posting to applying (seconds).
         self._durations: deque[float] = deque(maxlen=SPEED_ROUNDS)
+        #: Whether a bounded wait gave up on the round in flight (its duration then measures the stall).
+        self._stalled = False
         self._next_batch_size: int | None = None
         #: Rounds this rank has posted, updates it has applied.
         self.rounds = 0
@@ -384,7 +387,8 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         index = 1 - self._acc
         self._rounds[index].wait("abs-sgd round")  # completed already: brings staged results back
         self._in_flight = False
-        self._durations.append(time.perf_counter() - self._posted_at)
+        if not self._stalled:  # a stalled round's time would lengthen the next waits, and so on
+            self._durations.append(time.perf_counter() - self._posted_at)
         numel = self._numel
         reduced = self._sums[index][: numel + 1]
         if self._carry is not None:
@@ -509,6 +513,7 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         self._sums[self._acc].zero_()
         self._in_flight, self._known_done = True, False
         self._posted_at = time.perf_counter()
+        self._stalled = False
         self._round_samples = self._round_batches = self._timed_samples = 0
         self._timed_s = 0.0
         self.rounds += 1
@@ -529,6 +534,7 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
                 self.comm.wait_for(
                     lambda: self._completed() or closings.peer_closed() or time.perf_counter() > stall_at, what
                 )
+                self._stalled = not self._known_done and not closings.peer_closed()
             return
         with self._watch_lock:  # no other thread or wait tests the round from here on
             self._watched = None
@@ -539,7 +545,7 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         """How long a round may be in flight before a bounded wait for it ends (:data:`STALL_ROUNDS`)."""
         if not self._durations:
             return STALL_FIRST_S
-        return max(STALL_MIN_S, STALL_ROUNDS * statistics.median(self._durations))
+        return max(STALL_MIN_S, STALL_ROUNDS * min(self._durations))
 
     # --------------------------------------------------------------- lifecycle
     @property
