@@ -125,11 +125,9 @@ def with_ddp(comm) -> torch.Tensor:
     return flat(model)
 
 
-@pytest.mark.mpi(min_size=2)
-@pytest.mark.ranks(2, 3)
-@pytest.mark.filterwarnings("ignore:mpisolve kfac.*non-finite batch factors")  # the overflowing step's input
-@pytest.mark.parametrize("case", cases(ROUNDS), ids=lambda c: c.id)
-def test_join_ends_with_the_last_ranks_model_and_optimizer_state_whatever_the_loop_does(comm, gloo, case):
+def under_join(comm, case, leaving: AbstractContextManager[object]):
+    """The loop with ``case``'s solver inside ``solver.join()``, ``leaving`` around each rank's own
+    loop: (model, optimizer, solver, the join's result, the loop's scaler)."""
     model = make_model()
     optimizer = adam(model)
     solver = case.build(model, optimizer, comm)
@@ -141,7 +139,16 @@ def test_join_ends_with_the_last_ranks_model_and_optimizer_state_whatever_the_lo
         solver.step(scaler=scaler)
 
     with solver.join() as joined:
-        scaler = loop(model, optimizer, comm.rank, comm.size, nullcontext(), model, synchronize, step)
+        scaler = loop(model, optimizer, comm.rank, comm.size, leaving, model, synchronize, step)
+    return model, optimizer, solver, joined, scaler
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+@pytest.mark.filterwarnings("ignore:mpisolve kfac.*non-finite batch factors")  # the overflowing step's input
+@pytest.mark.parametrize("case", cases(ROUNDS), ids=lambda c: c.id)
+def test_join_ends_with_the_last_ranks_model_and_optimizer_state_whatever_the_loop_does(comm, gloo, case):
+    model, optimizer, solver, joined, scaler = under_join(comm, case, nullcontext())
     got = flat(model)
     state = optimizer_state(optimizer)
     solver.close()
@@ -177,18 +184,7 @@ def test_a_rank_that_joins_late_shadows_steps_begun_with_synchronize(comm, case)
     with ``step()`` alone: the step's sums complete in the same order on every rank (K-FAC's
     factors before the gradients; before the fix the bandwidth path's rounds waited on each
     other until the watchdog)."""
-    model = make_model()
-    optimizer = adam(model)
-    solver = case.build(model, optimizer, comm)
-
-    def synchronize(scaler: torch.amp.GradScaler) -> None:
-        solver.synchronize(scaler=scaler)
-
-    def step(scaler: torch.amp.GradScaler) -> None:
-        solver.step(scaler=scaler)
-
-    with solver.join() as joined:
-        loop(model, optimizer, comm.rank, comm.size, leaving_late(comm.rank), model, synchronize, step)
+    model, _, solver, joined, _ = under_join(comm, case, leaving_late(comm.rank))
     solver.close()
     assert joined.last_rank == 0
     if case.id != "easgd":  # its workers differ by design
