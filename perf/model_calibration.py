@@ -12,8 +12,9 @@ one of the scaling study's (perf/scaling.py), which the model is checked against
    one-rank trainings at once: P separate MPI jobs, so no rank communicates, trained as
    the study trains (the allreduce solver, 32 samples a step, plain SGD,
    OMP_NUM_THREADS=1). A rank's iteration at P is the mean over the P jobs
-   -> ``compute.csv`` (series, model, ranks, iteration_s, spread, and outside_cores: the
-   cores' worth other processes used meanwhile, perf/launch.py's ``OutsideLoad``).
+   -> ``compute.csv`` (``compute-<K>.csv`` for ``--repeat K`` > 1: series, model, ranks,
+   iteration_s, spread, and outside_cores: the cores' worth other processes used
+   meanwhile, perf/launch.py's ``OutsideLoad``).
 3. ``sync``: the study's harness (perf/scaling.py) on a synthetic workload
    (perf/synthetic_load.py: about ``--loop-ms`` of matrix products a step and 64 Ki or
    1 Mi parameters) with one solver per kind of exchange: ``allreduce`` (a lockstep
@@ -120,7 +121,7 @@ def measure_compute(args: argparse.Namespace) -> None:
                 f"{series} {model}: {ranks} at once, {mean * 1e3:.2f} ms a micro-batch "
                 f"(other processes: {load.cores():.2f} cores)"
             )
-    with (args.out / "compute.csv").open("w", newline="") as f:
+    with (args.out / ("compute.csv" if args.repeat == 1 else f"compute-{args.repeat}.csv")).open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows(rows)
@@ -168,6 +169,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stages", default="comm,compute,sync", help="some of %(default)s (default: all)")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8], help="rank counts (default 1 2 4 8)")
+    parser.add_argument("--repeat", type=int, default=1, help="the compute stage's repeat number (default 1)")
     parser.add_argument("--loop-ms", type=float, default=4.0, help="the synthetic workload's ms of products a step")
     parser.add_argument("--out", type=Path, default=OUT, help=f"output directory (default {OUT})")
     args = parser.parse_args()

@@ -11,7 +11,8 @@ Write-up, figures and provenance: docs/studies/performance-model.md.
      count; the window exchange's alpha and beta, per mode (locked, wild), to its
      ``bench windows`` rows (``windows_n<P>.csv``, shared path, sharded layout);
    - each study workload's compute contention (:mod:`mpisolve.perfmodel.sharing`) fitted
-     to P one-rank trainings at once (``compute.csv``);
+     to P one-rank trainings at once (``compute.csv`` and its repeats, ``compute-<K>.csv``,
+     fitted together);
    - the machine's cost of a blocking exchange and of a lock acquisition per extra rank a
      core, per rank count above the cores, fitted to what the synthetic workload's runs
      (``sync_<numel>/scaling.csv``: ``allreduce``, ``async-sgd``) leave over their compute
@@ -19,8 +20,8 @@ Write-up, figures and provenance: docs/studies/performance-model.md.
      their exchanges' price; none at as many ranks as cores or fewer.
 
 2. Validation: for each series, model and solver of the scaling study
-   (perf/results/scaling/scaling.csv and its repeats, ``repeat-<k>/scaling.csv``: the
-   median of each run's iteration and load), the model is given the measured 1-rank iteration
+   (its repeats at the current code, ``perf/results/scaling/repeat-<k>/scaling.csv``,
+   which record the other processes' load; the median of each run's iteration and load), the model is given the measured 1-rank iteration
    of the same series as the compute, the cores the run had (the machine's, less what
    other processes used meanwhile: ``outside_cores``) and the calibration, and predicts
    the 2-8 rank iteration, each solver on its own schedule (tau) and exchange. An
@@ -151,15 +152,25 @@ def free_cores(cores: int, row: dict[str, str]) -> float:
 def calibrate(directory: Path) -> Calibration:
     cores = int(json.loads((directory / "machine.json").read_text())["cores"])
     nets, windows = calibrate_networks(directory), calibrate_windows(directory)
-    compute_rows = read_rows(directory / "compute.csv")
+    fits: dict[tuple[str, str], list[float]] = {}
+    for path in sorted(directory.glob("compute*.csv")):  # a repeat each, with its own 1-rank rows
+        rows = read_rows(path)
+        for key in dict.fromkeys((r["series"], r["model"]) for r in rows):
+            mine = [
+                {
+                    "ranks": float(r["ranks"]),
+                    "seconds": float(r["iteration_s"]),
+                    "outside_cores": float(r["outside_cores"]),
+                }
+                for r in rows
+                if (r["series"], r["model"]) == key
+            ]
+            fits.setdefault(key, []).append(
+                fit_contention(mine, cores) if any(r["ranks"] > cores for r in mine) else 0.0
+            )
     contention = {}
-    for series, model in dict.fromkeys((r["series"], r["model"]) for r in compute_rows):
-        mine = [
-            {"ranks": float(r["ranks"]), "seconds": float(r["iteration_s"]), "outside_cores": float(r["outside_cores"])}
-            for r in compute_rows
-            if (r["series"], r["model"]) == (series, model)
-        ]
-        contention[(series, model)] = fit_contention(mine, cores) if any(r["ranks"] > cores for r in mine) else 0.0
+    for (series, model), values in fits.items():
+        contention[(series, model)] = statistics.median(values)
         print(f"contention of {model} ({series}): {contention[(series, model)]:.3f} per extra rank a core")
     waits: dict[int, list[tuple[float, float]]] = {}
     locks: dict[int, list[tuple[float, float]]] = {}
@@ -464,8 +475,8 @@ def main() -> int:
         "--scaling",
         type=Path,
         nargs="+",
-        default=sorted((RESULTS / "scaling").glob("**/scaling.csv")),
-        help="the scaling study's CSVs (its repeats: the median of each run is checked)",
+        default=sorted((RESULTS / "scaling").glob("repeat-*/scaling.csv")),
+        help="the scaling study's CSVs (default: its repeats at the current code; the median of each run is checked)",
     )
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--no-projection", action="store_true", help="calibrate and validate only")
