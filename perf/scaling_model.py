@@ -19,16 +19,16 @@ Write-up, figures and provenance: docs/studies/performance-model.md.
      (its contention fitted to its ``hogwild-sgd`` runs, which neither block nor lock) and
      their exchanges' price; none at as many ranks as cores or fewer.
 
-2. Validation: for each series, model and solver of the scaling study
-   (its repeats at the current code, ``perf/results/scaling/repeat-<k>/scaling.csv``,
-   which record the other processes' load; the median of each run's iteration and load), the model is given the measured 1-rank iteration
-   of the same series as the compute, the cores the run had (the machine's, less what
-   other processes used meanwhile: ``outside_cores``) and the calibration, and predicts
-   the 2-8 rank iteration, each solver on its own schedule (tau) and exchange. An
-   ``emulated`` rank sleeps through its device time: only its host work (the 1-rank
-   iteration less the device time) shares the cores. ``error_alpha_beta`` keeps what the model gives without the
-   sharing terms. The relative errors go to validation.csv, validation.md (the study's
-   tables: per run, and per solver) and validation.png.
+2. Validation: for each series, model and solver of the scaling study (its repeats at the
+   current code, ``perf/results/scaling/repeat-<k>/scaling.csv``, which record the other
+   processes' load; the median of each run's iteration and load), the model is given the
+   measured 1-rank iteration of the same series as the compute, the cores the run had (the
+   machine's, less what other processes used meanwhile: ``outside_cores``) and the
+   calibration, and predicts the 2-8 rank iteration, each solver on its own schedule (tau)
+   and exchange. An ``emulated`` rank sleeps through its device time: only its host work
+   (the 1-rank iteration less the device time) shares the cores. ``error_alpha_beta`` keeps
+   what the model gives without the sharing terms. The relative errors go to validation.csv,
+   validation.md (the study's tables: per run, and per solver) and validation.png.
 3. Projection: ``python -m mpisolve model`` for ResNet-18 and ResNet-50 on 100 Gb/s
    InfiniBand with H100-class compute, 16 to 1,024 GPUs: projection_<model>.csv, the
    command's printed table (projection_<model>.txt) and projection.png.
