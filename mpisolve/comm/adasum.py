@@ -27,6 +27,12 @@ Every reduction is a fixed sequence of stages with persistent MPI requests, set 
 per fused buffer; :class:`Adasum` drives several at once without blocking, so buckets
 reduce while backward runs (:class:`AdasumReducer`).
 
+**Engines.** Where the communicator's torch.distributed engine sends a piece (gloo: host
+tensors; NCCL: device tensors; :mod:`.engine`), the fold's and the levels' messages are
+its sends and receives (:class:`~.engine.TorchMessage`), else MPI's; the statistics'
+allreduces stay MPI's. NCCL matches a pair's messages in posting order, so under it a pair
+posts an exchange's send and receive in one order, and reductions run one at a time.
+
 **Ranks on one node.** Where node-shared memory applies (:mod:`.shm`), a step whose
 partner shares the node passes no message: each rank works in its slot of a node-shared
 window and reads the partner's piece in place, waiting on its progress counter
@@ -56,6 +62,7 @@ from ..kernels.adasum import segment_combine, segment_stats, warm_up_cpu
 from .buckets import Bucket
 from .communicator import Communicator, Posting, mpi_buffer
 from .device import Stager
+from .engine import TorchMessage
 from .shm import CACHE_LINE, NodeCounters, NodeGroup, free_window, node_group, padded, shared_window, takes
 
 
@@ -393,14 +400,16 @@ class AdasumReduction:
             gathered = self._then(None, topo.gathered(index))
             if local is None:
                 other = self.scratch[:keep_len]
-                exchange: list[_Operation] = [
+                exchange = self._pair(
                     self._send(buffer[send[0] : send[1]], _slice(self._flat_twin, *send), partner),
                     self._receive(other, _slice(self._scratch_twin, 0, keep_len), partner),
-                ]
-                gather: list[_Operation] = [
+                    partner,
+                )
+                gather = self._pair(
                     self._send(buffer[keep[0] : keep[1]], _slice(self._flat_twin, *keep), partner),
                     self._receive(buffer[send[0] : send[1]], _slice(self._flat_twin, *send), partner),
-                ]
+                    partner,
+                )
                 gathers.append(_Stage(gather_name, gather, gathered))
             else:  # the partner's piece read in place, its result copied from its slot
                 assert self.node is not None  # a node-local partner exists only on the node path
@@ -428,11 +437,25 @@ class AdasumReduction:
             gathered_in_place = topo.fold_partner is None and self._local(topo.levels[0][1]) is not None
             self.stages.append(_Stage("copy out", [], self._done if gathered_in_place else self._copy_out))
 
-    def _send(self, piece: torch.Tensor, twin: torch.Tensor | None, partner: int) -> _Message:
-        return _Message(self.topology.comm, Stager(piece, twin), partner, self.tag, receive=False)
+    def _send(self, piece: torch.Tensor, twin: torch.Tensor | None, partner: int) -> _Operation:
+        return self._message(piece, twin, partner, receive=False)
 
-    def _receive(self, piece: torch.Tensor, twin: torch.Tensor | None, partner: int) -> _Message:
-        return _Message(self.topology.comm, Stager(piece, twin), partner, self.tag, receive=True)
+    def _receive(self, piece: torch.Tensor, twin: torch.Tensor | None, partner: int) -> _Operation:
+        return self._message(piece, twin, partner, receive=True)
+
+    def _message(self, piece: torch.Tensor, twin: torch.Tensor | None, partner: int, *, receive: bool) -> _Operation:
+        """Through the communicator's engine where it sends ``piece`` (NCCL: device tensors; gloo: host
+        ones), else through MPI (staged where the communicator stages it)."""
+        comm = self.topology.comm
+        if comm.engine_takes(piece) and comm.torch_group().takes_p2p(piece):
+            return TorchMessage(comm.torch_group(), piece, partner, self.tag, comm.wait_for, receive=receive)
+        return _Message(comm, Stager(piece, twin), partner, self.tag, receive=receive)
+
+    def _pair(self, send: _Operation, receive: _Operation, partner: int) -> list[_Operation]:
+        """An exchange's send and receive in the order this side posts them: the lower rank sends
+        first, the higher receives first (an engine that matches a pair's messages by order, NCCL's,
+        then never has both sides send first; MPI and gloo match by tag, in any order)."""
+        return [send, receive] if self.topology.comm.rank < partner else [receive, send]
 
     # ------------------------------------------------------------- node path
     def _local(self, partner: int) -> int | None:
@@ -637,6 +660,9 @@ class Adasum:
         self.topology = AdasumTopology(comm)
         self._inflight: list[AdasumReduction] = []
         self._storage: dict[int, _NodeBuffers] = {}  # slot address -> its window, until a reduction takes it
+        #: NCCL matches a pair's messages by the order they are posted, not by tag: a reduction then
+        #: starts once every earlier one is done, so that every rank posts them in one order.
+        self._one_at_a_time = comm.engine == "nccl"
 
     def storage(self, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
         """A zeroed buffer of ``numel`` elements in this rank's slot of a new node-shared window, for a
@@ -672,7 +698,7 @@ class Adasum:
         limit = None
         for reduction in self._inflight:
             reduction.advance(len(reduction.stages) if limit is None else limit)
-            limit = reduction.started
+            limit = (None if reduction.done else 0) if self._one_at_a_time else reduction.started
         self._inflight = [r for r in self._inflight if not r.done]
 
     def finish(self, reduction: AdasumReduction, what: str = "adasum") -> None:

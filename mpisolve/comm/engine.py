@@ -25,7 +25,9 @@ but MPI is needed to start it (``MPISOLVE_STORE_HOST`` names the address to serv
 where the host name does not reach the other nodes). Its operations time out after the
 communicator's ``timeout_s``: gloo's waits poll through the communicator's watchdog;
 NCCL's are watched by torch's NCCL watchdog, which aborts the communicator on timeout.
-MPI keeps control messages, host tensors and the one-sided windows.
+MPI keeps control messages, host tensors and the one-sided windows. Point-to-point
+messages that a solver sends again and again (Adasum's pairwise steps) are a
+:class:`TorchMessage` where the engine takes them.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -154,6 +157,16 @@ class TorchGroup:
         options.rootRank = root
         return self.group.broadcast([tensor], options)
 
+    def takes_p2p(self, tensor: torch.Tensor) -> bool:
+        """Whether this group sends and receives ``tensor`` (NCCL: CUDA tensors; gloo: CPU ones)."""
+        return tensor.device.type == ("cuda" if self.backend == "nccl" else "cpu")
+
+    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> dist.Work:
+        return self.group.send([tensor], peer, tag)
+
+    def recv(self, tensor: torch.Tensor, peer: int, tag: int) -> dist.Work:
+        return self.group.recv([tensor], peer, tag)
+
     def close(self) -> None:
         shutdown = getattr(self.group, "shutdown", None)
         if shutdown is not None and self.backend == "nccl":
@@ -214,3 +227,79 @@ class TorchCollective:
         if self._work is not None and not self._work.is_completed():
             raise RuntimeError(f"a reusable {self.kind} was freed while still in flight: complete it first")
         self._work = None
+
+
+class TorchMessage:
+    """One send (or receive, ``receive``) of ``tensor`` to (from) ``peer`` through a :class:`TorchGroup`,
+    started many times: ``start``, ``test``, ``wait``, ``free``, as a :class:`Reusable`.
+
+    NCCL: stream-ordered, so :meth:`test` is true once started and :meth:`wait` makes the
+    current stream wait for NCCL's (the host never does). NCCL matches a pair's messages
+    in the order they are posted (``tag`` is gloo's only): both sides post them in one
+    order. gloo: a send or receive says it completed only once waited for, so a thread
+    waits for it and :meth:`test` reads what it found; :meth:`wait` polls that through
+    ``wait_for``, the communicator's watchdogged wait, as a gloo collective is polled.
+    """
+
+    def __init__(
+        self,
+        group: TorchGroup,
+        tensor: torch.Tensor,
+        peer: int,
+        tag: int,
+        wait_for: Callable[[Callable[[], bool], str], None],
+        *,
+        receive: bool,
+    ) -> None:
+        if not tensor.is_contiguous():
+            raise ValueError("a message needs a contiguous tensor")
+        self.group = group
+        self.tensor = tensor
+        self.peer, self.tag = peer, tag
+        self.receive = receive
+        self._wait_for = wait_for
+        self._work: dist.Work | None = None
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        if self._work is not None:
+            raise RuntimeError(f"a {self._kind()} was started again before it was waited for")
+        post = self.group.recv if self.receive else self.group.send
+        self._work = post(self.tensor, self.peer, self.tag)
+        if self.group.backend != "nccl":
+            self._done.clear()
+            self._error = None
+            threading.Thread(target=self._await, args=(self._work,), name="mpisolve-gloo-p2p", daemon=True).start()
+
+    def _await(self, work: dist.Work) -> None:
+        try:
+            work.wait()
+        except BaseException as error:  # a gloo timeout or a peer gone: raised where the rank tests
+            self._error = error
+        self._done.set()
+
+    def test(self) -> bool:
+        if self._work is None or self.group.backend == "nccl":
+            return True
+        if self._error is not None:
+            raise RuntimeError(f"mpisolve: a gloo {self._kind()} failed: {self._error}") from self._error
+        return self._done.is_set()
+
+    def wait(self, what: str | None = None) -> None:
+        work = self._work
+        if work is None:
+            return
+        if self.group.backend == "nccl":
+            work.wait()
+        else:  # the thread waited for it (a second wait would wait for another message)
+            self._wait_for(self.test, what or f"gloo {self._kind()}")
+        self._work = None
+
+    def free(self) -> None:
+        if self._work is not None and not self.test():
+            raise RuntimeError(f"a {self._kind()} was freed while still in flight: complete it first")
+        self._work = None
+
+    def _kind(self) -> str:
+        return f"receive from rank {self.peer}" if self.receive else f"send to rank {self.peer}"

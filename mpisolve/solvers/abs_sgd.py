@@ -25,6 +25,10 @@ rank tests it, so every wait on the solver's communicator tests it too (between 
 as the progress thread does while the rank computes. ``progress='mpich'`` keeps MPI's path:
 MPICH's thread moves MPI's operations only.
 
+At one rank a round's sum completes as it is posted: with ``trigger="collective"`` each
+micro-batch is applied in its own step, with no delay to compensate (docs/solvers/abs-sgd.md,
+"One rank").
+
 A rank waiting in a bounded round (``max_round_batches``) waits for the others to post
 their next round, which a rank does in its next ``step()``. A rank waiting meanwhile in a
 collective of the user's (a metric's allreduce every few steps) would never get there, and
@@ -220,9 +224,15 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
                 f"abs-sgd needs trainable parameters of one dtype on one device, got {sorted(map(str, kinds))}"
             )
         dtype, device = kinds.pop()
+        #: One rank, ``trigger="collective"``, staging not forced: a round's sum completes as it is
+        #: posted, so each micro-batch is applied in its own step, with no delay to compensate (no
+        #: weight prediction; the momentum correction for no delay is the optimizer's own): plain
+        #: SGD's step on the parameters' own gradients (docs/solvers/abs-sgd.md, "One rank").
+        self.alone = self.comm.size == 1 and self.options.trigger == "collective" and not self.comm.stage_all
         # p.grad are views into one flat buffer: a micro-batch joins the round in one add.
         self.grads = FusedBuffer([p.shape for p in self.params], dtype, device)
-        self._point_grads_at_views()
+        if not self.alone:
+            self._point_grads_at_views()
         wire = wire_dtype(dtype)
         numel = self._numel = self.grads.numel
         #: Two rounds' sums, one accumulating, one in flight: the gradients, the sample count, then
@@ -244,7 +254,7 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         shapes = self.grads.shapes
         #: With weight prediction: the true weights (the model holds the predicted ones) and the last update.
         self._weights = self._last_update = None
-        if self.options.weight_prediction > 0:
+        if self.options.weight_prediction > 0 and not self.alone:
             self._weights = FusedBuffer(shapes, dtype, device)
             self._weights.pack([p.detach() for p in self.params])
             self._last_update = FusedBuffer(shapes, dtype, device)
@@ -286,13 +296,13 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         interval_s = self.options.progress_ms / 1e3
         self._thread = (
             ProgressThread(self._watch, name="mpisolve-abs-sgd-progress", interval_s=interval_s)
-            if self.options.progress == "thread"
+            if self.options.progress == "thread" and not self.alone
             else None
         )
 
     def local_batch_size(self, configured: int, probe: Callable[[int], float] | None = None) -> int:
         """This rank's micro-batch: ``configured``, or by speed (collective, the first time; see the options)."""
-        if self.options.micro_batch == "fixed":
+        if self.options.micro_batch == "fixed" or self.alone:
             return configured
         if self.batch_sizes is None:
             who = f"abs-sgd with micro_batch={self.options.micro_batch!r} (or use micro_batch='fixed')"
@@ -311,7 +321,10 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
                 p.grad = view
 
     def zero_grad(self) -> None:
-        """Zero this micro-batch's gradients (one fill of the flat buffer)."""
+        """Zero this micro-batch's gradients (one fill of the flat buffer; alone: set to None, as torch's default)."""
+        if self.alone:
+            self.optimizer.zero_grad()
+            return
         self.grads.flat.zero_()
         self._point_grads_at_views()
 
@@ -322,6 +335,8 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         ``scaler``: the micro-batch's gradients are unscaled; a non-finite micro-batch is left
         out of the round (the scaler's skip); the rounds go on as usual.
         """
+        if self.alone:
+            return self._step_alone(batch_size, scaler)
         started_at = self._forward_at  # this micro-batch's first training forward
         n = self.take_samples(batch_size)
         if n == 0:  # no micro-batch: nothing to add, and a round needs one
@@ -353,6 +368,25 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         self._post()
         resized, self._next_batch_size = self._next_batch_size, None
         return StepInfo(applied=applied, global_samples=samples, local_samples=n, next_batch_size=resized)
+
+    def _step_alone(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
+        """One rank: the micro-batch is a round whose sum is its own, applied at once through the optimizer."""
+        n = self.take_samples(batch_size)
+        self._unscale(scaler)
+        self._end_step()
+        if n == 0:
+            return StepInfo(applied=False, global_samples=0, local_samples=0)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if scaler is not None and scaler.is_enabled():
+            applied = all_finite(grads)  # the scaler's skip
+        else:
+            checked = self.nonfinite.policy != "ignore"
+            applied = not checked or self.nonfinite.decide(all_finite(grads), "round's mean gradients")
+        self.rounds += 1
+        if applied:
+            self._scaled_step(n, delay=0)
+            self.updates += 1
+        return StepInfo(applied=applied, global_samples=n if applied else 0, local_samples=n)
 
     def _round_over(self) -> bool:
         """Whether the round in flight has completed and this rank's round may end."""
@@ -474,8 +508,9 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         finally:
             self._hold_predicted_weights()
 
-    def _scaled_step(self, global_samples: int) -> None:
-        """The user's optimizer steps with this update's learning rate and momentum (docs/solvers/abs-sgd.md)."""
+    def _scaled_step(self, global_samples: int, delay: int = 1) -> None:
+        """The user's optimizer steps with this update's learning rate and momentum (docs/solvers/abs-sgd.md),
+        for a gradient ``delay`` rounds old."""
         scaling, correct = self.options.lr_scaling, self.options.momentum_correction
         if scaling == "none" and not correct:
             self._step_optimizer(None)
@@ -483,13 +518,16 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         if self.reference_batch is None:
             self.reference_batch = float(global_samples)
         ratio = global_samples / self.reference_batch
+        if scaling == "none" and delay == 0 and ratio == 1.0:  # corrected for nothing: the optimizer as given
+            self._step_optimizer(None)
+            return
         factor = 1.0 if scaling == "none" else ratio if scaling == "linear" else math.sqrt(ratio)
         groups = self.optimizer.param_groups
         given = [(group["lr"], group.get("momentum")) for group in groups]
         for group, (lr, momentum) in zip(groups, given):
             group["lr"] = lr * factor
             if correct and momentum and not group.get("dampening"):
-                group["momentum"] = corrected_momentum(momentum, ratio)
+                group["momentum"] = corrected_momentum(momentum, ratio, delay)
                 group["lr"] *= (1.0 - group["momentum"]) / (1.0 - momentum)
         try:
             self._step_optimizer(None)
@@ -604,13 +642,29 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
             "timed": (self._timed_samples, self._timed_s),
             "carry": self._carry.clone() if self._carry is not None else None,
             # The model's own state holds the predicted weights; these are the true ones.
-            "weights": self._weights.flat.clone() if self._weights is not None else None,
-            "last_update": self._last_update.flat.clone() if self._last_update is not None else None,
+            "weights": self._weights.flat.clone() if self._weights is not None else self._true_weights(),
+            "last_update": self._last_update.flat.clone() if self._last_update is not None else self._no_update(),
         }
+
+    def _true_weights(self) -> torch.Tensor | None:
+        """Alone with weight prediction asked for: the model's weights are the true ones (saved for several ranks)."""
+        if not self.alone or self.options.weight_prediction == 0:
+            return None
+        return torch.cat([p.detach().reshape(-1) for p in self.params])
+
+    def _no_update(self) -> torch.Tensor | None:
+        """Alone with weight prediction asked for: no last update to predict from (zeros)."""
+        weights = self._true_weights()
+        return None if weights is None else torch.zeros_like(weights)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Collective: a round in flight here is completed and replaced by the state's."""
         super().load_state_dict(state)
+        if self.alone and state["completed"] is not None:
+            raise ValueError(
+                "this abs-sgd state holds a round in flight (saved at several ranks): abs-sgd at one rank applies "
+                "each micro-batch in its own step; resume it at several ranks"
+            )
         self._complete_in_flight("abs-sgd round before loading a state")
         self._acc = 0
         self._sums[0].zero_()
@@ -623,6 +677,12 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
             self._sums[1].copy_(completed)
         if self._carry is not None:
             self._carry.copy_(state["carry"])
+        if self.alone and state.get("weights") is not None:  # the model's state holds the predicted ones
+            with torch.no_grad():
+                offset = 0
+                for p in self.params:
+                    p.copy_(state["weights"][offset : offset + p.numel()].view_as(p))
+                    offset += p.numel()
         if self._weights is not None:
             if state.get("weights") is None:
                 raise ValueError(

@@ -29,8 +29,9 @@ def assert_matches(got, expected, dtype, scale=1.0):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3, 4, 5, 8)
-def test_random_tensors_match_the_reference_tree():
-    comm = Communicator()
+@pytest.mark.parametrize("engine", ["mpi", "gloo"])
+def test_random_tensors_match_the_reference_tree(engine):
+    comm = Communicator(engine=engine)  # gloo: the pairwise steps are its sends and receives
     # Mixed dtypes in one call: float64 alone, the float32 wire of float32/16/bfloat16.
     mine = [t for d in DTYPES for t in rank_tensors(comm.rank, d)]
     originals = [t.clone() for t in mine]
@@ -118,8 +119,12 @@ def test_bad_input_is_named():
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
-def test_watchdog_names_the_stage_a_reduction_is_stuck_at():
-    comm = Communicator(timeout_s=0.5)
+@pytest.mark.parametrize("engine", ["mpi", "gloo"])
+def test_watchdog_names_the_stage_a_reduction_is_stuck_at(engine):
+    comm = Communicator(engine=engine, timeout_s=60)
+    if engine == "gloo":
+        comm.torch_group()  # gloo's own timeout (the communicator's when it is made) outlasts the watchdog's
+    comm.timeout_s = 0.5
     adasum = Adasum(comm)
     flat = torch.ones(10, dtype=torch.float64)
     reduction = adasum.reduction(flat, [6, 4])

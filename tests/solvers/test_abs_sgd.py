@@ -61,6 +61,42 @@ def documented_momentum(momentum, ratio):
     return max(memory / (1 + memory), 0.001)
 
 
+@pytest.mark.parametrize("lr_scaling", ["none", "sqrt"])
+def test_one_rank_applies_each_micro_batch_in_its_step_as_plain_sgd(lr_scaling):
+    """One rank: a round's sum is its own micro-batch, complete at once, so each step applies it with
+    no delay (no prediction; a momentum corrected for no delay is the given one): torch's SGD step."""
+    model, reference = net(), net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    expected = torch.optim.SGD(reference.parameters(), lr=LR, momentum=MOMENTUM)
+    solver = mpisolve.make_solver("abs-sgd", model, optimizer, Communicator(), lr_scaling=lr_scaling)
+    for i in range(6):
+        x, y = micro_batch(0, i)
+        with solver.evaluating() as evaluated:  # the model holds the true weights: nothing predicted
+            assert evaluated is model
+        info = train_step(model, solver, x, y)
+        assert info.applied and info.global_samples == len(y)
+        expected.zero_grad()
+        nn.functional.cross_entropy(reference(x), y).backward()
+        expected.step()
+        torch.testing.assert_close(parameters(model), parameters(reference))
+    assert solver.updates == solver.rounds == 6
+    state = solver.state_dict()
+    torch.testing.assert_close(state["weights"], parameters(model))  # resumable at several ranks
+    solver.close()
+
+
+def test_one_rank_refuses_a_non_finite_micro_batch():
+    model = net()
+    solver = mpisolve.make_solver("abs-sgd", model, torch.optim.SGD(model.parameters(), lr=LR), Communicator())
+    x, y = micro_batch(0, 0)
+    x[0, 0] = float("nan")
+    before = parameters(model)
+    with pytest.raises(mpisolve.NonFiniteError, match="abs-sgd"):
+        train_step(model, solver, x, y)
+    assert torch.equal(parameters(model), before)
+    solver.close()
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize(
     "progress, prediction, correction, max_round_batches",

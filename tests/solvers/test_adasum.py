@@ -5,7 +5,9 @@ import torch
 from torch import nn
 
 import mpisolve
+from mpisolve.comm.adasum import _Message
 from mpisolve.comm.communicator import Communicator
+from mpisolve.comm.engine import TorchMessage
 from tests.adasum_reference import tree
 
 
@@ -63,9 +65,10 @@ def make_adam(model):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3, 4, 5)
+@pytest.mark.parametrize("engine", ["mpi", "gloo"])
 @pytest.mark.parametrize("bucket_mb", [25.0, 0.0003])
-def test_delta_mode_with_adam_matches_a_simulation_of_every_rank(bucket_mb):
-    comm = Communicator()
+def test_delta_mode_with_adam_matches_a_simulation_of_every_rank(bucket_mb, engine):
+    comm = Communicator(engine=engine)
     torch.manual_seed(comm.rank)  # construction must broadcast rank 0's model
     model = Net()
     solver = mpisolve.make_solver("adasum", model, make_adam(model), comm=comm, bucket_mb=bucket_mb)
@@ -105,11 +108,12 @@ def test_delta_mode_with_adam_matches_a_simulation_of_every_rank(bucket_mb):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3, 4, 5)
-def test_gradient_mode_combines_gradients_then_steps():
-    comm = Communicator()
+@pytest.mark.parametrize("engine", ["mpi", "gloo"])
+def test_gradient_mode_combines_gradients_then_steps(engine):
+    comm = Communicator(engine=engine)
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    solver = mpisolve.make_solver("adasum", model, opt, comm=comm.comm, mode="gradient", bucket_mb=0.0003)
+    solver = mpisolve.make_solver("adasum", model, opt, comm=comm, mode="gradient", bucket_mb=0.0003)
     sim = clone(model)
     sim_opt = torch.optim.SGD(sim.parameters(), lr=0.1, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
@@ -131,6 +135,43 @@ def test_gradient_mode_combines_gradients_then_steps():
     for (name, p), q in zip(model.named_parameters(), sim.parameters()):
         assert_close(name, p, q)
     solver.close()
+
+
+def train_adasum(comm, mode):
+    """Three Adam (delta) or SGD (gradient) steps of Adasum on ``comm``, several buckets: the parameters,
+    and the pairwise messages of its reductions."""
+    torch.manual_seed(comm.rank)  # construction broadcasts rank 0's model
+    model = Net()
+    optimizer = make_adam(model) if mode == "delta" else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    solver = mpisolve.make_solver("adasum", model, optimizer, comm=comm, mode=mode, bucket_mb=0.0003)
+    reducer = solver.deltas.reducer if mode == "delta" else solver._reducer
+    messages = [
+        op
+        for reduction in reducer.reductions.values()
+        for stage in reduction.stages
+        for op in stage.operations
+        if isinstance(op, (TorchMessage, _Message))
+    ]
+    loss_fn = nn.CrossEntropyLoss()
+    for step in range(3):
+        x, y = shard(step, comm.rank)
+        solver.zero_grad()
+        loss_fn(model(x), y).backward()
+        solver.step()
+    solver.close()
+    return torch.cat([p.detach().double().reshape(-1) for p in model.parameters()]), messages
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3, 4)
+@pytest.mark.parametrize("mode", ["delta", "gradient"])
+def test_pairwise_steps_through_the_gloo_engine_equal_mpis(mode):
+    # The engine code NCCL runs for device tensors, through gloo's sends and receives on the CPU.
+    mpi, through_mpi = train_adasum(Communicator(engine="mpi", node_shm=False), mode)  # its message path
+    gloo, through_gloo = train_adasum(Communicator(engine="gloo"), mode)
+    assert through_mpi and all(isinstance(op, _Message) for op in through_mpi)
+    assert len(through_gloo) == len(through_mpi) and all(isinstance(op, TorchMessage) for op in through_gloo)
+    torch.testing.assert_close(gloo, mpi, rtol=1e-10, atol=1e-10)  # the same operands; fp order may differ
 
 
 @pytest.mark.mpi(min_size=2)
