@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..comm import Communicator, as_communicator
-from ..comm.ops import Pending, TensorOps, tensor_ops, threads_supported
+from ..comm.ops import Call, TensorOps, tensor_ops, threads_supported
 from ..comm.ops import process_set as communicator_of
 from ..errors import TensorMismatchError
 from .compression import Compression, Compressor
@@ -265,7 +265,7 @@ atexit.register(stop_timeline)
 
 
 # ------------------------------------------------------------------------ handles
-_handles: dict[int, tuple[Pending, Callable[[Any], Any]]] = {}
+_handles: dict[int, tuple[Call, Callable[[Any], Any]]] = {}
 _handle_ids = itertools.count(1)
 
 
