@@ -1,30 +1,43 @@
-"""``mpisolve.allreduce`` of one CPU tensor: its signature agreed once, then one blocking ``MPI_Allreduce`` a call.
+"""An allreduce of one CPU tensor: its signature agreed once, then one MPI call a call.
 
-The general path (:func:`.collectives.allreduce`) fuses, posts a nonblocking allreduce and
-waits for it through the watchdog: per call costs that are several times MPI's own latency
-for a few KiB. Here a sum or average of one tensor below the one-shot crossover
-(:attr:`.shm.NodeGroup.one_shot_min_bytes`; any size where node-shared sums do not apply) is
-checked across ranks once per signature (dtype, shape, reduction), then each call is one
-blocking ``MPI_Allreduce`` on a communicator of its own: of the values and one more element,
-a *miss* flag, up to :data:`INLINE_MAX_BYTES`; above it, of the flag alone and then of the
-tensor from where it lies. The message lands in a buffer the communicator keeps for the next
-call and is copied out into the new result: MPI moves messages between buffers it has seen
-before faster than into new memory each call (docs/studies/node-aware.md).
+``mpisolve.allreduce`` of one tensor and ``hvd.allreduce`` (each allreduce of one tensor that
+:class:`.ops.TensorOps` starts, :class:`.ops.OneCall`) come here. The general path
+(:func:`.collectives.allreduce`, or :mod:`.ops`' header round and data round) fuses, posts
+nonblocking rounds and waits for them through the watchdog: per call costs that are several
+times MPI's own latency for a few KiB. Here a sum or average of one float CPU tensor below
+the one-shot crossover (:attr:`.shm.NodeGroup.one_shot_min_bytes`; any size where
+node-shared sums do not apply) is checked across ranks once per signature (dtype, shape,
+reduction, prescale and postscale factors), then each call is one ``MPI_Iallreduce``,
+waited for at once, on a communicator of its own: of the values and one more element, a
+*miss* flag, up to :data:`INLINE_MAX_BYTES`; above it, of the flag alone and then (one
+blocking ``MPI_Allreduce``) of the tensor from where it lies. The message lands in a
+buffer the communicator keeps for the next call and is copied out into the new result:
+MPI moves messages between buffers it has seen before faster than into new memory each
+call (docs/studies/node-aware.md).
 
 **The check, kept cheap.** Every rank holds the same *agreed* signature (the last one every
 rank negotiated, or none): it changes only after a negotiation, which every rank runs alike.
 A call whose signature is the agreed one sends the flag 0 (with its values, inline); any
-other call sends 1 (and, inline, as many elements as the agreed signature has, so every
-rank's message has the same length). The flag's sum is the same on every rank: 0 means
-every rank called with the agreed signature; otherwise every rank negotiates: the ranks'
-signatures are gathered (one small ``allgather``), and where they differ every rank raises
-:class:`TensorMismatchError` naming them, as the checked collectives of :mod:`.ops` do, and
-nothing hangs. Where they agree, that signature becomes the agreed one. Where the agreed
-signature does not take this path (a larger tensor, a dtype MPI has no arithmetic for, a
+other call sends a miss (and, inline, as many elements as the agreed signature has, so
+every rank's message has the same length; with none agreed, the flag alone). The flags'
+sum is the same on every rank: 0 means every rank called with the agreed signature;
+otherwise every rank negotiates: the ranks' signatures are gathered (one small
+``allgather``), and where they differ every rank raises :class:`TensorMismatchError`
+naming them, as the checked collectives of :mod:`.ops` do, and nothing hangs. Where they
+agree, that signature becomes the agreed one. Where the agreed signature does not take
+this path (a larger tensor, another reduction, a dtype MPI has no arithmetic for, a GPU or
 non-contiguous tensor on some rank), each call sends only the flag before taking the
 general path, so a rank that calls with another signature is still noticed.
 
-The blocking calls are watched by the communicator's watchdog (:meth:`Communicator.blocking`),
+**Join.** A rank in :meth:`.ops.TensorOps.join` cannot know whether the others' next call
+comes here or to a header round, so it posts both: its header, and here a message of the
+agreed length flagged :data:`JOINED` (:meth:`start_joined`). That is why the flag-carrying
+messages are nonblocking (MPI matches a nonblocking collective only with nonblocking
+ones). The others see a miss and negotiate with it; a joined rank's signature is none, and
+every rank then takes the general path, which the joined rank answers. The flags sum to
+the communicator's size only where every rank has joined.
+
+The waits are watched by the communicator's watchdog (:meth:`Communicator.blocking`),
 which aborts past the timeout. On a communicator whose waits drive other work
 (:attr:`Communicator.interrupts`, e.g. abs-sgd's node-shared round, set alike on every rank)
 calls take the general path with no check of their own, as before this path existed: a rank
@@ -182,15 +195,18 @@ class OneTensor:
         return int(self._flag[0])
 
     def _sum(self, what: str, spec: list[Any], out: list[Any] | None = None) -> None:
-        """One ``MPI_Iallreduce`` (sum) of ``spec`` (in place, or into ``out``), waited for at once, watchdogged.
+        """One allreduce (sum) of ``spec`` (in place, or into ``out``), watchdogged.
 
-        Nonblocking, though waited for at once, so that a joined rank's nonblocking part matches it."""
+        A message with the flag (in place) is an ``MPI_Iallreduce`` waited for at once, which a
+        joined rank's (:meth:`start_joined`) can match; the values after the flags agreed (every
+        rank working) one blocking ``MPI_Allreduce``."""
         if self.comm.has_queued():
             self.comm.flush(what)
         with self._watchdog.arm(what, None):
-            self.sums.comm.Iallreduce(
-                MPI.IN_PLACE if out is None else spec, spec if out is None else out, MPI.SUM
-            ).Wait()
+            if out is None:
+                self.sums.comm.Iallreduce(MPI.IN_PLACE, spec, MPI.SUM).Wait()
+            else:
+                self.sums.comm.Allreduce(spec, out, MPI.SUM)
 
     def _kept(self, dtype: torch.dtype, numel: int) -> np.ndarray[Any, Any]:
         """This communicator's message buffer of ``numel`` elements of ``dtype``, kept for the next call:

@@ -17,6 +17,13 @@ differs, and no data round is posted (nothing hangs). Otherwise the data round r
 second communicator. Headers are posted in call order; data rounds are posted in the same
 order (a call's data round waits for every earlier call's), so calls may overlap freely.
 
+**One tensor.** An allreduce of one tensor skips the header round: it is a
+:class:`OneCall`, which :mod:`.onetensor` checks by the signature the ranks agreed once
+(a flag in its one message) and which becomes a call of the general path where that says
+so. It runs, in start order, when its rank waits for any call here: one call that
+waits for every rank, which cannot run as it starts (Horovod's ranks may start calls
+and wait for them later, in between starting others).
+
 **Join.** :meth:`TensorOps.join` makes a rank that has run out of work answer the others'
 calls until every rank has joined: it contributes the identity of the reduction to each
 allreduce (zeros for a sum: an average is still divided by the number of ranks), and a
@@ -967,7 +974,7 @@ def allreduce(
     the fused, node-aware path of :func:`.collectives.allreduce`; other dtypes and
     reductions are checked across ranks first (:class:`TensorMismatchError` on every
     rank when shapes or dtypes differ), and so is a sum or average of one CPU tensor, which
-    below the node-shared crossover is one blocking ``MPI_Allreduce`` (:mod:`.onetensor`).
+    below the node-shared crossover is one MPI call (:mod:`.onetensor`).
     The inputs are untouched.
     """
     if isinstance(tensors, torch.Tensor) and op in ("sum", "average") and tensors.is_floating_point():
