@@ -201,7 +201,7 @@ class OneCall:
     def run(self) -> Pending | None:
         """Its turn: reduced here (done), or the general path's :class:`Pending`, started, to take its place."""
         try:
-            reduced = one_tensor(self.ops.comm).allreduce(self.tensor, self.op, self.scales)
+            reduced = self.ops.one.allreduce(self.tensor, self.op, self.scales)
         except TensorMismatchError as err:
             self.error = err
             reduced = None
@@ -234,6 +234,8 @@ class TensorOps:
         self.hdr = comm.dup(name="ops.header")
         self.data = comm.dup(name="ops.data")
         self.ctl = comm.dup(name="ops.barrier")
+        #: Allreduces of one tensor (made here, collectively: a joined rank needs it too).
+        self.one = one_tensor(comm)
         self._pending: list[Call] = []
         self._names: set[str] = set()
         self.rounds = 0  # header rounds negotiated here: the same count on every rank
@@ -655,7 +657,7 @@ class TensorOps:
         for started in list(self._pending):
             self.comm.wait_for(started.test, f"{started.kind} before join")
         joined_at = self.rounds
-        one = one_tensor(self.comm)
+        one = self.one
         request = one.start_joined()  # the others' allreduces of one tensor go by onetensor, not headers
 
         def answered() -> bool:
