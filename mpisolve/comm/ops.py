@@ -211,8 +211,8 @@ class OneCall:
             self.ops.hdr.start(pending.posting)
             self.general = pending
             return pending
-        if reduced is not None:
-            self.finish = lambda: _write_out([self.tensor], [reduced], self.out)
+        if reduced is not None:  # already in the tensor's dtype
+            self.finish = lambda: [reduced] if self.out is None else _write_out([self.tensor], [reduced], self.out)
         for observe in self.ops.observers:
             observe(self, "communicating")
         self.ops.complete(self)
