@@ -33,6 +33,7 @@ the others. It returns the rank that joined last.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import weakref
@@ -211,8 +212,8 @@ class OneCall:
             self.ops.hdr.start(pending.posting)
             self.general = pending
             return pending
-        if reduced is not None:  # already in the tensor's dtype
-            self.finish = lambda: [reduced] if self.out is None else _write_out([self.tensor], [reduced], self.out)
+        if reduced is not None:  # a partial, not a closure over self: no cycle keeps the result for the collector
+            self.finish = functools.partial(_write_out, [self.tensor], [reduced], self.out)
         for observe in self.ops.observers:
             observe(self, "communicating")
         self.ops.complete(self)
