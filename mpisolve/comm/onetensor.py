@@ -37,11 +37,12 @@ ones). The others see a miss and negotiate with it; a joined rank's signature is
 every rank then takes the general path, which the joined rank answers. The flags sum to
 the communicator's size only where every rank has joined.
 
-The waits are watched by the communicator's watchdog (:meth:`Communicator.blocking`),
-which aborts past the timeout. On a communicator whose waits drive other work
-(:attr:`Communicator.interrupts`, e.g. abs-sgd's node-shared round, set alike on every rank)
-calls take the general path with no check of their own, as before this path existed: a rank
-blocked in MPI would not drive that work for the others.
+The waits are watched: the nonblocking ones by the communicator's polled wait, which
+raises :class:`CommTimeout` past the timeout, the blocking one by its watchdog thread
+(:meth:`Communicator.blocking`), which aborts. On a communicator whose waits drive other
+work (:attr:`Communicator.interrupts`, e.g. abs-sgd's node-shared round, set alike on
+every rank) calls take the general path with no check of their own, as before this path
+existed: a rank blocked in MPI would not drive that work for the others.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class OneTensor:
         self._flag = np.zeros(1, dtype=np.int64)
         self._buffer = np.empty(0, dtype=np.float32)  # see _kept
         self._joined = self._flag  # a joined rank's message (see start_joined)
-        #: The watchdog of the waits (:meth:`Communicator.blocking`), kept: armed for each call.
+        #: The watchdog of the blocking sums (:meth:`Communicator.blocking`), kept: armed for each call.
         self._watchdog = comm.blocking(SUM)
         group = node_group(comm)
         #: Tensors below this many bytes take this path (where node-shared sums apply: their crossover).
@@ -197,16 +198,17 @@ class OneTensor:
     def _sum(self, what: str, spec: list[Any], out: list[Any] | None = None) -> None:
         """One allreduce (sum) of ``spec`` (in place, or into ``out``), watchdogged.
 
-        A message with the flag (in place) is an ``MPI_Iallreduce`` waited for at once, which a
-        joined rank's (:meth:`start_joined`) can match; the values after the flags agreed (every
-        rank working) one blocking ``MPI_Allreduce``."""
+        A message with the flag (in place) is an ``MPI_Iallreduce``, which a joined rank's
+        (:meth:`start_joined`) can match, waited for at once by the communicator's polled wait
+        (past the timeout, :class:`CommTimeout` on this rank); the values after the flags agreed
+        (every rank working) one blocking ``MPI_Allreduce`` under the watchdog thread."""
         if self.comm.has_queued():
             self.comm.flush(what)
+        if out is None:
+            self.comm.wait_for(self.sums.comm.Iallreduce(MPI.IN_PLACE, spec, MPI.SUM).Test, what)
+            return
         with self._watchdog.arm(what, None):
-            if out is None:
-                self.sums.comm.Iallreduce(MPI.IN_PLACE, spec, MPI.SUM).Wait()
-            else:
-                self.sums.comm.Allreduce(spec, out, MPI.SUM)
+            self.sums.comm.Allreduce(spec, out, MPI.SUM)
 
     def _kept(self, dtype: torch.dtype, numel: int) -> np.ndarray[Any, Any]:
         """This communicator's message buffer of ``numel`` elements of ``dtype``, kept for the next call:
