@@ -191,13 +191,15 @@ class OneCall:
     def wait(self) -> Any:
         """Run it (and the calls started before it), and return its result, or raise the ranks' common error."""
         self._tested = True
-        what = f"allreduce {self.name!r}" if self.name else "allreduce"
-        self.ops.comm.wait_for(self.test, what)
+        self.ops.comm.wait_for(self.test, self._what)
         if self.general is not None:
             return self.general.wait()
         if self.error is not None:
             raise self.error
         return self.result
+
+    def _what(self) -> str:
+        return f"allreduce {self.name!r}" if self.name else "allreduce"
 
     def run(self) -> Pending | None:
         """Its turn: reduced here (done), or the general path's :class:`Pending`, started, to take its place."""
@@ -748,7 +750,7 @@ def _check_local(
             raise TypeError(f"tensors[{i}] has dtype {t.dtype}, which mpisolve's collectives do not move")
         if t.is_sparse:
             raise TypeError(f"tensors[{i}] is sparse: gather its indices and values instead")
-    devices = {t.device for t in tensors}
+    devices = {t.device for t in tensors} if len(tensors) > 1 else ()
     if len(devices) > 1:
         raise ValueError(f"a grouped {kind} needs its tensors on one device, got {sorted(map(str, devices))}")
     if kind in ("allreduce", "reducescatter"):
