@@ -1,10 +1,10 @@
 """One allreduce through mpisolve.horovod against mpisolve.allreduce, same tensors, same run.
 
 Run under mpiexec (perf/horovod_step.sh). For each size, a float32 tensor averaged by
-``mpisolve.allreduce`` (the fused, node-aware path, no check across ranks) and by
-``hvd.allreduce`` (a header round, then the data round: the check Horovod's tests ask
-for), timed in turn within each repeat (``interleaved_medians``, the slowest rank's); each
-timing is CALLS calls, reported per call. One JSON line per size.
+``mpisolve.allreduce`` and by ``hvd.allreduce`` (both, below the node-shared crossover,
+:mod:`mpisolve.comm.onetensor`'s one MPI call with the signature check in it), timed in
+turn within each repeat (``interleaved_medians``, the slowest rank's); each timing is
+CALLS calls, reported per call. One JSON line per size.
 """
 
 from __future__ import annotations

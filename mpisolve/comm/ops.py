@@ -17,6 +17,13 @@ differs, and no data round is posted (nothing hangs). Otherwise the data round r
 second communicator. Headers are posted in call order; data rounds are posted in the same
 order (a call's data round waits for every earlier call's), so calls may overlap freely.
 
+**One tensor.** An allreduce of one tensor skips the header round: it is a
+:class:`OneCall`, which :mod:`.onetensor` checks by the signature the ranks agreed once
+(a flag in its one message) and which becomes a call of the general path where that says
+so. It runs, in start order, when its rank waits for any call here: one call that
+waits for every rank, which cannot run as it starts (Horovod's ranks may start calls
+and wait for them later, in between starting others).
+
 **Join.** :meth:`TensorOps.join` makes a rank that has run out of work answer the others'
 calls until every rank has joined: it contributes the identity of the reduction to each
 allreduce (zeros for a sum: an average is still divided by the number of ranks), and a
@@ -143,6 +150,82 @@ class Pending:
         return self.result
 
 
+class OneCall:
+    """A started allreduce of one tensor, waiting its turn: :mod:`.onetensor`'s one call when run.
+
+    It runs, in start order among this communicator's collectives, when this rank waits
+    for any of them (or tests this one a second time): a call that waits for every rank,
+    so it cannot run as it starts (a rank may start calls it never waits for before the
+    others start theirs). Where the ranks' agreement says so, it becomes a :class:`Pending`
+    of the general path (:attr:`general`) at that turn.
+    """
+
+    def __init__(
+        self,
+        ops: TensorOps,
+        name: str | None,
+        tensor: torch.Tensor,
+        op: str,
+        scales: tuple[float, float],
+        out: Sequence[torch.Tensor] | None,
+    ) -> None:
+        self.ops = ops
+        self.kind = "allreduce"
+        self.name = name
+        self.tensor, self.op, self.scales, self.out = tensor, op, scales, out
+        self.general: Pending | None = None
+        self.finish: Callable[[], Any] = lambda: None
+        self.error: Exception | None = None
+        self.result: Any = None
+        self.done = False
+        self._tested = False
+
+    def test(self) -> bool:
+        """Whether it has completed; the first test does not run it (tests do not block), later ones do."""
+        if self.general is not None:
+            return self.general.test()
+        self.ops.progress(run=self._tested)
+        self._tested = True
+        return self.done
+
+    def wait(self) -> Any:
+        """Run it (and the calls started before it), and return its result, or raise the ranks' common error."""
+        self._tested = True
+        self.ops.comm.wait_for(self.test, self._what)
+        if self.general is not None:
+            return self.general.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def _what(self) -> str:
+        return f"allreduce {self.name!r}" if self.name else "allreduce"
+
+    def run(self) -> Pending | None:
+        """Its turn: reduced here (done), or the general path's :class:`Pending`, started, to take its place."""
+        try:
+            reduced = self.ops.one.allreduce(self.tensor, self.op, self.scales)
+        except TensorMismatchError as err:
+            self.error = err
+            reduced = None
+        if reduced is None and self.error is None:
+            pre, post = self.scales
+            pending = self.ops.header_call("allreduce", [self.tensor], self.op, 0, None, pre, post, self.name, self.out)
+            self.ops.hdr.start(pending.posting)
+            self.general = pending
+            return pending
+        if reduced is not None:  # a partial, not a closure over self: no cycle keeps the result for the collector
+            self.finish = functools.partial(_write_out, [self.tensor], [reduced], self.out)
+        for observe in self.ops.observers:
+            observe(self, "communicating")
+        self.ops.complete(self)
+        return None
+
+
+#: A started collective: checked by a header round, or one tensor's allreduce.
+Call = Pending | OneCall
+
+
 class TensorOps:
     """The checked collectives of one communicator: headers, data rounds, join.
 
@@ -154,12 +237,14 @@ class TensorOps:
         self.hdr = comm.dup(name="ops.header")
         self.data = comm.dup(name="ops.data")
         self.ctl = comm.dup(name="ops.barrier")
-        self._pending: list[Pending] = []
+        #: Allreduces of one tensor (made here, collectively: a joined rank needs it too).
+        self.one = one_tensor(comm)
+        self._pending: list[Call] = []
         self._names: set[str] = set()
         self.rounds = 0  # header rounds negotiated here: the same count on every rank
         #: Called with (pending, phase) as a collective moves: "negotiating" (started),
         #: "communicating" (its data round posted), "done".
-        self.observers: list[Callable[[Pending, str], None]] = []
+        self.observers: list[Callable[[Call, str], None]] = []
 
     # ------------------------------------------------------------------ starting
     def start(
@@ -174,7 +259,7 @@ class TensorOps:
         postscale: float = 1.0,
         name: str | None = None,
         out: Sequence[torch.Tensor] | None = None,
-    ) -> Pending:
+    ) -> Call:
         """Start ``kind`` on ``tensors``.
 
         Every rank gives the same kind, op, root, dtypes and shapes, but for the first
@@ -184,13 +269,36 @@ class TensorOps:
         rank's own arguments raise at once; disagreements between ranks raise from
         :meth:`Pending.wait` on every rank.
         """
-        self.progress()
+        self.progress(run=False)
         tensors = list(tensors)
         _check_local(kind, tensors, op, root, splits, self.comm.size)
         if name is not None and name in self._names:
             raise ValueError(f"mpisolve: a collective named {name!r} is already in flight on this rank")
+        call: Call
+        if kind == "allreduce" and len(tensors) == 1:
+            call = OneCall(self, name, tensors[0], op, (prescale, postscale), out)
+            self._launch(call, name)
+            return call
         if kind == "alltoall" and splits is None:
             splits = [tensors[0].shape[0] // self.comm.size] * self.comm.size
+        call = self.header_call(kind, tensors, op, root, splits, prescale, postscale, name, out)
+        self._launch(call, name)
+        self.hdr.start(call.posting)
+        return call
+
+    def header_call(
+        self,
+        kind: str,
+        tensors: list[torch.Tensor],
+        op: str,
+        root: int,
+        splits: Sequence[int] | None,
+        prescale: float,
+        postscale: float,
+        name: str | None,
+        out: Sequence[torch.Tensor] | None,
+    ) -> Pending:
+        """A checked call of the general path (its header round not yet started)."""
         meta = self._meta(kind, tensors, op, splits)
         header = np.zeros(RECORD, dtype=np.int64)
         first = tensors[0]
@@ -223,16 +331,14 @@ class TensorOps:
             self._plan(pending, sizes, tensors, op, root, prescale, postscale, out)
 
         pending.plan = plan
-        self._launch(pending, name)
         return pending
 
-    def _launch(self, pending: Pending, name: str | None) -> None:
+    def _launch(self, call: Call, name: str | None) -> None:
         if name is not None:
             self._names.add(name)
-        self._pending.append(pending)
+        self._pending.append(call)
         for observe in self.observers:
-            observe(pending, "negotiating")
-        self.hdr.start(pending.posting)
+            observe(call, "negotiating")
 
     @staticmethod
     def _meta(kind: str, tensors: list[torch.Tensor], op: str, splits: Sequence[int] | None) -> list[int]:
@@ -255,25 +361,34 @@ class TensorOps:
         return []
 
     # ----------------------------------------------------------------- progress
-    def progress(self) -> None:
+    def progress(self, run: bool = True) -> None:
         """Move every started collective along, in start order.
 
         Negotiate those whose headers have arrived, post their data rounds, complete those
-        whose data has arrived.
+        whose data has arrived; ``run``: run a :class:`OneCall` at its turn (else stop there).
         """
-        for pending in self._pending:
-            if pending.stage == "header":
-                if not self.hdr.test(pending.posting):
-                    break  # later calls' data rounds wait for this one's
-                self._negotiated(pending)
-            if pending.stage == "sizes":
-                assert pending.sizes is not None
-                if not self.data.test(pending.sizes):
+        for i, call in enumerate(self._pending):
+            if isinstance(call, OneCall):
+                if call.done:
+                    continue
+                if not run:
                     break
-                count = len(pending.meta)
-                self._planned(pending, pending.all_sizes.reshape(self.comm.size, count).tolist())
-            if not pending.done and all(self.data.test(p) for p in pending.data):
-                self._complete(pending)
+                general = call.run()
+                if general is None:
+                    continue
+                self._pending[i] = call = general
+            if call.stage == "header":
+                if not self.hdr.test(call.posting):
+                    break  # later calls' data rounds wait for this one's
+                self._negotiated(call)
+            if call.stage == "sizes":
+                assert call.sizes is not None
+                if not self.data.test(call.sizes):
+                    break
+                count = len(call.meta)
+                self._planned(call, call.all_sizes.reshape(self.comm.size, count).tolist())
+            if not call.done and all(self.data.test(p) for p in call.data):
+                self.complete(call)
         if self._pending and self._pending[0].done:
             self._pending = [p for p in self._pending if not p.done]
 
@@ -306,7 +421,8 @@ class TensorOps:
         for observe in self.observers:
             observe(pending, "communicating")
 
-    def _complete(self, pending: Pending) -> None:
+    def complete(self, pending: Call) -> None:
+        """Its result made (or its error kept): done, its name free again."""
         if pending.error is None:
             try:
                 pending.result = pending.finish()
@@ -541,9 +657,18 @@ class TensorOps:
         Completes this rank's own started collectives first. While waiting, an allreduce
         of the others gets the reduction's identity from this rank (zeros for a sum).
         """
-        for pending in list(self._pending):
-            self.comm.wait_for(pending.test, f"{pending.kind} before join")
+        for started in list(self._pending):
+            self.comm.wait_for(started.test, f"{started.kind} before join")
         joined_at = self.rounds
+        one = self.one
+        request = one.start_joined()  # the others' allreduces of one tensor go by onetensor, not headers
+
+        def answered() -> bool:
+            nonlocal request
+            if request is not None and request.Test():
+                request = one.start_joined() if one.answer_joined() else None
+            return self.hdr.test(pending.posting)
+
         while True:
             header = np.zeros(RECORD, dtype=np.int64)
             header[_KIND] = KINDS.index("join")
@@ -551,11 +676,15 @@ class TensorOps:
             header[_JOIN_ROUND] = joined_at
             pending = Pending(self, "join", None, header)
             self.hdr.start(pending.posting)
-            self.comm.wait_for(functools.partial(self.hdr.test, pending.posting), "join")
+            self.comm.wait_for(answered, "join")
             self.rounds += 1
             headers = pending.gathered.reshape(self.comm.size, RECORD)
             working = [r for r in range(self.comm.size) if not headers[r, _JOINED]]
             if not working:
+                if request is not None:  # every rank posted it: the last of this join's messages
+                    last = request
+                    self.comm.wait_for(last.Test, "join's last one-tensor message")
+                    one.answer_joined()
                 rounds = headers[:, _JOIN_ROUND].tolist()
                 return max(range(len(rounds)), key=lambda r: (rounds[r], r))
             self._answer(headers, working[0])
@@ -621,7 +750,7 @@ def _check_local(
             raise TypeError(f"tensors[{i}] has dtype {t.dtype}, which mpisolve's collectives do not move")
         if t.is_sparse:
             raise TypeError(f"tensors[{i}] is sparse: gather its indices and values instead")
-    devices = {t.device for t in tensors}
+    devices = {t.device for t in tensors} if len(tensors) > 1 else ()
     if len(devices) > 1:
         raise ValueError(f"a grouped {kind} needs its tensors on one device, got {sorted(map(str, devices))}")
     if kind in ("allreduce", "reducescatter"):
@@ -850,7 +979,7 @@ def allreduce(
     the fused, node-aware path of :func:`.collectives.allreduce`; other dtypes and
     reductions are checked across ranks first (:class:`TensorMismatchError` on every
     rank when shapes or dtypes differ), and so is a sum or average of one CPU tensor, which
-    below the node-shared crossover is one blocking ``MPI_Allreduce`` (:mod:`.onetensor`).
+    below the node-shared crossover is one MPI call (:mod:`.onetensor`).
     The inputs are untouched.
     """
     if isinstance(tensors, torch.Tensor) and op in ("sum", "average") and tensors.is_floating_point():

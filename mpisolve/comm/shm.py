@@ -88,7 +88,7 @@ LATENCY_MAX_BYTES = 64 * 1024
 #: sets it, and :data:`ONE_SHOT_MIN_BYTES`, on every layout.
 NODE_MIN_BYTES = {False: 0, True: 1024 * 1024}
 #: The same for ``mpisolve.allreduce`` of one tensor, whose node-shared sum copies in and out
-#: (below it: one blocking ``MPI_Allreduce``, :mod:`.onetensor`).
+#: (below it: one MPI call, :mod:`.onetensor`).
 ONE_SHOT_MIN_BYTES = 4 * 1024 * 1024
 MIN_BYTES_ENV = "MPISOLVE_NODE_SHM_MIN_BYTES"
 

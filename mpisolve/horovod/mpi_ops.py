@@ -3,10 +3,15 @@
 Every call goes through the checked collectives of a communicator (the world, or a
 process set's): a header round that every rank sees, then the data round, so a tensor
 whose shape, dtype or name differs across ranks raises :class:`HorovodInternalError` on
-every rank instead of hanging. Unlike Horovod, collectives are matched by the order in
-which each rank calls them, not by name (as MPI matches them): every rank must start
-the collectives of one process set in one order. Names still label the timeline, and a
-name already in flight on this rank is refused.
+every rank instead of hanging. An allreduce of one tensor skips the header round: the
+ranks agree its signature (dtype, shape, op, prescale and postscale factors; not its name)
+once, and each call with that signature is one MPI call, run when this rank waits for a
+result (:mod:`mpisolve.comm.onetensor`); one whose signature differs raises on every rank.
+
+Unlike Horovod, collectives are matched by the order in which each rank calls them, not
+by name (as MPI matches them): every rank must start the collectives of one process set
+in one order. Names still label the timeline, and a name already in flight on this rank
+is refused.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 import torch
 
 from ..comm import Communicator, as_communicator
-from ..comm.ops import Pending, TensorOps, tensor_ops, threads_supported
+from ..comm.ops import Call, TensorOps, tensor_ops, threads_supported
 from ..comm.ops import process_set as communicator_of
 from ..errors import TensorMismatchError
 from .compression import Compression, Compressor
@@ -56,13 +61,16 @@ class ProcessSet:
         self.ranks = sorted(int(r) for r in ranks)
         self.process_set_id: int | None = None
         self.comm: Communicator | None = None
+        self._engine: TensorOps | None = None  # the checked collectives of comm, kept
 
     def _ops(self) -> TensorOps:
-        if self.process_set_id is None:
-            raise ValueError("this process set was not added: call hvd.add_process_set first")
-        if self.comm is None:
-            raise ValueError(f"rank {rank()} is not in process set {self.process_set_id} (ranks {self.ranks})")
-        ops = tensor_ops(self.comm)
+        ops = self._engine
+        if ops is None or ops.comm is not self.comm or self.process_set_id is None:
+            if self.process_set_id is None:
+                raise ValueError("this process set was not added: call hvd.add_process_set first")
+            if self.comm is None:
+                raise ValueError(f"rank {rank()} is not in process set {self.process_set_id} (ranks {self.ranks})")
+            ops = self._engine = tensor_ops(self.comm)
         if _state.timeline is not None:
             _state.timeline.watch(ops)
         return ops
@@ -265,7 +273,7 @@ atexit.register(stop_timeline)
 
 
 # ------------------------------------------------------------------------ handles
-_handles: dict[int, tuple[Pending, Callable[[Any], Any]]] = {}
+_handles: dict[int, tuple[Call, Callable[[Any], Any]]] = {}
 _handle_ids = itertools.count(1)
 
 
@@ -276,13 +284,25 @@ def _start(
     then: Callable[[Any], Any],
     **arguments: Any,
 ) -> int:
+    handle = next(_handle_ids)
+    _handles[handle] = (_begin(kind, tensors, process_set, arguments), then)
+    return handle
+
+
+def _begin(kind: str, tensors: Sequence[torch.Tensor], process_set: ProcessSet, arguments: dict[str, Any]) -> Call:
+    """Start ``kind`` on the set's checked collectives (errors in this rank's arguments: ValueError)."""
     try:
-        pending = process_set._ops().start(kind, list(tensors), **arguments)
+        return process_set._ops().start(kind, tensors, **arguments)
     except TypeError as err:
         raise ValueError(str(err)) from err
-    handle = next(_handle_ids)
-    _handles[handle] = (pending, then)
-    return handle
+
+
+def _result(call: Call) -> Any:
+    """Wait for ``call``; the ranks' disagreement as Horovod's error."""
+    try:
+        return call.wait()
+    except TensorMismatchError as err:
+        raise HorovodInternalError(str(err)) from err
 
 
 def poll(handle: int) -> bool:
@@ -294,11 +314,8 @@ def synchronize(handle: int) -> Any:
     """Wait for the collective of ``handle`` and return its result."""
     if handle not in _handles:
         return None
-    pending, then = _handles.pop(handle)
-    try:
-        return then(pending.wait())
-    except TensorMismatchError as err:
-        raise HorovodInternalError(str(err)) from err
+    call, then = _handles.pop(handle)
+    return then(_result(call))
 
 
 def _reduction(op: int | None, average: bool | None) -> int:
@@ -409,10 +426,11 @@ def allreduce(
     reduction = _reduction(op, average)
     if compressed.requires_grad and torch.is_grad_enabled():
         reduced = HorovodAllreduce.apply(compressed, reduction, name, prescale_factor, postscale_factor, process_set)
-    else:  # no graph to record: the collective alone
-        reduced = synchronize(
-            allreduce_async(compressed, None, name, reduction, prescale_factor, postscale_factor, process_set)
-        )
+    else:  # no graph to record: the collective alone, no handle
+        _check_adasum(reduction, process_set)
+        arguments = {"op": _REDUCTIONS[reduction], "name": name, "prescale": prescale_factor}
+        arguments["postscale"] = postscale_factor
+        reduced = _result(_begin("allreduce", [compressed], process_set, arguments))[0]
     return compression.decompress(reduced, ctx)
 
 

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from ..comm.ops import Pending, TensorOps
+from ..comm.ops import Call, TensorOps
 
 
 class Timeline:
@@ -34,7 +34,7 @@ class Timeline:
             ops.observers.append(self.observe)
             self._watched.append(ops)
 
-    def observe(self, pending: Pending, phase: str) -> None:
+    def observe(self, pending: Call, phase: str) -> None:
         now = time.time() * 1e6
         label = f"{pending.kind}.{pending.name}" if pending.name else pending.kind
         activity = pending.kind.upper()

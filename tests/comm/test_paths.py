@@ -147,7 +147,7 @@ def test_one_tensor_mismatches_raise_on_every_rank_and_the_next_call_works(monke
     # Alike signatures, but one rank's tensor is not contiguous: every rank takes the general path.
     strided = torch.ones(2 * BELOW)[::2] if rank == 0 else ones
     assert mpisolve.allreduce(strided, op="sum", comm=comm).eq(comm.size).all()
-    assert onetensor.one_tensor(comm).agreed == ((torch.float32, (BELOW,), "sum"), onetensor.GENERAL, BELOW)
+    assert onetensor.one_tensor(comm).agreed == ((torch.float32, (BELOW,), "sum", 1.0, 1.0), onetensor.GENERAL, BELOW)
     assert mpisolve.allreduce(ones, op="sum", comm=comm).eq(comm.size).all()
     comm.free()
 
@@ -163,7 +163,7 @@ def test_a_communicator_whose_waits_drive_other_work_keeps_the_general_path(monk
     assert onetensor.one_tensor(comm).agreed is None
     comm.interrupts.clear()
     np.testing.assert_array_equal(mpisolve.allreduce(tensor, op="sum", comm=comm).numpy(), total)
-    assert onetensor.one_tensor(comm).agreed == ((torch.float32, (BELOW,), "sum"), onetensor.INLINE, BELOW)
+    assert onetensor.one_tensor(comm).agreed == ((torch.float32, (BELOW,), "sum", 1.0, 1.0), onetensor.INLINE, BELOW)
     comm.free()
 
 

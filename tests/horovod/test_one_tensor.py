@@ -1,0 +1,148 @@
+"""``hvd.allreduce`` of one small tensor: one MPI call once the ranks agreed its signature.
+
+The MPI calls are counted on the communicators themselves (each mpi4py communicator
+behind the calls wrapped in a counter); the sums are checked against numpy's sum of
+every rank's input (small integers: exact in any order). Ranks whose calls differ in
+shape, dtype, reduction or scales get :class:`HorovodInternalError` on every rank, and
+the next call works; a joined rank answers calls of an agreed signature. At 2 and 3 ranks.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import mpisolve.horovod as hvd
+from mpisolve.comm import Communicator
+from mpisolve.comm.onetensor import one_tensor
+from mpisolve.comm.ops import tensor_ops
+
+pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.ranks(2, 3)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def started():
+    """Horovod started, with the one-tensor path open to every size here (tests/conftest.py puts
+    the node-shared crossover, where that path ends, at 0 bytes)."""
+    hvd.init()
+    one = one_tensor(hvd.global_process_set.comm)
+    kept, one.max_bytes = one.max_bytes, 1 << 20
+    yield
+    one.max_bytes = kept
+
+
+class Counted:
+    """An mpi4py communicator that records the name of each method called on it."""
+
+    def __init__(self, comm: Any) -> None:
+        self.inner, self.calls = comm, []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def called(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return attr(*args, **kwargs)
+
+        return called
+
+
+@contextmanager
+def counted() -> Iterator[dict[str, Counted]]:
+    """The MPI calls of the world's one-tensor sums and of its checked collectives (headers, data)."""
+    world = hvd.global_process_set.comm
+    assert world is not None
+    ops = tensor_ops(world)
+    comms: dict[str, Communicator] = {"sums": one_tensor(world).sums, "headers": ops.hdr, "data": ops.data}
+    counters = {key: Counted(comm.comm) for key, comm in comms.items()}
+    for key, comm in comms.items():
+        comm.comm = counters[key]  # type: ignore[assignment]
+    try:
+        yield counters
+    finally:
+        for key, comm in comms.items():
+            comm.comm = counters[key].inner
+
+
+def mine_and_total(numel: int, seed: int) -> tuple[torch.Tensor, np.ndarray]:
+    """This rank's input and numpy's sum of every rank's."""
+
+    def of(rank: int) -> np.ndarray:
+        return np.random.default_rng(seed * 100 + rank).integers(-50, 50, numel).astype(np.float32)
+
+    return torch.from_numpy(of(hvd.rank())), np.sum([of(r) for r in range(hvd.size())], axis=0)
+
+
+@pytest.mark.parametrize("numel", [1, 17, 4096])
+def test_each_call_after_the_first_is_one_mpi_call_and_sums_exactly(numel):
+    tensor, total = mine_and_total(numel, numel)
+    hvd.allreduce(tensor, op=hvd.Sum, name="agreeing")  # the signature agreed
+    calls = [
+        lambda: hvd.allreduce(tensor, op=hvd.Sum, name="blocking"),
+        lambda: hvd.allreduce_(tensor.clone(), op=hvd.Sum),
+        lambda: hvd.synchronize(hvd.allreduce_async(tensor, op=hvd.Sum)),
+        lambda: hvd.synchronize(hvd.allreduce_async_(tensor.clone(), op=hvd.Sum)),
+    ]
+    for call in calls:
+        with counted() as mpi:
+            summed = call()
+        assert (mpi["sums"].calls, mpi["headers"].calls, mpi["data"].calls) == (["Iallreduce"], [], [])
+        np.testing.assert_array_equal(summed.numpy(), total)
+    scaled = hvd.allreduce(tensor, op=hvd.Average, prescale_factor=2.0, postscale_factor=0.25)
+    torch.testing.assert_close(scaled, torch.from_numpy(total * 2.0 / hvd.size() * 0.25))
+
+
+def test_started_calls_run_in_order_when_waited_for_and_a_name_in_flight_is_refused():
+    inputs = [mine_and_total(5, seed) for seed in range(6)]
+    handles = [hvd.allreduce_async(t, op=hvd.Sum, name=f"call{i}") for i, (t, _) in enumerate(inputs)]
+    with counted() as mpi:
+        assert not any(hvd.poll(h) for h in handles)  # started, not yet run: a first poll does not block
+        with pytest.raises(ValueError, match="already in flight"):
+            hvd.allreduce_async(inputs[0][0], name="call0")
+    assert not mpi["sums"].calls
+    for h, (_, total) in zip(handles, inputs):
+        np.testing.assert_array_equal(hvd.synchronize(h).numpy(), total)
+
+
+@pytest.mark.parametrize(
+    "differs",
+    [
+        {"tensor": torch.ones(4)},
+        {"tensor": torch.ones(2, 3)},
+        {"tensor": torch.ones(6, dtype=torch.float64)},
+        {"tensor": torch.ones(6, dtype=torch.int32)},
+        {"op": hvd.Average},
+        {"op": hvd.Max},
+        {"prescale_factor": 2.0},
+        {"postscale_factor": 0.5},
+    ],
+    ids=["elements", "shape", "float64", "int32", "average", "max", "prescale", "postscale"],
+)
+def test_a_call_that_differs_on_one_rank_raises_on_every_rank_and_the_next_call_works(differs):
+    agreed: dict[str, Any] = {"tensor": torch.ones(6), "op": hvd.Sum}
+    hvd.allreduce(**agreed)  # every rank agrees this signature first
+    odd = hvd.rank() == hvd.size() - 1
+    with pytest.raises(hvd.HorovodInternalError, match=r"differ: rank 0 has float32 \[6\] \(sum\)"):
+        hvd.allreduce(**({**agreed, **differs} if odd else agreed))
+    assert hvd.allreduce(**agreed).tolist() == [float(hvd.size())] * 6
+
+
+@pytest.mark.parametrize("numel", [3, 40_000, 300_000], ids=["inline", "separate", "general"])
+def test_a_joined_rank_answers_calls_of_the_agreed_signature(numel):
+    size, rank = hvd.size(), hvd.rank()
+    tensor = torch.full((numel,), 3.0)
+    assert hvd.allreduce(tensor, op=hvd.Sum)[0].item() == 3.0 * size  # agreed on every rank
+    if rank == 0:
+        last = hvd.join()
+    else:
+        for _ in range(2):
+            assert hvd.allreduce(tensor, op=hvd.Sum).eq(3.0 * (size - 1)).all()  # rank 0 gave zeros
+        torch.testing.assert_close(hvd.allreduce(torch.ones(2), op=hvd.Average), torch.full((2,), (size - 1) / size))
+        last = hvd.join()
+    assert last == size - 1
+    assert hvd.allreduce(tensor, op=hvd.Sum).eq(3.0 * size).all()
