@@ -129,7 +129,7 @@ class ABSSGDOptions(MeasureOptions, CommonOptions):
         "who moves the allreduce along while the rank computes: a thread testing it every progress_ms; 'mpich': "
         "MPICH's own thread (launch with MPICH_ASYNC_PROGRESS=1); 'none': step()'s tests only",
     )
-    progress_ms: float = option(1.0, "the progress thread's interval, in milliseconds")
+    progress_ms: float = option(1.0, "the progress thread's interval, in milliseconds", above=0)
     micro_batch: MicroBatch = option(
         "adaptive",
         "each rank's micro-batch: synchronous SGD's global batch split by the speeds every rank measures, split "
@@ -153,9 +153,6 @@ class ABSSGDOptions(MeasureOptions, CommonOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require(
-            math.isfinite(self.progress_ms) and self.progress_ms > 0, f"progress_ms must be > 0, got {self.progress_ms}"
-        )
         require(
             (self.trigger == "window") == (self.window_s is not None),
             "window_s goes with trigger='window' (and it needs one); "

@@ -58,7 +58,7 @@ from ..comm.readback import wait_event
 from ..comm.windows import Layout, LocalVector, SharedVector
 from ..errors import OptionError
 from ..kernels.elastic import elastic_exchange_
-from ..options import LocalStepsOptions, Options, option, require, require_choice, with_default
+from ..options import LocalStepsOptions, Options, option, require, with_default
 from .base import CommonOptions, Solver, StepInfo, collective_round, register
 
 
@@ -126,10 +126,6 @@ class WindowOptions(LocalStepOptions):
         "where the parameters meet a host window through a twin (a GPU model): run each exchange on a thread of "
         "its own while training goes on, and apply its result at a later step; false: exchange in the step",
     )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_choice("window", self.window, WindowMemory)
 
 
 @dataclass(frozen=True, kw_only=True)
