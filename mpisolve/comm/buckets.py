@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 
 from .communicator import MPI_TYPES, Communicator
-from .engine import Reusable
+from .engine import InFlight, Reusable
 from .flat import FusedBuffer, RidingTally, Tally
 from .readback import Readback, write_finite_probe
 from .reusable import reusable_allreduce
@@ -159,20 +159,16 @@ class SumReducer:
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm
         self.requests: dict[int, Reusable] = {}
-        self._inflight: list[Reusable] = []
+        self._inflight = InFlight()
 
     def prepare(self, bucket: Bucket) -> None:
         self.requests[bucket.index] = reusable_allreduce(self.comm, bucket.wire, "sum")
 
     def start(self, bucket: Bucket) -> None:
-        req = self.requests[bucket.index]
-        req.start()
-        self._inflight.append(req)
+        self._inflight.start(self.requests[bucket.index])
 
     def progress(self) -> None:
-        if self._inflight:
-            # Testing lets MPI move the in-flight buckets along while backward computes.
-            self._inflight = [r for r in self._inflight if not r.test()]
+        self._inflight.progress()
 
     def finish(self, bucket: Bucket) -> None:
         self.requests[bucket.index].wait(f"gradient allreduce of bucket {bucket.index}")
@@ -560,6 +556,17 @@ class GradientBuckets:
                 "mpisolve: solver.zero_grad() between backward() and step(): the gradients are being reduced; "
                 "zero them before the forward pass (or after step())"
             )
+        self._zero_views()
+
+    def withhold(self) -> None:
+        """This rank contributes nothing to this step: zeros, no samples, not counted as a rank."""
+        if self.in_flight or self._reduced is not None:
+            raise RuntimeError("mpisolve: a rank can withhold only from a step it has not started")
+        self._withheld = True
+        self._zero_views()
+
+    def _zero_views(self) -> None:
+        """Every bucket zeroed and every gradient its view again (alone: every gradient None)."""
         if self.alone:
             for p in self.params:
                 p.grad = None
@@ -569,21 +576,6 @@ class GradientBuckets:
             for p, view in zip(bucket.params, bucket.buffer.views):
                 if p.grad is None or p.grad.data_ptr() != view.data_ptr():
                     p.grad = view
-        self._in_window = False
-
-    def withhold(self) -> None:
-        """This rank contributes nothing to this step: zeros, no samples, not counted as a rank."""
-        if self.in_flight or self._reduced is not None:
-            raise RuntimeError("mpisolve: a rank can withhold only from a step it has not started")
-        self._withheld = True
-        if self.alone:
-            for p in self.params:
-                p.grad = None
-        for bucket in self.buckets:
-            self._claim(bucket)
-            bucket.buffer.flat.zero_()
-            for p, view in zip(bucket.params, bucket.buffer.views):
-                p.grad = view
         self._in_window = False
 
     def finish(self, *, writable: bool = False, check_finite: bool = False) -> Reduction:

@@ -20,7 +20,7 @@ from ..comm.adasum import AdasumReducer
 from ..comm.buckets import Bucket, GradientBuckets, plan_buckets
 from ..comm.communicator import Communicator
 from ..comm.flat import FusedBuffer, HostTally
-from ..options import BucketOptions, choices, option, require_choice
+from ..options import BucketOptions, choices, option
 from .base import BucketSolver, Solver, StepInfo, SynchronousOptions, register
 from .nonfinite import all_finite
 
@@ -37,10 +37,6 @@ class AdasumOptions(BucketOptions, SynchronousOptions):
         "delta: each rank takes its local optimizer step and the model deltas are combined (Horovod's); "
         "gradient: the gradients are combined during backward, then one optimizer step",
     )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_choice("mode", self.mode, Mode)
 
 
 class DeltaBuckets:
@@ -136,13 +132,7 @@ class _GradientAdasum(BucketSolver[AdasumOptions], AdasumSolver):
 
     def setup(self) -> None:
         self._reducer = None if self._alone() else AdasumReducer(self.comm)
-        self.grads = GradientBuckets(
-            self.params,
-            self.comm,
-            bucket_bytes=int(self.options.bucket_mb * 1e6),
-            reducer=self._reducer,
-            samples=self.samples_seen,
-        )
+        self.grads = self._gradient_buckets(self.options.bucket_mb, reducer=self._reducer)
 
     @property
     def node_shared(self) -> bool:
