@@ -88,6 +88,10 @@ class InFlight:
         """Forget them all (the step completed every one)."""
         self._ops.clear()
 
+    def __len__(self) -> int:
+        """How many are kept as in flight."""
+        return len(self._ops)
+
 
 #: What one rank says for the choice: the engine it was asked for and by what, its machine, its
 #: GPU's index (None: no GPU), whether its torch has NCCL.
