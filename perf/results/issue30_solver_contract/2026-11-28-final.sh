@@ -7,6 +7,8 @@ set -u
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 BEFORE_REV=${BEFORE_REV:-03c9252}
 LOCK=${LOCK:-/tmp/mpisolve-cpu.lock}
+ROUNDS=${ROUNDS:-3}
+ONLY=${ONLY:-}  # one label alone (2026-11-28-final-one-rank.txt: ONLY=step-allreduce-1rank)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 mkdir "$TMP/before"
@@ -34,10 +36,11 @@ SPECS=(
 )
 # Unrecorded, unlocked: each side compiles its kernels into its own cache first.
 for side in before after; do PYTHONPATH=$([ $side = before ] && echo "$TMP/before") "$PY" -m mpisolve bench step --model mlp --repeats 2 --warmup 1 >/dev/null 2>&1; done
-for round in 1 2 3; do
+for round in $(seq "$ROUNDS"); do
   if [ $((round % 2)) = 1 ]; then order="before after"; else order="after before"; fi
   for spec in "${SPECS[@]}"; do
     IFS='|' read -r label ranks args <<<"$spec"
+    [ -n "$ONLY" ] && [ "$label" != "$ONLY" ] && continue
     for side in $order; do
       load=$(uptime | sed 's/.*load average: //')
       echo "$label $side round=$round load=[$load] $(run $side $ranks $args)"
