@@ -1,7 +1,7 @@
 """Fused-buffer pack and unpack: many tensors <-> one flat buffer, laid end to end.
 
 ``pack(tensors, flat)`` copies each tensor into ``flat`` at the running offset (the
-layout of :class:`mpisolve.comm.buckets.FusedBuffer`), ``unpack(flat, tensors)`` copies
+layout of :class:`mpisolve.comm.flat.FusedBuffer`), ``unpack(flat, tensors)`` copies
 back. Both copy bytes (no casting): every tensor must be contiguous and of ``flat``'s
 dtype. The CPU twin is one Numba call over all tensors, split into equal chunks of the
 flat range so that threads share a few large tensors as evenly as many small ones; it

@@ -51,9 +51,13 @@ def build_options(solver: str, cls: type[T], given: dict[str, Any]) -> T:
     return cls(**given)
 
 
-def option(default: Any, help: str) -> Any:
-    """A dataclass field with a default and a one-line ``help`` (the meaning in the docs' options tables)."""
-    return dataclasses.field(default=default, metadata={"help": help})
+def option(default: Any, help: str, *, at_least: float | None = None, above: float | None = None) -> Any:
+    """A dataclass field with a default and a one-line ``help`` (the meaning in the docs' options tables).
+
+    ``at_least`` / ``above``: the field's bound (``above``: finite too), which :class:`Options`
+    checks, so that a bound is declared with its option and not in a ``__post_init__``.
+    """
+    return dataclasses.field(default=default, metadata={"help": help, "at_least": at_least, "above": above})
 
 
 def with_default(cls: type, name: str, default: Any) -> Any:
@@ -62,7 +66,7 @@ def with_default(cls: type, name: str, default: Any) -> Any:
     For a subclass whose solver needs another default: the option is still explained once.
     """
     field = next(f for f in dataclasses.fields(cls) if f.name == name)
-    return option(default, field.metadata["help"])
+    return dataclasses.field(default=default, metadata=field.metadata)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,7 +78,35 @@ class Options:
     """
 
     def __post_init__(self) -> None:
-        """Nothing to check at the root: here each subclass's chain of checks ends."""
+        """The checks every field declares: its bound (:func:`option`), its ``Literal``'s values."""
+        for name, literal, at_least, above in _declared_checks(type(self)):
+            value = getattr(self, name)
+            if literal is not None:
+                require_choice(name, value, literal)
+            if value is None:
+                continue
+            if at_least is not None:
+                require(value >= at_least, f"{name} must be >= {at_least:g}, got {value}")
+            if above is not None:
+                require(math.isfinite(value) and value > above, f"{name} must be > {above:g}, got {value}")
+
+
+#: Each options class's declared checks, found once (:func:`_declared_checks`).
+_CHECKS: dict[type, list[tuple[str, Any, float | None, float | None]]] = {}
+
+
+def _declared_checks(cls: type) -> list[tuple[str, Any, float | None, float | None]]:
+    """Each field of ``cls`` that declares a check: (name, its ``Literal`` or None, at_least, above)."""
+    checks = _CHECKS.get(cls)
+    if checks is None:
+        hints = typing.get_type_hints(cls)
+        checks = _CHECKS[cls] = []
+        for f in dataclasses.fields(cls):
+            literal = hints[f.name] if typing.get_origin(hints[f.name]) is typing.Literal else None
+            at_least, above = f.metadata.get("at_least"), f.metadata.get("above")
+            if literal is not None or at_least is not None or above is not None:
+                checks.append((f.name, literal, at_least, above))
+    return checks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,12 +114,10 @@ class BucketOptions(Options):
     """Gradients (or deltas) laid in fused buckets, each reduced as one unit."""
 
     bucket_mb: float = option(
-        25.0, "size of the fused buckets, each reduced as one unit, in MB (10^6 bytes), as DDP's bucket_cap_mb"
+        25.0,
+        "size of the fused buckets, each reduced as one unit, in MB (10^6 bytes), as DDP's bucket_cap_mb",
+        above=0,
     )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(math.isfinite(self.bucket_mb) and self.bucket_mb > 0, f"bucket_mb must be > 0, got {self.bucket_mb}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,12 +125,10 @@ class LocalStepsOptions(Options):
     """Local steps between exchanges with the other ranks."""
 
     tau: int = option(
-        4, "local steps between exchanges with the other ranks (an average, an elastic exchange, a push); 1: every step"
+        4,
+        "local steps between exchanges with the other ranks (an average, an elastic exchange, a push); 1: every step",
+        at_least=1,
     )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.tau >= 1, f"tau must be >= 1, got {self.tau}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,12 +136,10 @@ class MeasureOptions(Options):
     """How the ranks' speeds are measured where a solver splits the batch by speed."""
 
     measure_batches: int = option(
-        3, "timed micro-batches per rank, after one warm-up, whose median gives its speed when speeds are measured"
+        3,
+        "timed micro-batches per rank, after one warm-up, whose median gives its speed when speeds are measured",
+        at_least=1,
     )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.measure_batches >= 1, f"measure_batches must be >= 1, got {self.measure_batches}")
 
 
 def option_fields(cls: type) -> dict[str, tuple[Any, Any]]:

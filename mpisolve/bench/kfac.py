@@ -97,10 +97,10 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
             if variant == "spd-kfac":
                 options["fusion_profile_steps"] = args.profile_steps
             key = variant if fraction == fractions[0] else f"{variant}@{fraction:g}"
-            result["variants"][key] = _time_kfac(args, comm, x, y, in_shape, classes, options)
+            result["variants"][key] = _time_kfac(args, comm, x, y, options)
             result["variants"][key]["grad_worker_fraction"] = fraction
             gc.collect()
-    result["sgd_iter_s"], sgd = _time_solver(args, comm, x, y, in_shape, classes, "allreduce", {})
+    result["sgd_iter_s"], sgd = _time_solver(args, comm, x, y, "allreduce", {})
     sgd.close()
     if "spd-kfac" in variants and "d-kfac" in variants:
         result["spd_over_d"] = result["variants"]["spd-kfac"]["iter_s"] / result["variants"]["d-kfac"]["iter_s"]
@@ -114,15 +114,13 @@ def _time_solver(
     comm: Communicator,
     x: torch.Tensor,
     y: torch.Tensor,
-    in_shape: tuple[int, ...],
-    classes: int,
     name: str,
     options: dict[str, Any],
     before_timing: Callable[[Solver], object] | None = None,
 ) -> tuple[float, Solver]:
     """Median seconds of one training iteration after warming up, and the solver (to inspect, then close)."""
     torch.manual_seed(0)
-    model = build_model(args.model, in_shape, classes).to(x.device)
+    model = build_model(args.model, *MODEL_INPUTS[args.model]).to(x.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     solver = make_solver(name, model, optimizer, comm=comm.comm, **options)
     loss_fn = nn.CrossEntropyLoss()
@@ -150,11 +148,9 @@ def _time_kfac(
     comm: Communicator,
     x: torch.Tensor,
     y: torch.Tensor,
-    in_shape: tuple[int, ...],
-    classes: int,
     options: dict[str, Any],
 ) -> dict[str, Any]:
-    seconds, solver = _time_solver(args, comm, x, y, in_shape, classes, "kfac", options, _reset_timings)
+    seconds, solver = _time_solver(args, comm, x, y, "kfac", options, _reset_timings)
     assert isinstance(solver, KFACSolver)  # make_solver("kfac") builds one
     breakdown = {phase: comm.reduce_scalar(solver.timings[phase] / args.repeats, op="max") for phase in PHASES}
     inversion_s = comm.allgather_object(solver.timings["inversion"] / args.repeats)

@@ -1,7 +1,5 @@
-"""Flat fused buffers, tensor views into them, and gradient buckets reduced during backward.
+"""Gradient buckets reduced during backward.
 
-A :class:`FusedBuffer` lays tensors of one dtype end to end in one flat tensor and hands
-out views, so that one MPI call moves them all and nothing is packed twice.
 :class:`GradientBuckets` makes a model's gradients such views and starts each bucket's
 nonblocking reduction from autograd hooks as soon as all of the bucket's gradients have
 been accumulated, in a fixed bucket order every rank follows, so communication overlaps
@@ -20,14 +18,11 @@ from typing import Protocol
 import torch
 
 from .communicator import MPI_TYPES, Communicator
-from .engine import Reusable
+from .engine import InFlight, Reusable
+from .flat import FusedBuffer, RidingTally, Tally
 from .readback import Readback, write_finite_probe
-from .reusable import reusable_allreduce, reusable_sum
+from .reusable import reusable_allreduce
 from .shm import NodeSumReducer, node_group, node_path, takes
-
-#: A single tensor under this many bytes is packed by one torch copy: the fused kernel's fixed
-#: cost would lose there, and from a few MB on it copies faster (docs/studies/benchmarks.md).
-ONE_COPY_BYTES = 1 << 20
 
 #: Distinct step tallies a :class:`GradientBuckets` keeps as made :class:`Reduction`s (cleared when full).
 MAX_KEPT_REDUCTIONS = 256
@@ -43,117 +38,6 @@ def wire_dtype(dtype: torch.dtype) -> torch.dtype:
     if dtype not in MPI_TYPES or not dtype.is_floating_point:
         raise TypeError(f"mpisolve reduces floating-point tensors only, got {dtype}")
     return dtype
-
-
-class FusedBuffer:
-    """Tensors of one dtype and device laid end to end; ``views[i]`` aliases tensor ``i``.
-
-    ``extra`` adds that many trailing elements after the views (e.g. a sample count that
-    rides along with the gradients). ``flat``: lay the views over this memory of at least
-    that many elements instead of a new zeroed tensor (node-shared storage).
-    """
-
-    def __init__(
-        self,
-        shapes: Sequence[torch.Size],
-        dtype: torch.dtype,
-        device: torch.device | str = "cpu",
-        extra: int = 0,
-        flat: torch.Tensor | None = None,
-    ) -> None:
-        self.shapes = [torch.Size(s) for s in shapes]
-        self.numels = [s.numel() for s in self.shapes]
-        self.offsets: list[int] = []
-        total = 0
-        for n in self.numels:
-            self.offsets.append(total)
-            total += n
-        self.numel = total
-        if flat is None:
-            flat = torch.zeros(total + extra, dtype=dtype, device=device)
-        elif flat.dtype != dtype or flat.numel() < total + extra:
-            raise ValueError(f"storage of {flat.numel()} {flat.dtype} cannot hold {total + extra} {dtype}")
-        self.flat = flat = flat[: total + extra]
-        self.views = [flat[o : o + n].view(s) for o, n, s in zip(self.offsets, self.numels, self.shapes)]
-        self.extra = flat[total:]
-
-    def pack(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Copy ``tensors`` into their places in the flat buffer.
-
-        Tensors of the buffer's dtype and device move in one fused byte copy
-        (``mpisolve.kernels.fused``: on the CPU faster than torch's copy on large buffers,
-        ``bench kernels``, docs/studies/benchmarks.md; on a GPU one launch per 32 tensors on
-        torch's current stream); others are copied (and cast) tensor by tensor by torch.
-        """
-        if [t.numel() for t in tensors] != self.numels:
-            raise ValueError("pack needs tensors of the sizes the buffer was laid out for")
-        if self._one_small(tensors):
-            self.views[0].copy_(tensors[0].detach())
-            return
-        if self._fusable(tensors):
-            from ..kernels.fused import pack
-
-            pack([t.detach().contiguous() for t in tensors], self.flat)
-            return
-        for view, t in zip(self.views, tensors):
-            view.copy_(t)
-
-    def unpack(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Copy the flat buffer's pieces into ``tensors`` (of the sizes laid out), as :meth:`pack` moves them."""
-        if [t.numel() for t in tensors] != self.numels:
-            raise ValueError("unpack needs tensors of the sizes the buffer was laid out for")
-        if not self._one_small(tensors) and self._fusable(tensors) and all(t.is_contiguous() for t in tensors):
-            from ..kernels.fused import unpack
-
-            unpack(self.flat, [t.detach() for t in tensors])
-            torch.autograd.graph.increment_version(list(tensors))  # written behind autograd's back
-            return
-        for view, t in zip(self.views, tensors):
-            t.detach().copy_(view)
-
-    @staticmethod
-    def _one_small(tensors: Sequence[torch.Tensor]) -> bool:
-        """Whether ``tensors`` is one tensor under :data:`ONE_COPY_BYTES` (moved by one torch copy)."""
-        return len(tensors) == 1 and tensors[0].numel() * tensors[0].element_size() < ONE_COPY_BYTES
-
-    def _fusable(self, tensors: Sequence[torch.Tensor]) -> bool:
-        """Whether the fused kernel moves ``tensors``: all of the buffer's dtype and device."""
-        return all(t.dtype == self.flat.dtype and t.device == self.flat.device for t in tensors)
-
-
-class HostTally:
-    """A few counts the host writes and reads, summed over the ranks with a flat buffer's allreduce.
-
-    The counts (samples, contributing ranks...) are host values, and the host needs their
-    sums: they must never be read back from a device. Beside a CPU buffer they ride at its
-    end (``wire``'s last ``size`` elements: one message). Beside a device buffer they travel
-    in a host buffer of their own, allreduced with it (:meth:`start` right after the
-    buffer's, :meth:`wait` with it), so the host reads them without waiting for the device.
-    Write and read them through :attr:`host` (a memoryview of their memory).
-    """
-
-    def __init__(self, comm: Communicator, wire: torch.Tensor, size: int) -> None:
-        if wire.device.type == "cpu":
-            self.values = wire[wire.numel() - size :]
-            self._own: Reusable | None = None
-        else:
-            self.values = torch.zeros(size, dtype=torch.float64)
-            self._own = reusable_sum(comm, self.values)
-        self.host = self.values.numpy().data
-
-    def start(self) -> None:
-        """Start the counts' sum (beside a device buffer; riding ones go with its allreduce)."""
-        if self._own is not None:
-            self._own.start()
-
-    def wait(self, what: str) -> None:
-        """Complete the counts' sum (after the buffer's own wait)."""
-        if self._own is not None:
-            self._own.wait(what)
-
-    def free(self) -> None:
-        if self._own is not None:
-            self._own.free()
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -275,20 +159,16 @@ class SumReducer:
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm
         self.requests: dict[int, Reusable] = {}
-        self._inflight: list[Reusable] = []
+        self._inflight = InFlight()
 
     def prepare(self, bucket: Bucket) -> None:
         self.requests[bucket.index] = reusable_allreduce(self.comm, bucket.wire, "sum")
 
     def start(self, bucket: Bucket) -> None:
-        req = self.requests[bucket.index]
-        req.start()
-        self._inflight.append(req)
+        self._inflight.start(self.requests[bucket.index])
 
     def progress(self) -> None:
-        if self._inflight:
-            # Testing lets MPI move the in-flight buckets along while backward computes.
-            self._inflight = [r for r in self._inflight if not r.test()]
+        self._inflight.progress()
 
     def finish(self, bucket: Bucket) -> None:
         self.requests[bucket.index].wait(f"gradient allreduce of bucket {bucket.index}")
@@ -443,8 +323,8 @@ class GradientBuckets:
     reduced are :class:`Bucket`'s and the :class:`BucketReducer`'s.
     """
 
-    #: Elements of the tally: the sample count, the contributing ranks.
-    TALLY = 2
+    #: The tally: the sample count, the contributing ranks.
+    TALLY = Tally(samples=1, ranks=1)
 
     def __init__(
         self,
@@ -489,7 +369,7 @@ class GradientBuckets:
             and not (weighted and half)
         ):
             assert group is not None  # node_path says there is one
-            self.node = NodeSumReducer(group, 1.0 / comm.size if average else 1.0, self.TALLY)
+            self.node = NodeSumReducer(group, 1.0 / comm.size if average else 1.0, self.TALLY.size)
             self.reducer = self.node
         elif reducer is not None:
             self.reducer = reducer
@@ -500,7 +380,7 @@ class GradientBuckets:
         self._bucket_of: list[Bucket] = []
         self._view_of: list[torch.Tensor] = []
         for i, members in enumerate([] if self.alone else plan_buckets(ordered, bucket_bytes)):
-            extra = self.TALLY if i == 0 and self.node is None else 0
+            extra = self.TALLY.size if i == 0 and self.node is None else 0
             bucket = Bucket(i, [ordered[j] for j in members], extra=extra, node=self.node)
             self.buckets.append(bucket)
             for p, view in zip(bucket.params, bucket.buffer.views):
@@ -510,32 +390,25 @@ class GradientBuckets:
                 p.grad = view
             self.reducer.prepare(bucket)
         if self.alone:  # summed over this rank only: the host reads back what it wrote
-            self._tally_in = self._tally_out = torch.zeros(self.TALLY, dtype=torch.float64)
+            sent = summed = torch.zeros(self.TALLY.size, dtype=torch.float64)
         elif self.node is None:
             first = self.buckets[0]
             # Written into the wire buffer and summed in place: half-precision buckets travel in
             # float32, which holds any realistic count exactly, where bfloat16 would round it past 256.
-            self._tally_in = self._tally_out = first.wire[first.buffer.numel :]
+            sent = summed = first.wire[first.buffer.numel :]
         else:
-            self._tally_in, self._tally_out = self.node.tally_input, self.node.tally_result
-        # This rank's tally, written through a memoryview (no tensor or numpy indexing): of the
-        # tally's own memory where that is the host's, else of a pinned twin copied in without
-        # blocking (the previous step's copy is done: its step waited for its read-back since).
-        on_host = self._tally_in.device.type == "cpu"
-        self._tally = self._tally_in if on_host else torch.zeros(self.TALLY, dtype=self._tally_in.dtype).pin_memory()
-        self._tally_host = self._tally.numpy().data
+            sent, summed = self.node.tally_input, self.node.tally_result
         self._local_samples = 0  # this step's, as the tally is summed in place
-        self._tally_out_host = self._tally_out.numpy().data if on_host else None
         #: What the host reads of a step, in one read: the summed tally, then the finite probe of the
         #: reduced values (:func:`~.readback.finite_probe`).
-        self._readback = Readback(self.TALLY + 1 + extra_reads, self.params[0].device)
-        self._read_tally = self._readback.values[: self.TALLY]
-        self._read_probe = self._readback.values[self.TALLY]
+        self._readback = Readback(self.TALLY.size + 1 + extra_reads, self.params[0].device)
+        self._tally = RidingTally(self.TALLY, sent, summed, self._readback)
+        self._read_probe = self._readback.values[self.TALLY.size]
         #: ``extra_reads`` slots a solver fills on the device before ``finish``, read with the step's tally.
-        self.extra_reads = self._readback.values[self.TALLY + 1 :]
+        self.extra_reads = self._readback.values[self.TALLY.size + 1 :]
         #: Average on MPI's path: 1 / the contributing ranks, on the buckets' device (never read by the host).
-        self._scale = torch.ones((), dtype=self._tally_out.dtype, device=self._tally_out.device)
-        self._ranks_out = self._tally_out[1]
+        self._scale = torch.ones((), dtype=summed.dtype, device=summed.device)
+        self._ranks_out = summed[self.TALLY.at["ranks"]]
         #: Reductions by their summed tally: most steps repeat one, and making one costs more than finding it.
         self._reductions: dict[tuple[float, float, bool], Reduction] = {}
         self.samples = samples
@@ -639,8 +512,7 @@ class GradientBuckets:
         bucket.to_wire()
         if bucket.index == 0:
             self._write_tally()
-            if self._tally is not self._tally_in:
-                self._tally_in.copy_(self._tally, non_blocking=True)
+            self._tally.send()
         if self.weighted and self.node is not None:  # weighed by this rank's samples (MPI's path: by the reducer)
             bucket.buffer.flat.mul_(float(self._local_samples))
         self.reducer.start(bucket)
@@ -650,8 +522,8 @@ class GradientBuckets:
         """This rank's tally of the step: its samples, and whether it contributes."""
         withheld = self._withheld
         self._local_samples = 0 if withheld or self.samples is None else self.samples()
-        self._tally_host[0] = self._local_samples
-        self._tally_host[1] = 0 if withheld else 1
+        self._tally.set("samples", self._local_samples)
+        self._tally.set("ranks", 0 if withheld else 1)
 
     def _start_ready(self) -> None:
         while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
@@ -684,6 +556,17 @@ class GradientBuckets:
                 "mpisolve: solver.zero_grad() between backward() and step(): the gradients are being reduced; "
                 "zero them before the forward pass (or after step())"
             )
+        self._zero_views()
+
+    def withhold(self) -> None:
+        """This rank contributes nothing to this step: zeros, no samples, not counted as a rank."""
+        if self.in_flight or self._reduced is not None:
+            raise RuntimeError("mpisolve: a rank can withhold only from a step it has not started")
+        self._withheld = True
+        self._zero_views()
+
+    def _zero_views(self) -> None:
+        """Every bucket zeroed and every gradient its view again (alone: every gradient None)."""
         if self.alone:
             for p in self.params:
                 p.grad = None
@@ -693,21 +576,6 @@ class GradientBuckets:
             for p, view in zip(bucket.params, bucket.buffer.views):
                 if p.grad is None or p.grad.data_ptr() != view.data_ptr():
                     p.grad = view
-        self._in_window = False
-
-    def withhold(self) -> None:
-        """This rank contributes nothing to this step: zeros, no samples, not counted as a rank."""
-        if self.in_flight or self._reduced is not None:
-            raise RuntimeError("mpisolve: a rank can withhold only from a step it has not started")
-        self._withheld = True
-        if self.alone:
-            for p in self.params:
-                p.grad = None
-        for bucket in self.buckets:
-            self._claim(bucket)
-            bucket.buffer.flat.zero_()
-            for p, view in zip(bucket.params, bucket.buffer.views):
-                p.grad = view
         self._in_window = False
 
     def finish(self, *, writable: bool = False, check_finite: bool = False) -> Reduction:
@@ -805,16 +673,13 @@ class GradientBuckets:
     def _read_back(self, check_finite: bool) -> Reduction:
         """The step's :class:`Reduction`: the summed tally (whole numbers: float64 on the node path,
         the wire's dtype on MPI's) and, if asked, whether the reduced values are finite, read at once."""
-        tally = self._tally_out_host
-        if tally is None:
-            self._read_tally.copy_(self._tally_out)
+        self._tally.stage()
         if check_finite:  # the sums as they will be applied, but for a positive factor (1 / ranks, 1 / samples)
             results = self.reduced() if self.alone else [bucket.result.flat for bucket in self.buckets]
             write_finite_probe(results, self._read_probe)
         values = self._readback.fetch()
-        if tally is None:
-            tally = values
-        key = (tally[0], tally[1], not check_finite or math.isfinite(values[self.TALLY]))
+        tally = self._tally.summed_host
+        key = (tally[0], tally[1], not check_finite or math.isfinite(values[self.TALLY.size]))
         reduction = self._reductions.get(key)
         if reduction is None:
             if len(self._reductions) >= MAX_KEPT_REDUCTIONS:  # sample counts that vary step to step
@@ -824,7 +689,7 @@ class GradientBuckets:
 
     def extra_values(self) -> memoryview:
         """After ``finish``: the host's copy of :attr:`extra_reads` (read in the step's one read)."""
-        return self._readback.host[self.TALLY + 1 :]
+        return self._readback.host[self.TALLY.size + 1 :]
 
     def _own(self, rescale: float | None = None) -> None:
         """Node-shared buckets: the shared sums copied into this rank's storage, every sum times ``rescale``."""

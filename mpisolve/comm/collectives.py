@@ -9,9 +9,10 @@ import torch
 from mpi4py import MPI
 
 from .adasum import Adasum, AdasumReduction
-from .buckets import ONE_COPY_BYTES, FusedBuffer, wire_dtype
+from .buckets import wire_dtype
 from .communicator import Communicator, Posting, as_communicator, mpi_buffer
 from .device import Stager
+from .flat import ONE_COPY_BYTES, FusedBuffer
 from .shm import ONE_SHOT_KEPT, kept_sums, sum_kept
 
 REDUCE_OPS = ("sum", "average", "adasum")

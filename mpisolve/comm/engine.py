@@ -67,6 +67,35 @@ class Reusable(Protocol):
         """Release it (not while in flight)."""
 
 
+class InFlight:
+    """The reusable collectives a step started, in order, until each is seen complete.
+
+    Testing them while backward computes lets MPI move them along (:meth:`progress`); a
+    step that completed its last one forgets them all (:meth:`clear`).
+    """
+
+    def __init__(self) -> None:
+        self._ops: list[Reusable] = []
+
+    def start(self, op: Reusable) -> None:
+        """Start ``op`` and keep it until it is seen complete."""
+        op.start()
+        self._ops.append(op)
+
+    def progress(self) -> None:
+        """Test the ones in flight, keeping those not complete yet."""
+        if self._ops:
+            self._ops = [op for op in self._ops if not op.test()]
+
+    def clear(self) -> None:
+        """Forget them all (the step completed every one)."""
+        self._ops.clear()
+
+    def __len__(self) -> int:
+        """How many are kept as in flight."""
+        return len(self._ops)
+
+
 #: What one rank says for the choice: the engine it was asked for and by what, its machine, its
 #: GPU's index (None: no GPU), whether its torch has NCCL.
 Facts = tuple[str, str, str, "int | None", bool]

@@ -74,6 +74,7 @@ from mpi4py import MPI
 from ..kernels import counters
 from ..kernels.slots import SlotRound, arrival, host_rows, round_sum
 from .communicator import Communicator, mpi_buffer
+from .engine import InFlight
 from .windows import CACHE_LINE, shard_bounds
 
 if TYPE_CHECKING:
@@ -452,8 +453,8 @@ class NodeAllreduce:
         :data:`SPIN_POLLS` more times in compiled code."""
         return self.test(self._polls)
 
-    def wait(self, what: str = "node-shared allreduce") -> None:
-        self.comm.wait_for(self.poll, lambda: f"{what} ({self.where()})")
+    def wait(self, what: str | None = None) -> None:
+        self.comm.wait_for(self.poll, lambda: f"{what or 'node-shared allreduce'} ({self.where()})")
 
     def writable(self) -> bool:
         """Whether ``input`` may be written for the next round (on the bandwidth path: no local rank still reads it)."""
@@ -644,7 +645,7 @@ class NodeSumReducer:
         self.tally = tally
         self.ops: list[NodeAllreduce] = []
         self._numels: list[int] = []  # each bucket's elements (its op has one more where it has none)
-        self._inflight: list[NodeAllreduce] = []
+        self._inflight = InFlight()
         self._release = NodeRelease(group)
         #: Whether some bucket's sum is shared by the node's ranks (the bandwidth path).
         self._shared = False
@@ -688,13 +689,10 @@ class NodeSumReducer:
         """Nothing: the bucket's round was set up by :meth:`allocate`."""
 
     def start(self, bucket: Bucket) -> None:
-        op = self.ops[bucket.index]
-        op.start()
-        self._inflight.append(op)
+        self._inflight.start(self.ops[bucket.index])
 
     def progress(self) -> None:
-        if self._inflight:
-            self._inflight = [op for op in self._inflight if not op.test()]
+        self._inflight.progress()
 
     def finish(self, bucket: Bucket) -> None:
         op = self.ops[bucket.index]

@@ -36,21 +36,25 @@ from .network import Algorithm, Network, adasum_allreduce, window_exchange
 from .node import NodeMemory, node_sum
 from .sharing import SharedCores
 
-#: Columns a sweep CSV must have.
-SWEEP_COLUMNS = ("ranks", "op", "bytes", "latency_us")
+#: Columns a sweep CSV must have, each with how its text is read.
+SWEEP_COLUMNS: dict[str, Callable[[str], float | str]] = {"ranks": int, "op": str, "bytes": float, "latency_us": float}
 #: The fewest cores a job is counted to have, however busy other processes kept the machine.
 MIN_FREE_CORES = 0.5
-#: Columns a ``bench windows`` CSV must have.
-WINDOW_COLUMNS = ("ranks", "path", "mode", "layout", "bytes", "seconds")
+#: Columns a ``bench windows`` CSV must have, each with how its text is read.
+WINDOW_COLUMNS: dict[str, Callable[[str], float | str]] = {
+    "ranks": int,
+    "path": str,
+    "mode": str,
+    "layout": str,
+    "bytes": float,
+    "seconds": float,
+}
 
 
 def _read_csv(
-    paths: Iterable[Path | str],
-    columns: tuple[str, ...],
-    kind: str,
-    row_of: Callable[[dict[str, str]], dict[str, float | str]],
+    paths: Iterable[Path | str], columns: Mapping[str, Callable[[str], float | str]], kind: str
 ) -> list[dict[str, float | str]]:
-    """Every row of ``kind`` CSVs at ``paths``, converted by ``row_of``; a bad file is an :class:`InputError`."""
+    """``columns`` of every row of ``kind`` CSVs at ``paths``, each read as given; a bad file is an InputError."""
     rows: list[dict[str, float | str]] = []
     for path in paths:
         try:
@@ -59,7 +63,7 @@ def _read_csv(
                 missing = [c for c in columns if c not in (reader.fieldnames or ())]
                 if missing:
                     raise InputError(f"{path}: not a {kind} CSV (missing columns: {', '.join(missing)})")
-                rows.extend(row_of(row) for row in reader)
+                rows.extend({name: read(row[name]) for name, read in columns.items()} for row in reader)
         except OSError as err:
             raise InputError(f"cannot read {kind} CSV {path}: {err.strerror}") from None
         except ValueError as err:
@@ -69,34 +73,15 @@ def _read_csv(
 
 def read_sweep(paths: Iterable[Path | str]) -> list[dict[str, float | str]]:
     """The rows of sweep CSVs: ``ranks``, ``op``, ``bytes``, ``seconds``."""
-    return _read_csv(
-        paths,
-        SWEEP_COLUMNS,
-        "sweep",
-        lambda row: {
-            "ranks": int(row["ranks"]),
-            "op": row["op"],
-            "bytes": float(row["bytes"]),
-            "seconds": float(row["latency_us"]) * 1e-6,
-        },
-    )
+    rows = _read_csv(paths, SWEEP_COLUMNS, "sweep")
+    for row in rows:
+        row["seconds"] = float(row.pop("latency_us")) * 1e-6
+    return rows
 
 
 def read_window_bench(paths: Iterable[Path | str]) -> list[dict[str, float | str]]:
     """The rows of ``bench windows`` CSVs: ``ranks``, ``path``, ``mode``, ``layout``, ``bytes``, ``seconds``."""
-    return _read_csv(
-        paths,
-        WINDOW_COLUMNS,
-        "bench windows",
-        lambda row: {
-            "ranks": int(row["ranks"]),
-            "path": row["path"],
-            "mode": row["mode"],
-            "layout": row["layout"],
-            "bytes": float(row["bytes"]),
-            "seconds": float(row["seconds"]),
-        },
-    )
+    return _read_csv(paths, WINDOW_COLUMNS, "bench windows")
 
 
 def _nonnegative_lstsq(columns: np.ndarray, target: np.ndarray) -> np.ndarray:

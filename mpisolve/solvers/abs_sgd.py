@@ -71,9 +71,10 @@ from typing import Any, Literal
 import torch
 from torch.amp import GradScaler
 
-from ..comm.buckets import FusedBuffer, wire_dtype
+from ..comm.buckets import wire_dtype
 from ..comm.closing import CloseNotices
 from ..comm.engine import Reusable
+from ..comm.flat import FusedBuffer, Tally
 from ..comm.progress import Progress, ProgressThread, check_progress
 from ..comm.readback import Readback, write_finite_probe
 from ..comm.reusable import reusable_sum
@@ -132,7 +133,7 @@ class ABSSGDOptions(MeasureOptions, CommonOptions):
         "who moves the allreduce along while the rank computes: a thread testing it every progress_ms; 'mpich': "
         "MPICH's own thread (launch with MPICH_ASYNC_PROGRESS=1); 'none': step()'s tests only",
     )
-    progress_ms: float = option(1.0, "the progress thread's interval, in milliseconds")
+    progress_ms: float = option(1.0, "the progress thread's interval, in milliseconds", above=0)
     micro_batch: MicroBatch = option(
         "adaptive",
         "each rank's micro-batch: synchronous SGD's global batch split by the speeds every rank measures, split "
@@ -156,9 +157,6 @@ class ABSSGDOptions(MeasureOptions, CommonOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require(
-            math.isfinite(self.progress_ms) and self.progress_ms > 0, f"progress_ms must be > 0, got {self.progress_ms}"
-        )
         require(
             (self.trigger == "window") == (self.window_s is not None),
             "window_s goes with trigger='window' (and it needs one); "
@@ -235,9 +233,11 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
             self._point_grads_at_views()
         wire = wire_dtype(dtype)
         numel = self._numel = self.grads.numel
-        #: Two rounds' sums, one accumulating, one in flight: the gradients, the sample count, then
-        #: one slot per rank for its measured speed (a sum of one nonzero term: exact everywhere).
-        self._sums = [torch.zeros(numel + 1 + self.comm.size, dtype=wire, device=device) for _ in range(2)]
+        #: The counts riding at the end of a round's sums: its samples, then one slot per rank for its
+        #: measured speed (a sum of one nonzero term: exact everywhere).
+        self._tally = Tally(samples=1, speeds=self.comm.size)
+        #: Two rounds' sums, one accumulating, one in flight: the gradients, then the tally.
+        self._sums = [torch.zeros(numel + self._tally.size, dtype=wire, device=device) for _ in range(2)]
         # The rounds on a communicator of their own: a rank posts its next round before or after
         # a collective of the user's, as its last round completed, so sharing one with the user's
         # would start them in different orders on different ranks (node-shared sums post their
@@ -249,8 +249,8 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         else:
             self._rounds = [reusable_sum(rounds_comm, s) for s in self._sums]
         self._carry = torch.zeros(numel + 1, dtype=wire, device=device) if self.options.trigger == "samples" else None
-        #: What the host reads of a round, at once: its samples, every rank's speed, its finite probe.
-        self._readback = Readback(2 + self.comm.size, device)
+        #: What the host reads of a round, at once: its tally, then its finite probe.
+        self._readback = Readback(self._tally.size + 1, device)
         shapes = self.grads.shapes
         #: With weight prediction: the true weights (the model holds the predicted ones) and the last update.
         self._weights = self._last_update = None
@@ -428,23 +428,24 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         if self._carry is not None:
             reduced = self._carry.add_(reduced)
         # One read: the samples, every rank's speed, and whether the sums are finite.
-        readback = self._readback
-        readback.values[0].copy_(reduced[numel])
-        readback.values[1:-1].copy_(self._sums[index][numel + 1 :])
+        readback, tally = self._readback, self._tally
+        readback.values[: tally.size].copy_(self._sums[index][numel:])
+        if self._carry is not None:  # the samples carried too
+            readback.values[tally.at["samples"]].copy_(reduced[numel])
         checked = self.nonfinite.policy != "ignore"
         if checked:
-            write_finite_probe([reduced[:numel]], readback.values[-1])
+            write_finite_probe([reduced[:numel]], readback.values[tally.size])
         values = readback.fetch()
         if self.options.micro_batch == "adaptive" and self.batch_sizes is not None:
-            self._resplit(list(values[1:-1]))
-        total = int(round(values[0]))
+            self._resplit(list(values[tally.span["speeds"]]))
+        total = int(round(values[tally.at["samples"]]))
         least = self.options.min_samples  # trigger="samples" (the options give both or neither)
         if self._carry is not None and least is not None and total < least:
             return False, 0
         if total == 0:  # an empty round (only from close): nothing to apply
             return False, 0
         # The round's mean is the same everywhere: every rank decides alike, unasked.
-        if checked and not self.nonfinite.decide(math.isfinite(values[-1]), "round's mean gradients"):
+        if checked and not self.nonfinite.decide(math.isfinite(values[tally.size]), "round's mean gradients"):
             if self._carry is not None:
                 self._carry.zero_()
             return False, 0
@@ -540,9 +541,10 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
     def _post(self) -> None:
         """Start this round's allreduce and a new round in the other buffer."""
         index = self._acc
-        sums, count_at = self._sums[index], self._numel
-        sums[count_at].fill_(self._round_samples)
-        sums[count_at + 1 + self.comm.rank].fill_(self._timed_samples / self._timed_s if self._timed_s > 0 else 0.0)
+        sums, at = self._sums[index], self._numel
+        sums[at + self._tally.at["samples"]].fill_(self._round_samples)
+        speed = self._timed_samples / self._timed_s if self._timed_s > 0 else 0.0
+        sums[at + self._tally.at["speeds"] + self.comm.rank].fill_(speed)
         self._rounds[index].start()
         with self._watch_lock:
             self._done.clear()

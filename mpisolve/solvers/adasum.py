@@ -17,10 +17,10 @@ import torch
 from torch.amp import GradScaler
 
 from ..comm.adasum import AdasumReducer
-from ..comm.buckets import Bucket, FusedBuffer, GradientBuckets, plan_buckets
+from ..comm.buckets import Bucket, GradientBuckets, plan_buckets
 from ..comm.communicator import Communicator
-from ..comm.reusable import reusable_sum
-from ..options import BucketOptions, choices, option, require_choice
+from ..comm.flat import FusedBuffer, HostTally
+from ..options import BucketOptions, choices, option
 from .base import BucketSolver, Solver, StepInfo, SynchronousOptions, register
 from .nonfinite import all_finite
 
@@ -37,10 +37,6 @@ class AdasumOptions(BucketOptions, SynchronousOptions):
         "delta: each rank takes its local optimizer step and the model deltas are combined (Horovod's); "
         "gradient: the gradients are combined during backward, then one optimizer step",
     )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_choice("mode", self.mode, Mode)
 
 
 class DeltaBuckets:
@@ -136,13 +132,7 @@ class _GradientAdasum(BucketSolver[AdasumOptions], AdasumSolver):
 
     def setup(self) -> None:
         self._reducer = None if self._alone() else AdasumReducer(self.comm)
-        self.grads = GradientBuckets(
-            self.params,
-            self.comm,
-            bucket_bytes=int(self.options.bucket_mb * 1e6),
-            reducer=self._reducer,
-            samples=self.samples_seen,
-        )
+        self.grads = self._gradient_buckets(self.options.bucket_mb, reducer=self._reducer)
 
     @property
     def node_shared(self) -> bool:
@@ -161,9 +151,7 @@ class _DeltaAdasum(AdasumSolver):
             # Reverse registration order, as gradient buckets: roughly the order backward ends.
             self.deltas = DeltaBuckets(self.params[::-1], self.comm, bucket_bytes=int(self.options.bucket_mb * 1e6))
         #: This step's samples and whether this rank contributes, summed beside the deltas.
-        self._tally = torch.zeros(GradientBuckets.TALLY, dtype=torch.float64)
-        self._tally_host = self._tally.numpy().data
-        self._tally_sum = reusable_sum(self.comm, self._tally)
+        self._tally = HostTally(self.comm, GradientBuckets.TALLY)
         #: This step's agreement that every rank's local gradients are finite (None: not yet).
         self._all_finite: bool | None = None
         self._withheld = False
@@ -200,17 +188,18 @@ class _DeltaAdasum(AdasumSolver):
         # A step skipped as non-finite had a rank with gradients: some rank was still in its loop.
         global_samples, contributors = 0, 1
         if applied:
-            tally = self._tally_host
-            tally[0], tally[1] = (0, 0) if self._withheld else (local, 1)
-            self._tally_sum.start()  # host values: summed beside the deltas, never read from a device
+            tally = self._tally
+            tally.set("samples", 0 if self._withheld else local)
+            tally.set("ranks", 0 if self._withheld else 1)
+            tally.start()  # host values: summed beside the deltas, never read from a device
             if self.deltas is not None:
                 self.deltas.begin()
             if not self._withheld:
                 self._step_optimizer(scaler)
             if self.deltas is not None:
                 self.deltas.reduce()
-            self._tally_sum.wait("adasum step's tally")
-            global_samples, contributors = int(round(tally[0])), int(round(tally[1]))
+            tally.wait("adasum step's tally")
+            global_samples, contributors = tally.count("samples"), tally.count("ranks")
             applied = contributors > 0
         self._end_round(contributors)
         return StepInfo(applied=applied, global_samples=global_samples if applied else 0, local_samples=local)
@@ -225,4 +214,4 @@ class _DeltaAdasum(AdasumSolver):
     def _free(self) -> None:
         if self.deltas is not None:
             self.deltas.close()
-        self._tally_sum.free()
+        self._tally.free()

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from torch.amp import GradScaler
 
-from ..comm.buckets import GradientBuckets
 from ..options import BucketOptions
 from .base import BucketSolver, StepInfo, SynchronousOptions, register
 
@@ -36,13 +35,7 @@ class AllreduceSolver(BucketSolver[AllreduceOptions]):
     Options = AllreduceOptions
 
     def setup(self) -> None:
-        self.grads = GradientBuckets(
-            self.params,
-            self.comm,
-            bucket_bytes=int(self.options.bucket_mb * 1e6),
-            samples=self.samples_seen,
-            average=True,
-        )
+        self.grads = self._gradient_buckets(self.options.bucket_mb, average=True)
 
     def _step(self, batch_size: int | None, scaler: GradScaler | None) -> StepInfo:
         return self._bucket_step(self.grads, batch_size, scaler, "averaged gradients")

@@ -737,6 +737,12 @@ class BucketSolver(Solver[OptionsT]):
 
     grads: GradientBuckets
 
+    def _gradient_buckets(self, bucket_mb: float, **how: Any) -> GradientBuckets:
+        """The model's buckets of ``bucket_mb`` MB, counting this rank's samples; ``how``: their other settings."""
+        return GradientBuckets(
+            self.params, self.comm, bucket_bytes=int(bucket_mb * 1e6), samples=self.samples_seen, **how
+        )
+
     @property
     def node_shared(self) -> bool:
         """Whether the buckets' sums run in node-shared memory."""

@@ -51,17 +51,15 @@ from typing import Any, ClassVar, Literal, TypeVar
 import torch
 from torch.amp import GradScaler
 
-from ..comm.buckets import HostTally
 from ..comm.device import Stager
+from ..comm.flat import TalliedBuffer, Tally, flatten_parameters
 from ..comm.progress import Progress, check_progress, threads_multiple
 from ..comm.readback import wait_event
-from ..comm.reusable import reusable_sum
 from ..comm.windows import Layout, LocalVector, SharedVector
 from ..errors import OptionError
 from ..kernels.elastic import elastic_exchange_
-from ..options import LocalStepsOptions, Options, option, require, require_choice, with_default
+from ..options import LocalStepsOptions, Options, option, require, with_default
 from .base import CommonOptions, Solver, StepInfo, collective_round, register
-from .flat import flatten_parameters
 
 
 # ------------------------------------------------------------------ options
@@ -128,10 +126,6 @@ class WindowOptions(LocalStepOptions):
         "where the parameters meet a host window through a twin (a GPU model): run each exchange on a thread of "
         "its own while training goes on, and apply its result at a later step; false: exchange in the step",
     )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_choice("window", self.window, WindowMemory)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,7 +194,7 @@ class _LocalSteps(Solver[LocalT]):
             )
         if isinstance(self.options, EASGDOptions):
             self.alpha = _resolve_alpha(self.options, self.optimizer, self.comm.size)
-        self.flat = flatten_parameters(self.params)
+        self.flat = flatten_parameters(self.params).flat
         self.momentum = NesterovMomentum(self.flat, momentum) if momentum else None
         self.steps = 0
         self._round_samples = 0
@@ -327,12 +321,11 @@ class EASGDSolver(_LocalSteps[EASGDOptions]):
             f"easgd needs alpha * ranks <= 1 (the center's step beta), got {self.alpha} * {self.comm.size}",
         )
         self.center = self.flat.clone()
-        n = self.flat.numel()
         # The differences, then (on the CPU) the round's samples and the ranks still in their loops.
-        self._wire = torch.empty(n + 2, dtype=self.flat.dtype, device=self.flat.device)
-        self._diff = self._wire[:n]
-        self._sum = reusable_sum(self.comm, self._wire)
-        self._tally = HostTally(self.comm, self._wire, 2)
+        self._wire = TalliedBuffer.laid_out(
+            self.comm, [self.flat.shape], self.flat.dtype, self.flat.device, Tally(samples=1, active=1)
+        )
+        self._diff = self._wire.body
 
     def exchange(self) -> None:
         self._exchange(active=True)
@@ -344,14 +337,13 @@ class EASGDSolver(_LocalSteps[EASGDOptions]):
             self.flat.sub_(self._diff, alpha=self.alpha)
         else:  # a rank that joined and has not stepped since the last exchange pulls nothing
             self._diff.zero_()
-        tally = self._tally.host
-        tally[0], tally[1] = self._round_samples, int(active)
-        self._sum.start()
-        self._tally.start()
-        self._sum.wait("easgd exchange")
-        self._tally.wait("easgd exchange's tally")
+        counts = self._wire.counts
+        counts.set("samples", self._round_samples)
+        counts.set("active", int(active))
+        self._wire.start()
+        self._wire.wait("easgd exchange")
         self.center.add_(self._diff, alpha=self.alpha)
-        self._end_round(int(round(tally[1])))
+        self._end_round(counts.count("active"))
 
     def _shadow_round(self) -> bool:
         """A joined rank's part in the next exchange."""
@@ -362,7 +354,7 @@ class EASGDSolver(_LocalSteps[EASGDOptions]):
 
     def reported_samples(self, local: int, exchanged: bool) -> int:
         """All ranks' samples since the previous exchange at an exchange, else 0 (lockstep)."""
-        return int(round(self._tally.host[0])) if exchanged else 0
+        return self._wire.counts.count("samples") if exchanged else 0
 
     def read_center(self, out: torch.Tensor) -> None:
         out.copy_(self.center)
@@ -375,8 +367,7 @@ class EASGDSolver(_LocalSteps[EASGDOptions]):
         """Every rank's model becomes rank 0's center (bit for bit)."""
         self.comm.bcast_(self.center, what="easgd center")
         self.flat.copy_(self.center)
-        self._sum.free()
-        self._tally.free()
+        self._wire.free()
 
 
 # ------------------------------------------------------------------ windowed, asynchronous

@@ -16,7 +16,6 @@ from typing import Any
 
 from torch.amp import GradScaler
 
-from ..comm.buckets import GradientBuckets
 from ..options import BucketOptions, MeasureOptions, option, require
 from .base import BucketSolver, StepInfo, SynchronousOptions, register
 from .speeds import measure_speeds, parse_speeds, proportional_batches
@@ -52,13 +51,7 @@ class LBBSPSolver(BucketSolver[LBBSPOptions]):
                 len(given) == self.comm.size,
                 f"speeds gives {len(given)} speeds for {self.comm.size} ranks (give one per rank, or 'measure')",
             )
-        self.grads = GradientBuckets(
-            self.params,
-            self.comm,
-            bucket_bytes=int(self.options.bucket_mb * 1e6),
-            samples=self.samples_seen,
-            weighted=True,
-        )
+        self.grads = self._gradient_buckets(self.options.bucket_mb, weighted=True)
         #: Every rank's speed (samples/s, or as given) and micro-batch size, once decided.
         self.speeds: tuple[float, ...] | None = None
         self.batch_sizes: list[int] | None = None

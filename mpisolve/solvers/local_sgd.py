@@ -20,15 +20,13 @@ from typing import Any
 import torch
 from torch.amp import GradScaler
 
-from ..comm.buckets import HostTally
-from ..comm.reusable import reusable_sum
+from ..comm.flat import TalliedBuffer, Tally
 from ..options import LocalStepsOptions
 from .base import CommonOptions, Solver, StepInfo, collective_round, register
-from .flat import flatten_parameters
 
-#: Trailing elements of the averaged message: samples since the last average, ranks that
+#: Counts riding with the averaged models: samples since the last average, ranks that
 #: contributed their model, ranks still in their loops (every one, but under ``join()``).
-TALLY = 3
+TALLY = Tally(samples=1, contributors=1, active=1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,10 +44,8 @@ class LocalSGDSolver(Solver[LocalSGDOptions]):
     round_unit = "averages"
 
     def setup(self) -> None:
-        self.flat = flatten_parameters(self.params, who="local-sgd", extra=TALLY)  # parameters, then the tally
-        self._params = self.flat[:-TALLY]
-        self._average = reusable_sum(self.comm, self.flat)
-        self._counts = HostTally(self.comm, self.flat, TALLY)
+        self._average = TalliedBuffer.of_parameters(self.comm, self.params, TALLY, who="local-sgd")
+        self._params = self._average.body
         self.steps = 0
         self._since_average = 0  # this rank's samples since the last average
         self._moved = False  # this rank took a local step since the last average
@@ -80,13 +76,13 @@ class LocalSGDSolver(Solver[LocalSGDOptions]):
                 self._kept = torch.empty_like(self._params)
             self._kept.copy_(self._params)
             self._params.zero_()
-        tally = self._counts.host
-        tally[0], tally[1], tally[2] = self._since_average, int(contributes), int(active)
+        counts = self._average.counts
+        counts.set("samples", self._since_average)
+        counts.set("contributors", int(contributes))
+        counts.set("active", int(active))
         self._average.start()
-        self._counts.start()
         self._average.wait("local-sgd average")
-        self._counts.wait("local-sgd average's tally")
-        samples, contributors, still_active = (int(round(v)) for v in tally)
+        samples, contributors = counts.count("samples"), counts.count("contributors")
         if contributors > 0:
             self._params.mul_(1.0 / contributors)
         else:  # nobody moved: every model is the last average already
@@ -94,7 +90,7 @@ class LocalSGDSolver(Solver[LocalSGDOptions]):
             self._params.copy_(self._kept)
         self._since_average = 0
         self._moved = False
-        self._end_round(still_active)
+        self._end_round(counts.count("active"))
         return samples, contributors
 
     def _steps_taken(self) -> int:
@@ -116,4 +112,3 @@ class LocalSGDSolver(Solver[LocalSGDOptions]):
 
     def _free(self) -> None:
         self._average.free()
-        self._counts.free()

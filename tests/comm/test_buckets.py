@@ -1,29 +1,11 @@
-"""Fused buffers and bucket planning (single process)."""
+"""Bucket planning and gradient buckets (single process)."""
 
 import pytest
 import torch
 from mpi4py import MPI
 
-from mpisolve.comm.buckets import FusedBuffer, GradientBuckets, Unreduced, plan_buckets, wire_dtype
+from mpisolve.comm.buckets import GradientBuckets, Unreduced, plan_buckets, wire_dtype
 from mpisolve.comm.communicator import Communicator
-
-
-def test_fused_buffer_views_alias_the_flat_buffer():
-    buf = FusedBuffer([torch.Size([2, 3]), torch.Size([]), torch.Size([0]), torch.Size([5])], torch.float32, extra=1)
-    assert buf.numel == 6 + 1 + 0 + 5
-    assert buf.flat.numel() == buf.numel + 1
-    buf.views[0].fill_(1.0)
-    buf.views[1].fill_(2.0)
-    buf.views[3].fill_(3.0)
-    buf.extra.fill_(9.0)
-    assert buf.flat.tolist() == [1.0] * 6 + [2.0] + [3.0] * 5 + [9.0]
-    assert [v.shape for v in buf.views] == [torch.Size([2, 3]), torch.Size([]), torch.Size([0]), torch.Size([5])]
-
-
-def test_pack_copies_and_casts_into_place():
-    buf = FusedBuffer([torch.Size([3]), torch.Size([2, 2])], torch.float32)
-    buf.pack([torch.tensor([1, 2, 3], dtype=torch.float16), torch.arange(4.0, dtype=torch.float64).view(2, 2)])
-    assert buf.flat.tolist() == [1, 2, 3, 0, 1, 2, 3]
 
 
 def test_plan_buckets_respects_size_and_dtype():

@@ -364,7 +364,7 @@ def test_steps_whose_buckets_finish_starts_leave_nothing_in_flight(node_shm):
         grads.finish()
         assert torch.equal(param.grad, torch.full((10,), (comm.size - 1) / 2))
         grads.rearm()
-    assert grads.reducer._inflight == []  # type: ignore[attr-defined]
+    assert len(grads.reducer._inflight) == 0  # type: ignore[attr-defined]
     grads.close()
 
 

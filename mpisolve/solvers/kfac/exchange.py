@@ -9,7 +9,7 @@ its factors are ready (SPD-KFAC's pipelining) or only in :meth:`FactorExchange.f
 Every factor has a count (1 from each rank that computed it this step), summed with the
 factors: a layer that did not run on some rank (or anywhere) is averaged over the ranks
 that did (or left alone), instead of being pulled towards zero. The counts are host
-values (:class:`~mpisolve.comm.buckets.HostTally`): at the end of each group's message
+values (:class:`~mpisolve.comm.flat.HostTally`): at the end of each group's message
 on the CPU, in a host buffer of their own beside device messages.
 
 Gradient accumulation: the micro-batches before a step's last are added into their
@@ -23,9 +23,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ...comm.buckets import FusedBuffer, HostTally
 from ...comm.communicator import Communicator
 from ...comm.engine import Reusable
+from ...comm.flat import FusedBuffer, HostTally, Tally
 from ...comm.reusable import reusable_sum
 from ...kernels.triangle import pack_triu, triangle_numel
 
@@ -80,7 +80,7 @@ class FactorExchange:
         self.requests: list[Reusable] = [reusable_sum(comm, b.flat) for b in self.buffers]
         count_of: dict[int, tuple[HostTally, int]] = {}
         for group, buffer in zip(self.groups, self.buffers):
-            tally = HostTally(comm, buffer.flat, len(group))
+            tally = HostTally(comm, Tally(counts=len(group)), buffer.flat)
             self._tallies.append(tally)
             count_of.update((f, (tally, i)) for i, f in enumerate(group))
         #: Each factor's count: (its group's tally, its place there).

@@ -27,9 +27,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ...comm.buckets import FusedBuffer
 from ...comm.communicator import Communicator
 from ...comm.engine import Reusable
+from ...comm.flat import FusedBuffer
 from ...comm.reusable import reusable_bcast
 from ...kernels.inverse import FAILED, eigh_psd_, inverse_spd_
 from ...kernels.triangle import pack_triu, triangle_numel, unpack_triu_

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ...comm.buckets import FusedBuffer
 from ...comm.communicator import Communicator
 from ...comm.engine import Reusable
+from ...comm.flat import FusedBuffer
 from ...comm.reusable import reusable_bcast
 from .inversion import STAMP_SLOTS, read_stamp, split_blocked, write_stamp
 

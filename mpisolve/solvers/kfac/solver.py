@@ -35,7 +35,6 @@ import torch
 from torch import nn
 from torch.amp import GradScaler
 
-from ...comm.buckets import GradientBuckets
 from ...comm.communicator import Communicator
 from ...comm.readback import read, write_finite_probe
 from ...comm.reusable import reusable_allreduce
@@ -251,11 +250,8 @@ class KFACSolver(BucketSolver[KFACOptions]):
         self.groups = placement.worker_groups(ranks, gradient_workers(o.grad_worker_fraction, ranks))
         self.group = rank % len(self.groups)
         # The preconditioner rewrites the gradients in place: node-shared sums are copied out.
-        self.grads = GradientBuckets(
-            self.params,
-            self.comm,
-            bucket_bytes=int(o.bucket_mb * 1e6),
-            samples=self.samples_seen,
+        self.grads = self._gradient_buckets(
+            o.bucket_mb,
             average=True,
             shared_result=False,
             extra_reads=2 * len(specs),  # each batch factor's finite probe, read with the step's tally
