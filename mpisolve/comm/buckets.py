@@ -707,7 +707,7 @@ class GradientBuckets:
         """After :meth:`finish`: each bucket's flat reduced gradients, where ``p.grad`` reads them
         (alone: the parameters' own gradients)."""
         if self.alone:
-            return [p.grad for p in self.params if p.grad is not None]
+            return [grad for p in self.params if (grad := p.grad) is not None]
         return [bucket.result.flat if self._in_window else bucket.buffer.flat for bucket in self.buckets]
 
     def _take_unreported(self, bucket: Bucket) -> None:
