@@ -400,12 +400,15 @@ class GradientBuckets:
             sent, summed = self.node.tally_input, self.node.tally_result
         self._local_samples = 0  # this step's, as the tally is summed in place
         #: What the host reads of a step, in one read: the summed tally, then the finite probe of the
-        #: reduced values (:func:`~.readback.finite_probe`).
-        self._readback = Readback(self.TALLY.size + 1 + extra_reads, self.params[0].device)
+        #: reduced values (:func:`~.readback.finite_probe`), one per bucket, each taken as its sum
+        #: completes (alone: one, over the parameters' own gradients).
+        probes = max(1, len(self.buckets))
+        self._readback = Readback(self.TALLY.size + probes + extra_reads, self.params[0].device)
         self._tally = RidingTally(self.TALLY, sent, summed, self._readback)
-        self._read_probe = self._readback.values[self.TALLY.size]
+        self._probes = self._readback.values[self.TALLY.size : self.TALLY.size + probes]
+        self._probes_at = slice(self.TALLY.size, self.TALLY.size + probes)
         #: ``extra_reads`` slots a solver fills on the device before ``finish``, read with the step's tally.
-        self.extra_reads = self._readback.values[self.TALLY.size + 1 :]
+        self.extra_reads = self._readback.values[self.TALLY.size + probes :]
         #: Average on MPI's path: 1 / the contributing ranks, on the buckets' device (never read by the host).
         self._scale = torch.ones((), dtype=summed.dtype, device=summed.device)
         self._ranks_out = summed[self.TALLY.at["ranks"]]
@@ -622,14 +625,16 @@ class GradientBuckets:
         started = self._started_version
         if not self._refused:
             self._changed = [b for b in self.buckets if b.buffer.flat._version != started[b.index]]
+        scale = None
         for bucket in self.buckets:
             self.reducer.finish(bucket)
-        if self.node is None:
-            scale = None
-            if self.average:  # 1 / the contributing ranks (none: the sum of zeros stays 0)
-                scale = torch.clamp(self._ranks_out, min=1.0, out=self._scale).reciprocal_()
-            for bucket in self.buckets:
+            if self.node is None:
+                if bucket.index == 0 and self.average:  # 1 / the contributing ranks, summed in the first bucket
+                    scale = torch.clamp(self._ranks_out, min=1.0, out=self._scale).reciprocal_()  # none: 0 stays 0
                 bucket.from_wire(scale)
+            if check_finite:  # as the bucket's sum completes, while it is fresh (on a GPU: queued behind it)
+                write_finite_probe([bucket.result.flat], self._probes[bucket.index])
+        if self.node is None:
             return self._read_back(check_finite)
         reduction = self._read_back(check_finite)
         samples, ranks = reduction.samples, reduction.ranks
@@ -674,12 +679,13 @@ class GradientBuckets:
         """The step's :class:`Reduction`: the summed tally (whole numbers: float64 on the node path,
         the wire's dtype on MPI's) and, if asked, whether the reduced values are finite, read at once."""
         self._tally.stage()
-        if check_finite:  # the sums as they will be applied, but for a positive factor (1 / ranks, 1 / samples)
-            results = self.reduced() if self.alone else [bucket.result.flat for bucket in self.buckets]
-            write_finite_probe(results, self._read_probe)
+        # The probes (several ranks: one per bucket, written in _reduce) are of the sums as they will be
+        # applied, but for a positive factor (1 / ranks, 1 / samples).
+        if check_finite and self.alone:
+            write_finite_probe(self.reduced(), self._probes[0])
         values = self._readback.fetch()
         tally = self._tally.summed_host
-        key = (tally[0], tally[1], not check_finite or math.isfinite(values[self.TALLY.size]))
+        key = (tally[0], tally[1], not check_finite or math.isfinite(sum(values[self._probes_at])))
         reduction = self._reductions.get(key)
         if reduction is None:
             if len(self._reductions) >= MAX_KEPT_REDUCTIONS:  # sample counts that vary step to step
@@ -689,7 +695,7 @@ class GradientBuckets:
 
     def extra_values(self) -> memoryview:
         """After ``finish``: the host's copy of :attr:`extra_reads` (read in the step's one read)."""
-        return self._readback.host[self.TALLY.size + 1 :]
+        return self._readback.host[self._probes_at.stop :]
 
     def _own(self, rescale: float | None = None) -> None:
         """Node-shared buckets: the shared sums copied into this rank's storage, every sum times ``rescale``."""
@@ -707,7 +713,7 @@ class GradientBuckets:
         """After :meth:`finish`: each bucket's flat reduced gradients, where ``p.grad`` reads them
         (alone: the parameters' own gradients)."""
         if self.alone:
-            return [p.grad for p in self.params if p.grad is not None]
+            return [grad for p in self.params if (grad := p.grad) is not None]
         return [bucket.result.flat if self._in_window else bucket.buffer.flat for bucket in self.buckets]
 
     def _take_unreported(self, bucket: Bucket) -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import queue
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -163,6 +164,7 @@ class TorchGroup:
             assert isinstance(served, tuple)
             store = dist.TCPStore(served[0], served[1], size, False, timeout=timeout)
         self._store = store
+        self._waiter: _Waiter | None = None
         # torch's stubs type these backends without their collectives: the calls below are checked by the tests.
         self.group: Any
         if backend == "nccl":
@@ -196,10 +198,53 @@ class TorchGroup:
     def recv(self, tensor: torch.Tensor, peer: int, tag: int) -> dist.Work:
         return self.group.recv([tensor], peer, tag)
 
+    def await_p2p(self, work: dist.Work, message: TorchMessage) -> None:
+        """gloo: have this group's one waiter thread wait for ``work`` and then tell ``message``."""
+        if self._waiter is None:
+            self._waiter = _Waiter()
+        self._waiter.put(work, message)
+
     def close(self) -> None:
+        if self._waiter is not None:
+            self._waiter.stop()
+            self._waiter = None
         shutdown = getattr(self.group, "shutdown", None)
         if shutdown is not None and self.backend == "nccl":
             shutdown()
+
+
+class _Waiter:
+    """One daemon thread that waits for a group's gloo sends and receives, one after another, as posted.
+
+    A gloo send or receive says it completed only once waited for, and a wait blocks: the
+    thread waits for each in turn and tells its message (done, or the error), so that the
+    rank's thread only tests. They complete in gloo's own threads whether or not anyone
+    waits, so waiting in posting order holds nothing up but the news of a later one. A wait
+    that fails (gloo's timeout, a peer gone) is told to its message, and the next is waited
+    for; the rank's watchdog ends a wait for a message whose news does not come.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[dist.Work, TorchMessage] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="mpisolve-gloo-p2p", daemon=True)
+        self._thread.start()
+
+    def put(self, work: dist.Work, message: TorchMessage) -> None:
+        self._queue.put((work, message))
+
+    def stop(self) -> None:
+        """Let the thread end once it has waited for what was posted (it is not joined: a wait may hang)."""
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            work, message = item
+            try:
+                work.wait()
+            except BaseException as error:  # a gloo timeout or a peer gone: raised where the rank tests
+                message.settle(error)
+            else:
+                message.settle(None)
 
 
 class TorchCollective:
@@ -265,9 +310,9 @@ class TorchMessage:
     NCCL: stream-ordered, so :meth:`test` is true once started and :meth:`wait` makes the
     current stream wait for NCCL's (the host never does). NCCL matches a pair's messages
     in the order they are posted (``tag`` is gloo's only): both sides post them in one
-    order. gloo: a send or receive says it completed only once waited for, so a thread
-    waits for it and :meth:`test` reads what it found; :meth:`wait` polls that through
-    ``wait_for``, the communicator's watchdogged wait, as a gloo collective is polled.
+    order. gloo: a send or receive says it completed only once waited for, so the group's
+    one waiter thread waits for it and :meth:`test` reads what it found; :meth:`wait` polls
+    that through ``wait_for``, the communicator's watchdogged wait, as a gloo collective is polled.
     """
 
     def __init__(
@@ -299,13 +344,11 @@ class TorchMessage:
         if self.group.backend != "nccl":
             self._done.clear()
             self._error = None
-            threading.Thread(target=self._await, args=(self._work,), name="mpisolve-gloo-p2p", daemon=True).start()
+            self.group.await_p2p(self._work, self)
 
-    def _await(self, work: dist.Work) -> None:
-        try:
-            work.wait()
-        except BaseException as error:  # a gloo timeout or a peer gone: raised where the rank tests
-            self._error = error
+    def settle(self, error: BaseException | None) -> None:
+        """gloo: the waiter thread found this message complete (``error``: its wait failed)."""
+        self._error = error
         self._done.set()
 
     def test(self) -> bool:

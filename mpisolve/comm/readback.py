@@ -23,6 +23,9 @@ from contextlib import contextmanager
 import torch
 
 _counter = threading.local()
+#: Floating dtypes whose sums :func:`finite_probe` takes as they are; others (half precision) sum in float32.
+_WIDE = (torch.float32, torch.float64)
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def host_reads() -> int:
@@ -72,11 +75,13 @@ class Readback:
 
     def fetch(self) -> memoryview:
         """The values as the device work queued so far leaves them (one counted wait on a GPU)."""
+        if self._event is None:  # host memory: only counted (once a step, where a context costs more than the rest)
+            _counter.reads = getattr(_counter, "reads", 0) + 1
+            return self.host
         with _read(self.device):
-            if self._event is not None:
-                self._host.copy_(self.values, non_blocking=True)
-                self._event.record(torch.cuda.current_stream(self.device))
-                self._event.synchronize()
+            self._host.copy_(self.values, non_blocking=True)
+            self._event.record(torch.cuda.current_stream(self.device))
+            self._event.synchronize()
         return self.host
 
 
@@ -101,19 +106,21 @@ def finite_probe(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """A 0-d tensor on ``tensors``' device, finite exactly when every element is (not read).
 
     A NaN or an Inf anywhere makes it NaN or Inf, so one read says whether a whole update
-    is finite. The sum of each tensor's sum, the cheapest pass on a CPU; on a GPU, several
-    tensors (none in half precision) take the sum of their 2-norms instead, one
-    ``_foreach_norm`` launch per dtype where sums would take one each. Sums are taken in
+    is finite. The sum of each tensor's sum, the cheapest pass on a CPU (each sum in the
+    tensor's own dtype where that is float32 or float64, with no dtype argument to parse:
+    a step's check is a handful of calls, and their overhead is a part of its cost); on a
+    GPU, several tensors (none in half precision) take the sum of their 2-norms instead,
+    one ``_foreach_norm`` launch per dtype where sums would take one each. Sums are taken in
     float32 at least; finite values whose sum (or squares) pass float32's range (3e38) read
-    as not finite, which usable gradients never reach. Empty tensors count as finite.
+    as not finite, which usable gradients never reach. Empty tensors sum to 0: finite.
     """
-    present = [t for t in tensors if t.numel() > 0]
-    if not present:
-        return torch.zeros((), device=tensors[0].device if tensors else "cpu")
-    half = any(t.dtype in (torch.float16, torch.bfloat16) for t in present)
-    if len(present) > 1 and present[0].device.type == "cuda" and not half:
-        return torch.stack(torch._foreach_norm(present, 2)).sum()
-    sums = [t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32) for t in present]
+    if not tensors:
+        return torch.zeros(())
+    if len(tensors) > 1 and tensors[0].device.type == "cuda" and not any(t.dtype in _HALF for t in tensors):
+        present = [t for t in tensors if t.numel() > 0]
+        if present:
+            return torch.stack(torch._foreach_norm(present, 2)).sum()
+    sums = [t.sum() if t.dtype in _WIDE else t.sum(dtype=torch.float32) for t in tensors]
     return sums[0] if len(sums) == 1 else torch.stack(sums).sum()
 
 

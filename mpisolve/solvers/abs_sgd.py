@@ -73,6 +73,7 @@ from torch.amp import GradScaler
 
 from ..comm.buckets import wire_dtype
 from ..comm.closing import CloseNotices
+from ..comm.communicator import Communicator
 from ..comm.engine import Reusable
 from ..comm.flat import FusedBuffer, Tally
 from ..comm.progress import Progress, ProgressThread, check_progress
@@ -213,6 +214,11 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
     #: A rank may stop rounds before the others: ``close`` lets it catch up (see there).
     tolerates_uneven = True
     round_per_step = False  # a round spans the micro-batches until the previous round's allreduce completes
+    # Made by _set_up_rounds, not at one rank (alone), whose step never reads them:
+    #: The micro-batch's gradients, flat (``p.grad`` are its views).
+    grads: FusedBuffer
+    _readback: Readback
+    _control: Communicator
 
     def setup(self) -> None:
         check_progress(self.options.progress)
@@ -227,38 +233,25 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         #: weight prediction; the momentum correction for no delay is the optimizer's own): plain
         #: SGD's step on the parameters' own gradients (docs/solvers/abs-sgd.md, "One rank").
         self.alone = self.comm.size == 1 and self.options.trigger == "collective" and not self.comm.stage_all
-        # p.grad are views into one flat buffer: a micro-batch joins the round in one add.
-        self.grads = FusedBuffer([p.shape for p in self.params], dtype, device)
-        if not self.alone:
-            self._point_grads_at_views()
         wire = wire_dtype(dtype)
-        numel = self._numel = self.grads.numel
+        self._wire = wire
+        numel = self._numel = sum(p.numel() for p in self.params)
         #: The counts riding at the end of a round's sums: its samples, then one slot per rank for its
         #: measured speed (a sum of one nonzero term: exact everywhere).
         self._tally = Tally(samples=1, speeds=self.comm.size)
-        #: Two rounds' sums, one accumulating, one in flight: the gradients, then the tally.
-        self._sums = [torch.zeros(numel + self._tally.size, dtype=wire, device=device) for _ in range(2)]
-        # The rounds on a communicator of their own: a rank posts its next round before or after
-        # a collective of the user's, as its last round completed, so sharing one with the user's
-        # would start them in different orders on different ranks (node-shared sums post their
-        # inter-node parts in start order, and waited on each other until the watchdog). Waits
-        # on it still run this communicator's interrupts.
-        rounds_comm = self.comm.dup(name="abs-sgd rounds")
-        if self.options.progress == "mpich":  # MPICH's thread moves MPI's allreduce, not a node-shared sum
-            self._rounds: list[Reusable] = [rounds_comm.persistent_allreduce(s) for s in self._sums]
-        else:
-            self._rounds = [reusable_sum(rounds_comm, s) for s in self._sums]
+        #: Two rounds' sums, one accumulating, one in flight: the gradients, then the tally (none alone).
+        self._sums: list[torch.Tensor] = []
+        self._rounds: list[Reusable] = []
         self._carry = torch.zeros(numel + 1, dtype=wire, device=device) if self.options.trigger == "samples" else None
-        #: What the host reads of a round, at once: its tally, then its finite probe.
-        self._readback = Readback(self._tally.size + 1, device)
-        shapes = self.grads.shapes
+        if not self.alone:  # alone: no buffer, round or readback of its own (the step is the optimizer's)
+            self._set_up_rounds(dtype, device)
         #: With weight prediction: the true weights (the model holds the predicted ones) and the last update.
         self._weights = self._last_update = None
         if self.options.weight_prediction > 0 and not self.alone:
+            shapes = self.grads.shapes
             self._weights = FusedBuffer(shapes, dtype, device)
             self._weights.pack([p.detach() for p in self.params])
             self._last_update = FusedBuffer(shapes, dtype, device)
-        self._control = self.comm.dup(name="abs-sgd close")  # close()'s agreement, apart from the rounds
         # A rank that stops early announces it, so that a bounded round stops waiting for its
         # contribution (close() then evens the ranks' rounds).
         self._closings = CloseNotices(self.comm, lambda: None, self.name, "rounds") if self.comm.size > 1 else None
@@ -290,7 +283,7 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         self._done = threading.Event()
         #: A node-shared round moves only when this rank tests it (MPI's moves in any MPI call):
         #: a wait for anything else, in close() or the user's collectives, must not stall the others.
-        self._drives_waits = isinstance(self._rounds[0], NodePersistentAllreduce)
+        self._drives_waits = bool(self._rounds) and isinstance(self._rounds[0], NodePersistentAllreduce)
         if self._drives_waits:
             self.comm.interrupts.append(self._watch)
         interval_s = self.options.progress_ms / 1e3
@@ -299,6 +292,27 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
             if self.options.progress == "thread" and not self.alone
             else None
         )
+
+    def _set_up_rounds(self, dtype: torch.dtype, device: torch.device) -> None:
+        """Several ranks (or delayed rounds at one): the flat gradients, the two rounds' sums, their readback."""
+        # p.grad are views into one flat buffer: a micro-batch joins the round in one add.
+        self.grads = FusedBuffer([p.shape for p in self.params], dtype, device)
+        self._point_grads_at_views()
+        size = self._numel + self._tally.size
+        self._sums = [torch.zeros(size, dtype=self._wire, device=device) for _ in range(2)]
+        # The rounds on a communicator of their own: a rank posts its next round before or after
+        # a collective of the user's, as its last round completed, so sharing one with the user's
+        # would start them in different orders on different ranks (node-shared sums post their
+        # inter-node parts in start order, and waited on each other until the watchdog). Waits
+        # on it still run this communicator's interrupts.
+        rounds_comm = self.comm.dup(name="abs-sgd rounds")
+        if self.options.progress == "mpich":  # MPICH's thread moves MPI's allreduce, not a node-shared sum
+            self._rounds = [rounds_comm.persistent_allreduce(s) for s in self._sums]
+        else:
+            self._rounds = [reusable_sum(rounds_comm, s) for s in self._sums]
+        #: What the host reads of a round, at once: its tally, then its finite probe.
+        self._readback = Readback(self._tally.size + 1, device)
+        self._control = self.comm.dup(name="abs-sgd close")  # close()'s agreement, apart from the rounds
 
     def local_batch_size(self, configured: int, probe: Callable[[int], float] | None = None) -> int:
         """This rank's micro-batch: ``configured``, or by speed (collective, the first time; see the options)."""
@@ -376,7 +390,7 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         self._end_step()
         if n == 0:
             return StepInfo(applied=False, global_samples=0, local_samples=0)
-        grads = [p.grad for p in self.params if p.grad is not None]
+        grads = [grad for p in self.params if (grad := p.grad) is not None]
         if scaler is not None and scaler.is_enabled():
             applied = all_finite(grads)  # the scaler's skip
         else:
@@ -605,6 +619,8 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
             self._thread.stop()
         if self._closings is not None:  # announced first: a rank waiting in a bounded round stops waiting
             self._closings.close(self.rounds, entered=False, busy=self._in_flight)
+        if self.alone:  # every round applied in its step: nothing in flight, nothing to free
+            return
         rounds = torch.tensor([float(self.rounds)], dtype=torch.float64)
         newest = int(self._control.allreduce_(rounds, "max", what="abs-sgd close").item())
         self._complete_in_flight("abs-sgd round at close")
@@ -636,7 +652,7 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
             "updates": self.updates,
             "reference_batch": self.reference_batch,
             "batch_sizes": self.batch_sizes,
-            "accumulating": self._sums[self._acc][: self._numel].clone(),
+            "accumulating": self._sums[self._acc][: self._numel].clone() if self._sums else self._no_sums(),
             "round_samples": self._round_samples,
             "round_batches": self._round_batches,
             "completed": self._sums[1 - self._acc].clone() if self._in_flight else None,  # with its speeds
@@ -647,6 +663,10 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
             "weights": self._weights.flat.clone() if self._weights is not None else self._true_weights(),
             "last_update": self._last_update.flat.clone() if self._last_update is not None else self._no_update(),
         }
+
+    def _no_sums(self) -> torch.Tensor:
+        """Alone: a round's sums as several ranks save them, with nothing accumulated (zeros)."""
+        return torch.zeros(self._numel, dtype=self._wire, device=self.params[0].device)
 
     def _true_weights(self) -> torch.Tensor | None:
         """Alone with weight prediction asked for: the model's weights are the true ones (saved for several ranks)."""
@@ -669,8 +689,9 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
             )
         self._complete_in_flight("abs-sgd round before loading a state")
         self._acc = 0
-        self._sums[0].zero_()
-        self._sums[0][: self._numel].copy_(state["accumulating"])
+        if self._sums:  # alone: the step applies each micro-batch, and a round accumulates nothing
+            self._sums[0].zero_()
+            self._sums[0][: self._numel].copy_(state["accumulating"])
         self._round_samples = int(state["round_samples"])
         self._round_batches = int(state["round_batches"])
         completed = state["completed"]

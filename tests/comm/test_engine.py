@@ -4,15 +4,17 @@ on a GPU, NCCL's) collectives against numpy, through the one protocol (start, te
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import pytest
 import torch
 
 from mpisolve.comm.communicator import Communicator, PersistentAllreduce
-from mpisolve.comm.engine import ENGINE_ENV, TorchCollective, resolve_engine
+from mpisolve.comm.engine import ENGINE_ENV, TorchCollective, TorchMessage, resolve_engine
 from mpisolve.comm.readback import host_reads
 from mpisolve.comm.reusable import reusable_allreduce, reusable_bcast, reusable_sum
+from mpisolve.errors import CommTimeout
 
 
 def facts(choice, *gpus, nccl=True, machine="m"):
@@ -78,6 +80,64 @@ def test_gloo_runs_the_reusable_collectives_as_numpy_says():
     for op in (total, largest, shared):
         op.free()
     comm.free()
+
+
+def p2p_waiters():
+    return {t for t in threading.enumerate() if t.name == "mpisolve-gloo-p2p"}
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3, 4)
+def test_gloo_messages_around_a_ring_arrive_as_sent_through_one_waiter():
+    """Reused sends and receives to both neighbours, several rounds: numpy's values, and one waiter thread for them
+    all (none per message), gone once the communicator is freed."""
+    comm = Communicator(engine="gloo")
+    n, rank = comm.size, comm.rank
+    right, left = (rank + 1) % n, (rank - 1) % n
+    group = comm.torch_group()
+    before = p2p_waiters()
+    out = [torch.zeros(6, dtype=torch.float64) for _ in range(2)]
+    got = [torch.zeros(6, dtype=torch.float64) for _ in range(2)]
+    messages = [
+        TorchMessage(group, out[0], right, 1, comm.wait_for, receive=False),
+        TorchMessage(group, out[1], left, 2, comm.wait_for, receive=False),
+        TorchMessage(group, got[0], left, 1, comm.wait_for, receive=True),
+        TorchMessage(group, got[1], right, 2, comm.wait_for, receive=True),
+    ]
+    for round_ in range(5):
+        out[0].copy_(torch.arange(6) + 10 * rank + round_)
+        out[1].copy_(-(torch.arange(6) + 10 * rank + round_))
+        for message in reversed(messages) if rank % 2 else messages:  # posted in different orders
+            message.start()
+        for message in messages:
+            message.wait("ring test")
+            assert message.test()
+        np.testing.assert_array_equal(got[0].numpy(), np.arange(6) + 10 * left + round_)
+        np.testing.assert_array_equal(got[1].numpy(), -(np.arange(6) + 10 * right + round_))
+    (waiter,) = p2p_waiters() - before  # the group's one, started by its first message and kept
+    for message in messages:
+        message.free()
+    comm.free()
+    waiter.join(timeout=10)
+    assert not waiter.is_alive()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+def test_a_gloo_receive_whose_sender_never_sends_ends_in_the_watchdog():
+    """The last rank never sends: rank 0's wait for that message ends in a CommTimeout (the waiter thread's gloo
+    wait fails in turn: gloo closes the pair), no hang; every rank then frees the communicator."""
+    world = Communicator()
+    comm = Communicator(engine="gloo", timeout_s=2.0)
+    group = comm.torch_group()
+    if comm.rank == 0:
+        lost = TorchMessage(group, torch.zeros(3), comm.size - 1, 7, comm.wait_for, receive=True)
+        lost.start()
+        with pytest.raises(CommTimeout, match="a receive nobody sends did not complete within 2 s"):
+            lost.wait("a receive nobody sends")
+    world.barrier()  # the other ranks wait here, on a communicator with the default watchdog
+    comm.free()
+    world.free()
 
 
 @pytest.mark.mpi(min_size=2)

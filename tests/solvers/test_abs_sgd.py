@@ -80,8 +80,18 @@ def test_one_rank_applies_each_micro_batch_in_its_step_as_plain_sgd(lr_scaling):
         expected.step()
         torch.testing.assert_close(parameters(model), parameters(reference))
     assert solver.updates == solver.rounds == 6
+    # Nothing made for rounds it never posts: the gradients are the parameters' own, in storage of their own.
+    assert all(p.grad.untyped_storage().nbytes() == p.grad.nbytes for p in model.parameters())
+    assert solver._sums == [] and not hasattr(solver, "grads") and not hasattr(solver, "_readback")
     state = solver.state_dict()
     torch.testing.assert_close(state["weights"], parameters(model))  # resumable at several ranks
+    assert state["accumulating"].shape == parameters(model).shape and not state["accumulating"].any()
+    resumed = copy.deepcopy(model)
+    again = mpisolve.make_solver("abs-sgd", resumed, torch.optim.SGD(resumed.parameters(), lr=LR), Communicator())
+    again.load_state_dict(state)
+    assert again.updates == again.rounds == 6
+    torch.testing.assert_close(parameters(resumed), parameters(model))
+    again.close()
     solver.close()
 
 

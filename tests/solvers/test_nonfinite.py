@@ -106,3 +106,33 @@ def test_adasum_with_one_rank_contributing_nothing(mode):
         )
         torch.testing.assert_close(mine, torch.tensor(update), rtol=1e-5, atol=1e-7)
     solver.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("node_shm", [True, False])
+@pytest.mark.parametrize("policy", ["raise", "skip"])
+@pytest.mark.parametrize("which", range(4))
+def test_every_bucket_is_checked(node_shm, policy, which):
+    """Each bucket's finite probe is taken as its sum completes: an Inf in any one bucket, on one rank, is caught
+    on every rank (node-shared sums and MPI's path)."""
+    comm = mpisolve.Communicator(node_shm=node_shm)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    solver = mpisolve.make_solver(
+        "allreduce", model, torch.optim.SGD(model.parameters(), lr=0.1), comm, bucket_mb=1e-6, nonfinite=policy
+    )
+    assert len(solver.grads.buckets) == 4  # a bucket per parameter
+    assert step(solver, model, poisoned=False).applied
+    if comm.rank == comm.size - 1:
+        poisoned = list(model.parameters())[which]
+        poisoned.register_hook(lambda g: g.index_fill(0, torch.tensor([0]), float("inf")))
+    before = params(model)
+    if policy == "raise":
+        with pytest.raises(NonFiniteError, match="'allreduce': non-finite value"):
+            step(solver, model, poisoned=False)
+    else:
+        assert not step(solver, model, poisoned=False).applied
+        assert solver.nonfinite.skipped == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    solver.close()
