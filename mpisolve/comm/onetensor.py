@@ -7,13 +7,16 @@ nonblocking rounds and waits for them through the watchdog: per call costs that 
 times MPI's own latency for a few KiB. Here a sum or average of one float CPU tensor below
 the one-shot crossover (:attr:`.shm.NodeGroup.one_shot_min_bytes`; any size where
 node-shared sums do not apply) is checked across ranks once per signature (dtype, shape,
-reduction, prescale and postscale factors), then each call is one ``MPI_Iallreduce``,
-waited for at once, on a communicator of its own: of the values and one more element, a
-*miss* flag, up to :data:`INLINE_MAX_BYTES`; above it, of the flag alone and then (one
-blocking ``MPI_Allreduce``) of the tensor from where it lies. The message lands in a
-buffer the communicator keeps for the next call and is copied out into the new result:
-MPI moves messages between buffers it has seen before faster than into new memory each
-call (docs/studies/node-aware.md).
+reduction, prescale and postscale factors), then each call is one MPI call, waited for at
+once, on a communicator of its own: up to :data:`INLINE_MAX_BYTES`, one start of a
+persistent allreduce (``MPI_Allreduce_init``, made by every rank when they agree the
+signature, on a buffer kept with it: :class:`InlineMessage`) of the values and one more
+element, a *miss* flag; above it, an ``MPI_Iallreduce`` of the flag alone and then (one
+blocking ``MPI_Allreduce``) of the tensor from where it lies into a kept buffer. The sum is
+copied out into the new result: MPI moves messages between buffers it has seen before
+faster than into new memory each call (docs/studies/node-aware.md). A call with the agreed
+signature is told by comparing its dtype, shape, reduction and scales with the agreed ones
+as they are, and a tensor sent again reuses its numpy view.
 
 **The check, kept cheap.** Every rank holds the same *agreed* signature (the last one every
 rank negotiated, or none): it changes only after a negotiation, which every rank runs alike.
@@ -31,13 +34,15 @@ general path, so a rank that calls with another signature is still noticed.
 
 **Join.** A rank in :meth:`.ops.TensorOps.join` cannot know whether the others' next call
 comes here or to a header round, so it posts both: its header, and here a message of the
-agreed length flagged :data:`JOINED` (:meth:`start_joined`). That is why the flag-carrying
-messages are nonblocking (MPI matches a nonblocking collective only with nonblocking
-ones). The others see a miss and negotiate with it; a joined rank's signature is none, and
+agreed length flagged :data:`JOINED` (:meth:`start_joined`): a start of the same persistent
+allreduce where the agreed signature goes inline, else an ``MPI_Iallreduce`` of the flag.
+That is why the flag-carrying messages are persistent or nonblocking, each kind where every
+rank uses it (MPI matches a persistent collective only with persistent ones, a nonblocking
+one only with nonblocking ones). The others see a miss and negotiate with it; a joined rank's signature is none, and
 every rank then takes the general path, which the joined rank answers. The flags sum to
 the communicator's size only where every rank has joined.
 
-The waits are watched: the nonblocking ones by the communicator's polled wait, which
+The waits are watched: the persistent and nonblocking ones (a few tests, then) by the communicator's polled wait, which
 raises :class:`CommTimeout` past the timeout, the blocking one by its watchdog thread
 (:meth:`Communicator.blocking`), which aborts. On a communicator whose waits drive other
 work (:attr:`Communicator.interrupts`, e.g. abs-sgd's node-shared round, set alike on
@@ -77,6 +82,10 @@ Signature = tuple[torch.dtype, torch.Size, str, float, float]
 INLINE, SEPARATE, GENERAL = "inline", "separate", "general"
 #: The flag of a rank in :meth:`.ops.TensorOps.join` (a miss's is the communicator's size + 1, a hit's 0).
 JOINED = 1
+#: Tests of a started message before the polled wait (with its clock reads and interrupt walk) begins,
+#: where every rank of the machine has a core of its own (else one: a spinning rank would keep a core
+#: from the ranks it waits for).
+FIRST_TESTS = 32
 
 
 class OneTensor:
@@ -87,6 +96,8 @@ class OneTensor:
         self.sums = comm.split(0, name=("mpisolve.onetensor", "sums"))
         #: The signature every rank agreed last, how its calls go, and its element count.
         self.agreed: tuple[Signature, str, int] | None = None
+        #: The agreed signature's message where its calls go inline (every rank holds one alike).
+        self.inline: InlineMessage | None = None
         #: A miss's flag: flags sum to the communicator's size only where every rank has joined.
         self.miss = comm.size + 1
         self._flag = np.zeros(1, dtype=np.int64)
@@ -97,6 +108,8 @@ class OneTensor:
         group = node_group(comm)
         #: Tensors below this many bytes take this path (where node-shared sums apply: their crossover).
         self.max_bytes = sys.maxsize if group is None else group.one_shot_min_bytes
+        comm.on_free(lambda: self._agree(None))
+        self._first_tests = FIRST_TESTS if comm.host_size <= comm.cores else 1
 
     def mode(self, tensor: torch.Tensor, op: str) -> str:
         """How this rank's ``tensor`` can go (the ranks agree on it by negotiating)."""
@@ -116,27 +129,46 @@ class OneTensor:
         """The sum or average of ``tensor`` (``scales``: multiplied by the first before, by the second
         after), or None where the general path is to reduce it (the ranks agreed on that); raises alike
         on every rank when the ranks' signatures differ."""
+        hit = self.inline
+        # A hit, told by comparing with the agreed values as they are (the same test as mode()'s and
+        # the signature's, which the agreed inline signature passed): no tuple built, no lookup.
+        if (
+            hit is not None
+            and tensor.dtype is hit.dtype
+            and tensor.shape == hit.shape
+            and op == hit.op
+            and scales == hit.scales
+            and tensor.is_cpu
+            and tensor.is_contiguous()
+            and not self.comm.stage_all
+            and not self.comm.has_interrupts()
+        ):
+            self._send(hit, tensor, scales[0])
+            if hit.buffer[hit.numel] == 0:
+                return self._result(hit, op, scales[1])
+            return self._settle(tensor, op, scales, INLINE)  # another rank missed
         if self.comm.has_interrupts():
             return None  # no blocking call here: the general path, as before this path existed
-        mine: Signature = (tensor.dtype, tensor.shape, op, *scales)
         mode = self.mode(tensor, op)
         agreed = self.agreed
         if agreed is None:
             self._flags(self.miss)  # nothing agreed: every rank misses (a joined rank's message matches it)
-        else:
-            signature, agreed_mode, numel = agreed
-            hit = signature == mine and mode == agreed_mode
-            if agreed_mode == INLINE:
-                out = self._inline(tensor if hit else None, signature[0], numel, op, scales)
-                if out is not None:
-                    return out
-            elif self._flags(0 if hit else self.miss) == 0:
-                return None if agreed_mode == GENERAL else self._separate(tensor, op, scales)
-        mode = self._negotiate(mine, mode, tensor.numel())
+        elif hit is not None:  # the agreed signature goes inline and this call is not it: a miss
+            hit.buffer[hit.numel] = self.miss
+            self._start(hit)
+        elif self._flags(0 if agreed[:2] == ((tensor.dtype, tensor.shape, op, *scales), mode) else self.miss) == 0:
+            return None if agreed[1] == GENERAL else self._separate(tensor, op, scales)
+        return self._settle(tensor, op, scales, mode)
+
+    def _settle(self, tensor: torch.Tensor, op: str, scales: tuple[float, float], mode: str) -> torch.Tensor | None:
+        """After a miss (every rank saw it): negotiate, then reduce ``tensor`` the way the ranks agreed."""
+        mode = self._negotiate((tensor.dtype, tensor.shape, op, *scales), mode, tensor.numel())
         if mode == INLINE:
-            out = self._inline(tensor, tensor.dtype, tensor.numel(), op, scales)
-            assert out is not None  # every rank sent the agreed signature
-            return out
+            hit = self.inline
+            assert hit is not None  # made by the negotiation
+            self._send(hit, tensor, scales[0])
+            assert hit.buffer[hit.numel] == 0  # every rank sent the agreed signature
+            return self._result(hit, op, scales[1])
         return self._separate(tensor, op, scales) if mode == SEPARATE else None
 
     def _negotiate(self, mine: Signature | None, mode: str, numel: int) -> str:
@@ -146,7 +178,7 @@ class OneTensor:
         views = self.sums.allgather_object(view)
         working = [(r, v) for r, v in enumerate(views) if v is not None]
         if len(working) < len(views):
-            self.agreed = None  # the joined ranks answer the general path only
+            self._agree(None)  # the joined ranks answer the general path only
             return GENERAL
         differ = [r for r, v in working if v[:5] != views[0][:5]]
         if differ:
@@ -157,28 +189,36 @@ class OneTensor:
         modes = {v[5] for _, v in working}
         agreed_mode = modes.pop() if len(modes) == 1 else GENERAL
         assert mine is not None  # every rank works
-        self.agreed = (mine, agreed_mode, numel)
+        self._agree((mine, agreed_mode, numel))
         return agreed_mode
+
+    def _agree(self, agreed: tuple[Signature, str, int] | None) -> None:
+        """Make ``agreed`` the agreed signature (every rank alike, so their persistent requests pair up)."""
+        if self.inline is not None:
+            self.inline.request.Free()
+            self.inline = None
+        self.agreed = agreed
+        if agreed is not None and agreed[1] == INLINE:
+            self.inline = InlineMessage(agreed[0], agreed[2], self.sums.comm)
 
     # ------------------------------------------------------------------ join
     def start_joined(self) -> MPI.Request | None:
-        """A joined rank's part in the others' next call here (:meth:`.ops.TensorOps.join`), posted:
+        """A joined rank's part in the others' next call here (:meth:`.ops.TensorOps.join`), started:
         the message they send, flagged :data:`JOINED`, so that they negotiate with it. None where
         calls here take the general path (which join answers)."""
         if self.comm.has_interrupts():
             return None
-        agreed = self.agreed
-        if agreed is not None and agreed[1] == INLINE:
-            dtype, numel = agreed[0][0], agreed[2]
-            self._joined = np.zeros(numel + 1, dtype=FAST_DTYPES[dtype][0])
-            spec = [self._joined, FAST_DTYPES[dtype][1]]
-        else:
-            self._joined = np.zeros(1, dtype=np.int64)
-            spec = [self._joined, MPI.INT64_T]
-        self._joined[-1] = JOINED
+        hit = self.inline
         if self.comm.has_queued():
             self.comm.flush(SUM)
-        return self.sums.comm.Iallreduce(MPI.IN_PLACE, spec, MPI.SUM)
+        if hit is not None:  # the others' message is the agreed signature's persistent one: so is this
+            hit.buffer[:] = 0
+            hit.buffer[hit.numel] = JOINED
+            self._joined = hit.buffer
+            hit.request.Start()
+            return hit.request
+        self._joined = np.array([JOINED], dtype=np.int64)
+        return self.sums.comm.Iallreduce(MPI.IN_PLACE, [self._joined, MPI.INT64_T], MPI.SUM)
 
     def answer_joined(self) -> bool:
         """After :meth:`start_joined`'s message completed: whether the others called (this rank then
@@ -189,6 +229,36 @@ class OneTensor:
         return True
 
     # ------------------------------------------------------------------ sums
+    def _send(self, hit: InlineMessage, tensor: torch.Tensor, prescale: float) -> None:
+        """Sum ``tensor``'s values (prescaled) and the flag 0 in the agreed signature's message."""
+        if tensor is not hit.source or tensor.data_ptr() != hit.pointer:
+            hit.source, hit.pointer, hit.host = tensor, tensor.data_ptr(), _host(tensor)
+        if prescale == 1.0:
+            hit.values[:] = hit.host
+        else:
+            np.multiply(hit.host, prescale, out=hit.values)
+        hit.buffer[hit.numel] = 0
+        self._start(hit)
+
+    def _start(self, hit: InlineMessage) -> None:
+        """Start the agreed signature's persistent allreduce and wait for it: a few tests first (a small
+        message is often in by then), then the communicator's polled, watchdogged wait."""
+        if self.comm.has_queued():
+            self.comm.flush(SUM)
+        request = hit.request
+        request.Start()
+        for _ in range(self._first_tests):
+            if request.Test():
+                return
+        self.comm.wait_for(request.Test, SUM)
+
+    def _result(self, hit: InlineMessage, op: str, postscale: float) -> torch.Tensor:
+        """The sum in the kept message, copied out into a new tensor (averaged, postscaled)."""
+        values = np.divide(hit.values, self.comm.size) if op == "average" else hit.values.copy()
+        if postscale != 1.0:
+            values *= postscale
+        return torch.from_numpy(values if hit.shaped is None else values.reshape(hit.shaped))
+
     def _flags(self, flag: int) -> int:
         """The sum of every rank's ``flag`` (0: a hit), in one allreduce."""
         self._flag[0] = flag
@@ -198,7 +268,7 @@ class OneTensor:
     def _sum(self, what: str, spec: list[Any], out: list[Any] | None = None) -> None:
         """One allreduce (sum) of ``spec`` (in place, or into ``out``), watchdogged.
 
-        A message with the flag (in place) is an ``MPI_Iallreduce``, which a joined rank's
+        A flag alone (in place) is an ``MPI_Iallreduce``, which a joined rank's
         (:meth:`start_joined`) can match, waited for at once by the communicator's polled wait
         (past the timeout, :class:`CommTimeout` on this rank); the values after the flags agreed
         (every rank working) one blocking ``MPI_Allreduce`` under the watchdog thread."""
@@ -211,31 +281,12 @@ class OneTensor:
             self.sums.comm.Allreduce(spec, out, MPI.SUM)
 
     def _kept(self, dtype: torch.dtype, numel: int) -> np.ndarray[Any, Any]:
-        """This communicator's message buffer of ``numel`` elements of ``dtype``, kept for the next call:
-        MPI moves messages between buffers it has seen before faster than between new ones."""
+        """This communicator's buffer of ``numel`` elements of ``dtype`` for separate sums, kept for the
+        next call: MPI moves messages between buffers it has seen before faster than between new ones."""
         np_dtype = FAST_DTYPES[dtype][0]
         if self._buffer.dtype != np_dtype or self._buffer.size != numel:
             self._buffer = np.empty(numel, dtype=np_dtype)
         return self._buffer
-
-    def _inline(
-        self, tensor: torch.Tensor | None, dtype: torch.dtype, numel: int, op: str, scales: tuple[float, float]
-    ) -> torch.Tensor | None:
-        """Sum ``tensor``'s values (None: a miss, as many elements of ``dtype``) and the miss flag
-        in one message; the sum (averaged for ``op="average"``), or None where some rank missed."""
-        buffer = self._kept(dtype, numel + 1)
-        if tensor is None:
-            buffer[numel] = self.miss
-        else:
-            buffer[:numel] = _host(tensor)
-            if scales[0] != 1.0:
-                buffer[:numel] *= scales[0]
-            buffer[numel] = 0
-        self._sum(SUM, [buffer, FAST_DTYPES[dtype][1]])
-        if buffer[numel] != 0:
-            return None
-        assert tensor is not None  # every rank sent its values
-        return _result(buffer[:numel].copy(), op, self.comm.size, tensor.shape, scales[1])
 
     def _separate(self, tensor: torch.Tensor, op: str, scales: tuple[float, float]) -> torch.Tensor:
         """Sum ``tensor`` from where it lies (a prescaled copy) into the kept buffer, and copy it out
@@ -245,6 +296,26 @@ class OneTensor:
         host = _host(tensor) if scales[0] == 1.0 else _host(tensor) * scales[0]
         self._sum(SUM, [host, mpi_type], [values, mpi_type])
         return _result(values.copy(), op, self.comm.size, tensor.shape, scales[1])
+
+
+class InlineMessage:
+    """An agreed signature whose calls go inline: its values as they are (compared with each call's),
+    and its message: a kept buffer of the values and the flag with a persistent allreduce on it
+    (``MPI_Allreduce_init``, made by every rank alike when they agree), started each call. The last
+    tensor sent and its memory as numpy are kept too, so that a call with it again makes no view."""
+
+    def __init__(self, signature: Signature, numel: int, comm: MPI.Intracomm) -> None:
+        self.dtype, self.shape, self.op = signature[0], signature[1], signature[2]
+        self.scales = (signature[3], signature[4])
+        self.numel = numel
+        self.shaped = None if len(self.shape) == 1 else tuple(self.shape)
+        np_dtype, mpi_type = FAST_DTYPES[self.dtype]
+        self.buffer: np.ndarray[Any, Any] = np.zeros(numel + 1, dtype=np_dtype)
+        self.values = self.buffer[:numel]
+        self.request = comm.Allreduce_init(MPI.IN_PLACE, [self.buffer, mpi_type], MPI.SUM)
+        self.source: torch.Tensor | None = None
+        self.pointer = 0
+        self.host = self.values
 
 
 def _host(tensor: torch.Tensor) -> np.ndarray[Any, Any]:

@@ -209,11 +209,8 @@ class OneCall:
             self.error = err
             reduced = None
         if reduced is None and self.error is None:
-            pre, post = self.scales
-            pending = self.ops.header_call("allreduce", [self.tensor], self.op, 0, None, pre, post, self.name, self.out)
-            self.ops.hdr.start(pending.posting)
-            self.general = pending
-            return pending
+            self.general = self.ops.start_general(self.tensor, self.op, self.scales, self.name, self.out)
+            return self.general
         if reduced is not None:  # a partial, not a closure over self: no cycle keeps the result for the collector
             self.finish = functools.partial(_write_out, [self.tensor], [reduced], self.out)
         for observe in self.ops.observers:
@@ -285,6 +282,34 @@ class TensorOps:
         self._launch(call, name)
         self.hdr.start(call.posting)
         return call
+
+    def allreduce_now(
+        self, tensor: torch.Tensor, op: str, scales: tuple[float, float], name: str | None
+    ) -> torch.Tensor | None:
+        """A sum or average of one dense float tensor run at once, as :class:`OneCall` would at its turn.
+
+        Only where nothing is in flight or watched here: its result (the ranks' disagreement raised
+        on every rank), or None where it is to be started as a call instead (:meth:`start`).
+        """
+        if self._pending or self.observers or op not in ("sum", "average") or tensor.layout is not torch.strided:
+            return None
+        if not tensor.is_floating_point() or (name is not None and name in self._names):
+            return None
+        reduced = self.one.allreduce(tensor, op, scales)
+        if reduced is not None:
+            return reduced
+        general = self.start_general(tensor, op, scales, name, None)
+        self._launch(general, name)
+        result: list[torch.Tensor] = general.wait()
+        return result[0]
+
+    def start_general(
+        self, tensor: torch.Tensor, op: str, scales: tuple[float, float], name: str | None, out: Any
+    ) -> Pending:
+        """One tensor's allreduce on the general path, its header round started (as onetensor's agreement says)."""
+        pending = self.header_call("allreduce", [tensor], op, 0, None, scales[0], scales[1], name, out)
+        self.hdr.start(pending.posting)
+        return pending
 
     def header_call(
         self,
@@ -982,8 +1007,8 @@ def allreduce(
     below the node-shared crossover is one MPI call (:mod:`.onetensor`).
     The inputs are untouched.
     """
-    if isinstance(tensors, torch.Tensor) and op in ("sum", "average") and tensors.is_floating_point():
-        if tensors.device.type == "cpu":
+    if isinstance(tensors, torch.Tensor) and tensors.is_cpu and op in ("sum", "average"):
+        if tensors.is_floating_point():
             comm = as_communicator(comm)
             if comm.size > 1:
                 summed = one_tensor(comm).allreduce(tensors, op)

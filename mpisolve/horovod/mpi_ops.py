@@ -428,6 +428,13 @@ def allreduce(
         reduced = HorovodAllreduce.apply(compressed, reduction, name, prescale_factor, postscale_factor, process_set)
     else:  # no graph to record: the collective alone, no handle
         _check_adasum(reduction, process_set)
+        ops = process_set._ops()
+        try:  # at once where nothing else is in flight: onetensor's one call, no handle or call object
+            now = ops.allreduce_now(compressed, _REDUCTIONS[reduction], (prescale_factor, postscale_factor), name)
+        except TensorMismatchError as err:
+            raise HorovodInternalError(str(err)) from err
+        if now is not None:
+            return compression.decompress(now, ctx)
         arguments = {"op": _REDUCTIONS[reduction], "name": name, "prescale": prescale_factor}
         arguments["postscale"] = postscale_factor
         reduced = _result(_begin("allreduce", [compressed], process_set, arguments))[0]
