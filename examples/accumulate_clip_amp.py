@@ -26,7 +26,7 @@ import mpisolve
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     # K-FAC refuses no_sync(): its factors come from one forward and backward per step.
-    solvers = [name for name in mpisolve.solvers() if name != "kfac"]
+    solvers = [name for name in mpisolve.solver_names() if name != "kfac"]
     parser.add_argument("--solver", default="allreduce", choices=solvers)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--micro", type=int, default=4, help="micro-batches per step")

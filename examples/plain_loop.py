@@ -30,7 +30,7 @@ def make_data(n: int, seed: int) -> TensorDataset:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--solver", default="allreduce", choices=mpisolve.solvers())
+    parser.add_argument("--solver", default="allreduce", choices=mpisolve.solver_names())
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=16)
     args = parser.parse_args()

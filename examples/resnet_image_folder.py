@@ -81,7 +81,7 @@ def resnet(classes: int, width: int = 16) -> nn.Module:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("root")
-    parser.add_argument("--solver", default="allreduce", choices=mpisolve.solvers())
+    parser.add_argument("--solver", default="allreduce", choices=mpisolve.solver_names())
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--size", type=int, default=32, help="images are resized to this many pixels square")

@@ -7,7 +7,7 @@ The public door::
     reduced = mpisolve.allreduce(tensors, op="average")     # functional collectives: also allgather,
                                                             # broadcast, alltoall, reducescatter
     solver = mpisolve.make_solver("allreduce", model, optimizer)
-    mpisolve.solvers()                                      # every solver's name
+    mpisolve.solver_names()                                 # every registered solver's name
 
 Every public error (:mod:`mpisolve.errors`) is here at once; the other names are imported
 on first use, so ``import mpisolve`` neither imports torch nor starts MPI: commands that
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # the lazy names below, typed for checkers; at run time __get
         process_set,
         reducescatter,
     )
-    from .solvers import Joined, Solver, StepInfo, make_solver
+    from .solvers import Joined, Solver, StepInfo, make_solver, solver_names
 
 __version__ = "0.1.0"
 
@@ -51,6 +51,7 @@ _EXPORTS = {
     "Solver": "mpisolve.solvers",
     "StepInfo": "mpisolve.solvers",
     "make_solver": "mpisolve.solvers",
+    "solver_names": "mpisolve.solvers",
 }
 
 __all__ = [
@@ -66,14 +67,12 @@ __all__ = [
     "make_solver",
     "process_set",
     "reducescatter",
-    "solvers",  # noqa: F405  (the subpackage, bound by __getattr__ on first use)
+    "solver_names",
 ]
 __all__ += _errors.__all__
 
 
 def __getattr__(name: str) -> Any:
-    if name == "solvers":  # the subpackage, which called lists the solver names
-        return import_module("mpisolve.solvers")
     if name in _EXPORTS:
         value = getattr(import_module(_EXPORTS[name]), name)
         globals()[name] = value

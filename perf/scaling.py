@@ -57,7 +57,7 @@ from pathlib import Path
 
 from launch import RESULTS, OutsideLoad, run_mpisolve
 
-from mpisolve.solvers import solvers as registered
+from mpisolve.solvers import solver_names as registered
 from mpisolve.solvers.base import solver_class
 from mpisolve.train.data import load_dataset
 

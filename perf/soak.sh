@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 NP=${NP:-4}
 STEPS=${STEPS:-2000}
 export MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-1800}
-SOLVERS=${*:-$(.venv/bin/python -c "from mpisolve.solvers.base import solver_class; import mpisolve; print(' '.join(n for n in mpisolve.solvers() if not solver_class(n).lockstep))")}
+SOLVERS=${*:-$(.venv/bin/python -c "from mpisolve.solvers.base import solver_class; import mpisolve; print(' '.join(n for n in mpisolve.solver_names() if not solver_class(n).lockstep))")}
 for solver in $SOLVERS; do
 	${PERF_LOCK:+flock $PERF_LOCK} .venv/bin/mpiexec -n "$NP" .venv/bin/python -m mpi4py -m mpisolve bench soak --solvers "$solver" \
 		--steps "$STEPS" --warmup-steps 200

@@ -85,4 +85,4 @@ def test_every_solver_has_an_options_table():
     for page in SOLVER_PAGES:
         for match in OPTIONS_TABLE.finditer(page.read_text()):
             documented.update(name.strip() for name in match.group(2).split(","))
-    assert documented == set(mpisolve.solvers())
+    assert documented == set(mpisolve.solver_names())

@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 from ..comm.communicator import Communicator
 from ..errors import InputError
-from ..solvers import make_solver, solvers
+from ..solvers import make_solver, solver_names
 from ..solvers.base import solver_class
 from ..train.data import ShardStream, load_dataset
 from ..train.models import build_model
@@ -55,7 +55,9 @@ def open_windows() -> int:
 
 def run(args: argparse.Namespace, comm: Communicator) -> dict:
     names = (
-        [n for n in solvers() if not solver_class(n).lockstep] if args.solvers == "async" else args.solvers.split(",")
+        [n for n in solver_names() if not solver_class(n).lockstep]
+        if args.solvers == "async"
+        else args.solvers.split(",")
     )
     for name in names:
         solver_class(name)  # an unknown name fails here, naming the known ones

@@ -39,7 +39,7 @@ from torch import nn
 from ..comm.communicator import Communicator
 from ..errors import InputError
 from ..options import options_to_dict, parse_option
-from ..solvers import make_solver, solvers
+from ..solvers import make_solver, solver_names
 from ..solvers.base import solver_class
 from ..train.models import MODELS, build_model
 from . import add_device_argument, bench_device, interleaved_medians
@@ -81,8 +81,8 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
 
     if args.batch < 1:
         raise InputError("--batch must be >= 1")
-    if args.solver not in solvers():
-        raise InputError(f"--solver must be one of {', '.join(solvers())}, got {args.solver!r}")
+    if args.solver not in solver_names():
+        raise InputError(f"--solver must be one of {', '.join(solver_names())}, got {args.solver!r}")
     if args.horovod and args.solver not in ("allreduce", "adasum"):
         raise InputError("--horovod compares with the allreduce or adasum solver: pass --solver allreduce or adasum")
     if args.ddp and args.device != "cpu":

@@ -1,12 +1,4 @@
-"""Solvers; importing this package registers every one of them.
-
-``mpisolve.solvers`` is both this package and the documented ``mpisolve.solvers()``,
-which lists the registered names: the package module is made callable for that, since
-importing a subpackage always binds its module to the parent's attribute of that name.
-"""
-
-import sys
-import types
+"""Solvers; importing this package registers every one of them (:func:`solver_names` lists them)."""
 
 from ..errors import OptionError
 from . import (
@@ -18,15 +10,6 @@ from . import (
     lb_bsp,  # noqa: F401  (registers "lb-bsp")
     local_sgd,  # noqa: F401  (registers "local-sgd")
 )
-from .base import Joined, Solver, StepInfo, make_solver, register, solvers
+from .base import Joined, Solver, StepInfo, make_solver, register, solver_names
 
-__all__ = ["Joined", "OptionError", "Solver", "StepInfo", "make_solver", "register", "solvers"]
-
-
-class _SolversPackage(types.ModuleType):
-    def __call__(self) -> list[str]:
-        """The names of every registered solver."""
-        return solvers()
-
-
-sys.modules[__name__].__class__ = _SolversPackage
+__all__ = ["Joined", "OptionError", "Solver", "StepInfo", "make_solver", "register", "solver_names"]

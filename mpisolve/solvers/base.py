@@ -803,7 +803,7 @@ def solver_class(name: str) -> type[Solver]:
         raise OptionError(f"unknown solver {name!r} (known: {', '.join(sorted(_REGISTRY))})") from None
 
 
-def solvers() -> list[str]:
+def solver_names() -> list[str]:
     """The names of every registered solver."""
     return sorted(_REGISTRY)
 

@@ -44,7 +44,7 @@ def _flag(default: Any, help_text: str, kind: type, metavar: str | None = None) 
 class TrainConfig:
     """One training run. Every field but ``options`` is a flag (``--data-size``) and a TOML key."""
 
-    solver: str = _flag("allreduce", "the solver (any name in mpisolve.solvers())", str, "NAME")
+    solver: str = _flag("allreduce", "the solver (any name in mpisolve.solver_names())", str, "NAME")
     model: str = _flag("mlp", f"the model: {MODEL_FORMS} (docs/guide/cli.md)", str, "SPEC")
     dataset: str = _flag("digits", f"the data set: {DATASET_FORMS} (docs/guide/cli.md)", str, "SPEC")
     data_size: int = _flag(6000, "examples in the synthetic data set, train and test together", int, "N")
@@ -258,7 +258,7 @@ class CompareConfig:
 
 def compare_config(args: argparse.Namespace, world_size: int) -> CompareConfig:
     """The validated settings of a ``compare`` run: one :class:`TrainConfig` per solver."""
-    from ..solvers import solvers as registered
+    from ..solvers import solver_names as registered
 
     keys = (set(_FIELDS) - _NOT_IN_COMPARE) | {"solvers", "out"}
     values, table, sets = _settings(args, keys)
@@ -372,7 +372,7 @@ def _options_for(solver: str, table: Mapping[str, Any], selected: Iterable[str])
     A plain key applies to every selected solver that declares it; it is an error when
     none does. A table for a registered solver that is not selected is ignored.
     """
-    from ..solvers import solvers as registered
+    from ..solvers import solver_names as registered
 
     selected = list(selected)
     out: dict[str, Any] = {}

@@ -19,7 +19,7 @@ from mpisolve.cli import main
 
 
 def run_all(extra: list[str]) -> int:
-    failed = [name for name in mpisolve.solvers() if main(["bench", "step", "--solver", name, *extra]) != 0]
+    failed = [name for name in mpisolve.solver_names() if main(["bench", "step", "--solver", name, *extra]) != 0]
     print(json.dumps({"failed": failed}), file=sys.stderr, flush=True)
     return 1 if failed else 0
 

@@ -115,7 +115,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--solvers", default="all", help="comma-separated names, or all")
     args = parser.parse_args(argv)
     comm = mpisolve.init()
-    names = mpisolve.solvers() if args.solvers == "all" else args.solvers.split(",")
+    names = mpisolve.solver_names() if args.solvers == "all" else args.solvers.split(",")
     failed = []
     for name in names:
         result = check(name, args, comm)

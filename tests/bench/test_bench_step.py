@@ -14,7 +14,7 @@ from mpisolve.comm.communicator import Communicator
 from mpisolve.errors import CollectiveInputError
 
 
-@pytest.mark.parametrize("solver", mpisolve.solvers())  # async-msgd, async-measgd: their own momentum
+@pytest.mark.parametrize("solver", mpisolve.solver_names())  # async-msgd, async-measgd: their own momentum
 def test_bench_step_times_every_solver_against_plain_pytorch(solver, capsys):
     argv = ["bench", "step", "--solver", solver, "--model", "mlp", "--batch", "4", "--repeats", "1", "--warmup", "1"]
     assert main(argv) == 0

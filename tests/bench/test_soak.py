@@ -21,7 +21,7 @@ def test_short_soak_frees_every_window():
     vector.close()
     assert open_windows() == held
     result = run(argparse.Namespace(solvers="async", steps=12, warmup_steps=4, batch_size=16, model="cnn"), comm)
-    expected = [n for n in mpisolve.solvers() if not solver_class(n).lockstep]
+    expected = [n for n in mpisolve.solver_names() if not solver_class(n).lockstep]
     assert sorted(result["solvers"]) == sorted(expected) and len(expected) >= 6
     for name, figures in result["solvers"].items():
         assert figures["open_windows"] == 0, name

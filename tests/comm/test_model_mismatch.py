@@ -32,7 +32,7 @@ def models(rank, odd):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(3)
-@pytest.mark.parametrize("name", mpisolve.solvers())
+@pytest.mark.parametrize("name", mpisolve.solver_names())
 def test_every_solver_refuses_mismatched_models_on_every_rank(name):
     comm = mpisolve.init()
     odd = comm.size - 1

@@ -58,7 +58,7 @@ def test_any_zeroing_gives_the_documented_update(comm, case):
 def test_every_registered_solver_has_a_case():
     import mpisolve
 
-    assert {c.solver for c in BY_ID.values()} == set(mpisolve.solvers())
+    assert {c.solver for c in BY_ID.values()} == set(mpisolve.solver_names())
 
 
 @pytest.mark.parametrize("solver_name", ["allreduce", "kfac"])

@@ -85,7 +85,7 @@ def test_with_no_writable_cache_location_the_kernels_run_uncached_and_it_is_said
         "import torch, mpisolve; from mpisolve.comm.communicator import Communicator; from mpi4py import MPI\n"
         "model = torch.nn.Linear(3, 2); solver = mpisolve.make_solver('allreduce', model, "
         "torch.optim.SGD(model.parameters(), lr=0.1), comm=Communicator(MPI.COMM_SELF))\n"
-        "model(torch.ones(4, 3)).sum().backward(); print(solver.step().applied, sorted(mpisolve.solvers()) != [])"
+        "model(torch.ones(4, 3)).sum().backward(); print(solver.step().applied, sorted(mpisolve.solver_names()) != [])"
     )
     done = run(installed, train, XDG_CACHE_HOME="/proc/mpisolve-no-cache", HOME="/proc/mpisolve-no-home")
     assert done.stdout.split() == ["True", "True"]

@@ -16,7 +16,7 @@ def build(name, lr=0.1, sgd_momentum=0.0, model=None, **options):
 
 
 def test_every_solver_is_registered():
-    assert set(FAMILY) <= set(mpisolve.solvers())
+    assert set(FAMILY) <= set(mpisolve.solver_names())
 
 
 @pytest.mark.parametrize(

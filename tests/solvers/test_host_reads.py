@@ -74,12 +74,12 @@ def check(name: str, comm: Communicator) -> None:
         assert counted <= 1, f"{name}, step {step}: {counted} reads of device values, at most 1 expected"
 
 
-@pytest.mark.parametrize("name", mpisolve.solvers())
+@pytest.mark.parametrize("name", mpisolve.solver_names())
 def test_a_step_reads_device_values_at_most_once_at_one_rank(name):
     check(name, Communicator())
 
 
-@pytest.mark.parametrize("name", mpisolve.solvers())
+@pytest.mark.parametrize("name", mpisolve.solver_names())
 def test_a_step_reads_device_values_at_most_once_on_the_staged_path_at_one_rank(name):
     check(name, Communicator(stage_all=True))
 
@@ -87,7 +87,7 @@ def test_a_step_reads_device_values_at_most_once_on_the_staged_path_at_one_rank(
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
 @pytest.mark.parametrize("stage_all", [False, True], ids=["direct", "staged"])
-@pytest.mark.parametrize("name", mpisolve.solvers())
+@pytest.mark.parametrize("name", mpisolve.solver_names())
 def test_a_step_reads_device_values_at_most_once(name, stage_all):
     check(name, Communicator(stage_all=stage_all))
 

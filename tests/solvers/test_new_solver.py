@@ -74,7 +74,7 @@ def registered(monkeypatch):
 
 
 def test_registered_it_is_listed_and_its_options_are_checked(registered):
-    assert "test-mean" in mpisolve.solvers()
+    assert "test-mean" in mpisolve.solver_names()
     assert solver_class("test-mean") is MeanSolver
     assert parse_option("test-mean", MeanOptions, "scale", "0.5") == 0.5
     with pytest.raises(mpisolve.OptionError, match="scale must be > 0, got -1"):

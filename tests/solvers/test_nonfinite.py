@@ -46,7 +46,7 @@ def params(model):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(3)
-@pytest.mark.parametrize("name", mpisolve.solvers())
+@pytest.mark.parametrize("name", mpisolve.solver_names())
 def test_nonfinite_step_is_skipped(name):
     model, solver, bad = build(name, nonfinite="skip")
     assert step(solver, model, poisoned=False).applied
@@ -68,7 +68,7 @@ def test_nonfinite_step_is_skipped(name):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(3)
-@pytest.mark.parametrize("name", mpisolve.solvers())
+@pytest.mark.parametrize("name", mpisolve.solver_names())
 def test_nonfinite_step_raises_by_default(name):
     model, solver, bad = build(name)
     # Synchronous solvers raise on every rank alike; the local-step family on the rank that holds it.

@@ -60,7 +60,7 @@ def test_skip_stops_a_diverged_run_instead_of_spinning():
 
 
 def test_every_solver_takes_the_option_and_checks_its_value():
-    for name in mpisolve.solvers():
+    for name in mpisolve.solver_names():
         cls = mpisolve.solvers.base.solver_class(name)
         assert cls.Options(nonfinite="skip").nonfinite == "skip"
     model = torch.nn.Linear(3, 2)

@@ -1,5 +1,7 @@
 """The solver registry and construction checks that need no second rank."""
 
+import types
+
 import pytest
 import torch
 
@@ -9,12 +11,18 @@ from mpisolve.solvers.base import solver_class
 
 
 def test_allreduce_is_registered():
-    assert "allreduce" in mpisolve.solvers()
+    assert "allreduce" in mpisolve.solver_names()
+
+
+def test_solvers_is_the_plain_subpackage():
+    """``mpisolve.solvers`` is the package, not a callable stand-in; the names come from ``solver_names``."""
+    assert type(mpisolve.solvers) is types.ModuleType
+    assert mpisolve.solvers.solver_names is mpisolve.solver_names
 
 
 def test_every_solver_class_is_named_for_what_it_is():
     """One naming rule: the class of a registered solver is ``<Name>Solver``."""
-    assert [n for n in mpisolve.solvers() if not solver_class(n).__name__.endswith("Solver")] == []
+    assert [n for n in mpisolve.solver_names() if not solver_class(n).__name__.endswith("Solver")] == []
 
 
 def test_unknown_solver_and_option_are_named():
@@ -46,7 +54,7 @@ def test_single_rank_step_is_plain_sgd():
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("name", mpisolve.solvers())
+@pytest.mark.parametrize("name", mpisolve.solver_names())
 def test_a_solver_prints_its_name_rank_and_chosen_options(name):
     model = torch.nn.Linear(2, 2)
     chosen = {"nonfinite": "skip"}

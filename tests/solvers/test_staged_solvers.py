@@ -72,7 +72,7 @@ def train(comm, name, device="cpu", **extra):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
-@pytest.mark.parametrize("name", mpisolve.solvers())
+@pytest.mark.parametrize("name", mpisolve.solver_names())
 def test_every_solver_trains_staged_as_direct(name):
     direct = train(Communicator(), name)
     staged = train(Communicator(stage_all=True), name)
@@ -86,7 +86,7 @@ def test_every_solver_trains_staged_as_direct(name):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
-@pytest.mark.parametrize("name", mpisolve.solvers())
+@pytest.mark.parametrize("name", mpisolve.solver_names())
 def test_every_solver_trains_through_the_gloo_engine_as_through_mpi(name):
     # The engine code NCCL runs on a GPU, through gloo on CPU tensors: every reusable sum and
     # broadcast (gradient buckets, averages, K-FAC's factors and inverses, tallies) goes there.
@@ -98,7 +98,7 @@ def test_every_solver_trains_through_the_gloo_engine_as_through_mpi(name):
 @pytest.mark.gpu
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2)
-@pytest.mark.parametrize("name", mpisolve.solvers())
+@pytest.mark.parametrize("name", mpisolve.solver_names())
 def test_every_solver_trains_a_cuda_model_through_gloo_as_a_cpu_one(name):
     # Two ranks sharing a GPU cannot run NCCL: the engine's code on CUDA tensors, through gloo.
     reference = train(Communicator(), name)
@@ -122,7 +122,7 @@ def test_a_window_in_the_models_memory_equals_the_host_windows_rma_path(name):
 @pytest.mark.gpu
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2)
-@pytest.mark.parametrize("name", mpisolve.solvers())
+@pytest.mark.parametrize("name", mpisolve.solver_names())
 def test_every_solver_trains_a_cuda_model_as_a_cpu_one(name):
     # Staged (any MPI) and, with a CUDA-aware MPI, direct; every step's work queued
     # behind a long kernel, so MPI reading device memory early would see stale values.

@@ -132,7 +132,7 @@ def test_compare_all_means_every_registered_solver_and_tables_are_scoped(tmp_pat
 
     path = toml(tmp_path, 'solvers = "all"\nout = "o"\n[options.allreduce]\nbucket_mb = 7\n')
     plan = settings.compare_config(parse(["--config", path], compare=True), 2)
-    assert plan.solvers == tuple(mpisolve.solvers())
+    assert plan.solvers == tuple(mpisolve.solver_names())
     assert next(r for r in plan.runs if r.solver == "allreduce").options == {"bucket_mb": 7}
     with pytest.raises(InputError, match=r"\[options.nope\]: unknown solver"):
         settings.compare_config(parse(["--config", toml(tmp_path, "[options.nope]\nx = 1\n")], compare=True), 2)

@@ -52,7 +52,7 @@ PARALLEL_JOBS = 4
 
 def solver_faults() -> list[tuple[str, str]]:
     """Every registered solver with the failure it is tested with (alternating along the registry)."""
-    return [(name, KINDS[i % len(KINDS)]) for i, name in enumerate(mpisolve.solvers())]
+    return [(name, KINDS[i % len(KINDS)]) for i, name in enumerate(mpisolve.solver_names())]
 
 
 def survivors(marker: str) -> list[int]:
