@@ -4,7 +4,9 @@ Run under mpiexec (perf/horovod_step.sh). For each size, a float32 tensor averag
 ``mpisolve.allreduce`` and by ``hvd.allreduce`` (both, below the node-shared crossover,
 :mod:`mpisolve.comm.onetensor`'s one MPI call with the signature check in it), timed in
 turn within each repeat (``interleaved_medians``, the slowest rank's); each timing is
-CALLS calls, reported per call. One JSON line per size.
+CALLS calls, reported per call. One JSON line per size. ``--others``: ``hvd.broadcast`` and
+``hvd.grouped_allreduce`` of one and of four such tensors too, timed in the same turns (they
+take the checked collectives' header round, not the one-tensor path).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="4,4096,65536,1048576", help="bytes, comma-separated")
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--others", action="store_true", help="also hvd.broadcast and hvd.grouped_allreduce")
     args = parser.parse_args()
     comm = mpisolve.init()
     hvd.init()
@@ -42,6 +45,12 @@ def main() -> None:
             "native": functools.partial(repeat, lambda t=t: mpisolve.allreduce(t, op="average"), calls),
             "horovod": functools.partial(repeat, lambda t=t: hvd.allreduce(t), calls),
         }
+        if args.others:
+            fns["hvd_broadcast"] = functools.partial(repeat, lambda t=t: hvd.broadcast(t, 0), calls)
+            fns["hvd_grouped_allreduce_1"] = functools.partial(repeat, lambda t=t: hvd.grouped_allreduce([t]), calls)
+            fns["hvd_grouped_allreduce_4"] = functools.partial(
+                repeat, lambda t=t: hvd.grouped_allreduce([t] * 4), calls
+            )
         timings = interleaved_medians(fns, comm, args.repeats, 2)
         if comm.rank == 0:
             row = {
@@ -51,6 +60,7 @@ def main() -> None:
                 "hvd_allreduce_us": timings["horovod"] / calls * 1e6,
                 "hvd_over_mpisolve": timings["horovod"] / timings["native"],
             }
+            row.update({f"{name}_us": timings[name] / calls * 1e6 for name in fns if name.startswith("hvd_")})
             print(json.dumps(row), flush=True)
 
 

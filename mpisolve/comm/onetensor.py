@@ -44,7 +44,11 @@ the communicator's size only where every rank has joined.
 
 The waits are watched: the persistent and nonblocking ones (a few tests, then) by the communicator's polled wait, which
 raises :class:`CommTimeout` past the timeout, the blocking one by its watchdog thread
-(:meth:`Communicator.blocking`), which aborts. On a communicator whose waits drive other
+(:meth:`Communicator.blocking`), which aborts. A :class:`CommTimeout` leaves its request started
+(MPI can neither cancel nor free a started collective, and the late ranks may still meet it):
+later calls here (and a join) raise :class:`CommTimeout` naming it, starting nothing, until it
+has completed as a hit on every rank (the ranks in step again: calls go on), e.g. where the
+late ranks met it while this rank moved MPI along. On a communicator whose waits drive other
 work (:attr:`Communicator.interrupts`, e.g. abs-sgd's node-shared round, set alike on
 every rank) calls take the general path with no check of their own, as before this path
 existed: a rank blocked in MPI would not drive that work for the others.
@@ -60,7 +64,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..errors import TensorMismatchError
+from ..errors import CommTimeout, TensorMismatchError
 from .communicator import Communicator
 from .shm import node_group
 
@@ -108,6 +112,9 @@ class OneTensor:
         group = node_group(comm)
         #: Tensors below this many bytes take this path (where node-shared sums apply: their crossover).
         self.max_bytes = sys.maxsize if group is None else group.one_shot_min_bytes
+        #: What timed out here, the request it left started (None: the negotiation's) and the agreed
+        #: inline message, set aside: no later call runs here until that call completed as a hit everywhere.
+        self.stuck: tuple[str, MPI.Request | None, InlineMessage | None] | None = None
         comm.on_free(lambda: self._agree(None))
         self._first_tests = FIRST_TESTS if comm.host_size <= comm.cores else 1
 
@@ -147,6 +154,9 @@ class OneTensor:
             if hit.buffer[hit.numel] == 0:
                 return self._result(hit, op, scales[1])
             return self._settle(tensor, op, scales, INLINE)  # another rank missed
+        if self.stuck is not None:
+            self._resume()  # raises unless the call that timed out here has since completed as a hit everywhere
+            return self.allreduce(tensor, op, scales)
         if self.comm.has_interrupts():
             return None  # no blocking call here: the general path, as before this path existed
         mode = self.mode(tensor, op)
@@ -175,7 +185,11 @@ class OneTensor:
         """Every rank's signature (None: joined) gathered: raises alike on every rank where the working
         ranks' differ; else the mode every rank takes from now (the general one while a rank has joined)."""
         view = None if mine is None else (str(mine[0]), tuple(mine[1]), *mine[2:], mode)
-        views = self.sums.allgather_object(view)
+        try:
+            views = self.sums.allgather_object(view)
+        except CommTimeout:
+            self.timed_out("the one-tensor signature negotiation", None)
+            raise
         working = [(r, v) for r, v in enumerate(views) if v is not None]
         if len(working) < len(views):
             self._agree(None)  # the joined ranks answer the general path only
@@ -194,9 +208,13 @@ class OneTensor:
 
     def _agree(self, agreed: tuple[Signature, str, int] | None) -> None:
         """Make ``agreed`` the agreed signature (every rank alike, so their persistent requests pair up)."""
-        if self.inline is not None:
-            self.inline.request.Free()
-            self.inline = None
+        message = self.inline if self.stuck is None else self.stuck[2]
+        self.inline = None
+        if message is not None:
+            if message.request.Test():
+                message.request.Free()
+            else:  # left started by a timeout: MPI frees no started request; kept, with its buffer
+                _LEFT_STARTED.append(message)
         self.agreed = agreed
         if agreed is not None and agreed[1] == INLINE:
             self.inline = InlineMessage(agreed[0], agreed[2], self.sums.comm)
@@ -208,6 +226,8 @@ class OneTensor:
         calls here take the general path (which join answers)."""
         if self.comm.has_interrupts():
             return None
+        if self.stuck is not None:
+            self._resume()
         hit = self.inline
         if self.comm.has_queued():
             self.comm.flush(SUM)
@@ -227,6 +247,34 @@ class OneTensor:
             return False
         self._negotiate(None, GENERAL, 0)
         return True
+
+    # ------------------------------------------------------------- timeouts
+    def timed_out(self, what: str, request: MPI.Request | None) -> None:
+        """Note that ``what`` timed out here (:class:`CommTimeout`), leaving ``request`` started.
+
+        MPI can neither cancel nor free a started collective, nor start a persistent one again
+        before it completes, and the other ranks may still join it: until it has completed as a
+        hit on every rank (:meth:`_resume`), calls here raise instead of starting anything (the
+        agreed inline message is set aside, out of the hit test's reach)."""
+        self.stuck = (what, request, self.inline)
+        self.inline = None
+
+    def _resume(self) -> None:
+        """Go on after a timeout where the call that timed out has since completed with every rank's
+        flag 0 (every rank returned from it, as this rank's exception did: the ranks are in step);
+        else raise :class:`CommTimeout` naming it."""
+        assert self.stuck is not None
+        what, request, message = self.stuck
+        if message is not None and request is message.request and request.Test() and message.buffer[-1] == 0:
+            self.inline, self.stuck = message, None
+            return
+        done = request is not None and request.Test()
+        state = "completed out of step with the other ranks" if done else "is still in flight"
+        raise CommTimeout(
+            f"mpisolve: allreduce of one tensor cannot run on rank {self.comm.rank} of {self.comm.size}: "
+            f"{what} timed out here earlier and {state} (MPI can neither cancel nor free a started "
+            "collective); the job cannot go on"
+        )
 
     # ------------------------------------------------------------------ sums
     def _send(self, hit: InlineMessage, tensor: torch.Tensor, prescale: float) -> None:
@@ -250,7 +298,15 @@ class OneTensor:
         for _ in range(self._first_tests):
             if request.Test():
                 return
-        self.comm.wait_for(request.Test, SUM)
+        self._wait(request, SUM)
+
+    def _wait(self, request: MPI.Request, what: str) -> None:
+        """The communicator's polled, watchdogged wait for ``request``, noted where it times out."""
+        try:
+            self.comm.wait_for(request.Test, what)
+        except CommTimeout:
+            self.timed_out(what, request)
+            raise
 
     def _result(self, hit: InlineMessage, op: str, postscale: float) -> torch.Tensor:
         """The sum in the kept message, copied out into a new tensor (averaged, postscaled)."""
@@ -275,7 +331,7 @@ class OneTensor:
         if self.comm.has_queued():
             self.comm.flush(what)
         if out is None:
-            self.comm.wait_for(self.sums.comm.Iallreduce(MPI.IN_PLACE, spec, MPI.SUM).Test, what)
+            self._wait(self.sums.comm.Iallreduce(MPI.IN_PLACE, spec, MPI.SUM), what)
             return
         with self._watchdog.arm(what, None):
             self.sums.comm.Allreduce(spec, out, MPI.SUM)
@@ -336,6 +392,10 @@ def _shown(view: tuple[Any, ...]) -> str:
     scales = "" if view[3:5] == (1.0, 1.0) else f", prescale {view[3]:g}, postscale {view[4]:g}"
     return f"{view[0].replace('torch.', '')} {list(view[1])} ({view[2]}{scales})"
 
+
+#: Messages whose persistent allreduce was left started by a timeout when their communicator was freed:
+#: kept, since MPI may still write into their buffers.
+_LEFT_STARTED: list[InlineMessage] = []
 
 _STATES: weakref.WeakKeyDictionary[Communicator, OneTensor] = weakref.WeakKeyDictionary()
 

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..errors import TensorMismatchError
+from ..errors import CommTimeout, TensorMismatchError
 from .collectives import _adasum, _packed
 from .collectives import allreduce as float_allreduce
 from .communicator import Communicator, Posting, as_communicator, mpi_buffer
@@ -694,25 +694,30 @@ class TensorOps:
                 request = one.start_joined() if one.answer_joined() else None
             return self.hdr.test(pending.posting)
 
-        while True:
-            header = np.zeros(RECORD, dtype=np.int64)
-            header[_KIND] = KINDS.index("join")
-            header[_JOINED] = 1
-            header[_JOIN_ROUND] = joined_at
-            pending = Pending(self, "join", None, header)
-            self.hdr.start(pending.posting)
-            self.comm.wait_for(answered, "join")
-            self.rounds += 1
-            headers = pending.gathered.reshape(self.comm.size, RECORD)
-            working = [r for r in range(self.comm.size) if not headers[r, _JOINED]]
-            if not working:
-                if request is not None:  # every rank posted it: the last of this join's messages
-                    last = request
-                    self.comm.wait_for(last.Test, "join's last one-tensor message")
-                    one.answer_joined()
-                rounds = headers[:, _JOIN_ROUND].tolist()
-                return max(range(len(rounds)), key=lambda r: (rounds[r], r))
-            self._answer(headers, working[0])
+        try:
+            while True:
+                header = np.zeros(RECORD, dtype=np.int64)
+                header[_KIND] = KINDS.index("join")
+                header[_JOINED] = 1
+                header[_JOIN_ROUND] = joined_at
+                pending = Pending(self, "join", None, header)
+                self.hdr.start(pending.posting)
+                self.comm.wait_for(answered, "join")
+                self.rounds += 1
+                headers = pending.gathered.reshape(self.comm.size, RECORD)
+                working = [r for r in range(self.comm.size) if not headers[r, _JOINED]]
+                if not working:
+                    if request is not None:  # every rank posted it: the last of this join's messages
+                        last = request
+                        self.comm.wait_for(last.Test, "join's last one-tensor message")
+                        one.answer_joined()
+                    rounds = headers[:, _JOIN_ROUND].tolist()
+                    return max(range(len(rounds)), key=lambda r: (rounds[r], r))
+                self._answer(headers, working[0])
+        except CommTimeout:
+            if request is not None:  # started, perhaps still in flight: onetensor must not start it again
+                one.timed_out("join's one-tensor message", request)
+            raise
 
     def _answer(self, headers: np.ndarray[Any, Any], rank: int) -> None:
         """A joined rank's part in the working ranks' call (the same decision they take)."""

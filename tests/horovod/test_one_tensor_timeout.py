@@ -1,0 +1,106 @@
+"""A one-tensor allreduce that times out leaves its MPI request started: later calls on that
+communicator raise a clear :class:`CommTimeout` naming it (never an MPI error, a reused buffer or
+a hang) until the call has completed alike on every rank, and then go on.
+
+Each case is a job of its own (``mpiexec``, bounded), where rank 0 times out while the other
+ranks sleep past its timeout; sums are checked against numpy's sum of every rank's input.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+JOB = """
+import sys, time
+import numpy as np
+import torch
+from mpi4py import MPI
+import mpisolve.horovod as hvd
+from mpisolve.comm.onetensor import one_tensor
+from mpisolve.errors import CommTimeout
+
+case = sys.argv[1]
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+world = hvd.global_process_set.comm
+one = one_tensor(world)
+one.max_bytes = 1 << 20  # the one-tensor path, whatever the node-shared crossover
+
+
+def mine(step, numel=5):
+    return torch.arange(numel, dtype=torch.float32) + 10 * rank + 100 * step
+
+
+def total(step, numel=5):
+    return sum(np.arange(numel, dtype=np.float32) + 10 * r + 100 * step for r in range(size))
+
+
+def timeouts(seconds):
+    for comm in (world, one.sums):
+        comm.timeout_s = seconds
+
+
+def refused(call, says):
+    try:
+        call()
+    except CommTimeout as err:
+        assert says in str(err), err
+    else:
+        raise AssertionError("no CommTimeout")
+
+
+np.testing.assert_array_equal(hvd.allreduce(mine(0), op=hvd.Sum).numpy(), total(0))  # agreed, inline
+timeouts(2.0)
+if rank == 0:
+    if case == "join":
+        refused(hvd.join, "did not complete within 2 s")
+    else:
+        refused(lambda: hvd.allreduce(mine(1), op=hvd.Sum), "did not complete within 2 s")
+    # the others are asleep: refused, nothing started
+    refused(lambda: hvd.allreduce(mine(2), op=hvd.Sum), "timed out here earlier and is still in flight")
+    MPI.COMM_WORLD.Barrier()  # MPI moves the started call along meanwhile: the others' late calls complete
+    if case == "late":
+        timeouts(60.0)
+        np.testing.assert_array_equal(hvd.allreduce(mine(3), op=hvd.Sum).numpy(), total(3))  # in step again
+    else:
+        refused(lambda: hvd.allreduce(mine(3), op=hvd.Sum), "timed out here earlier and completed out of step")
+else:
+    time.sleep(8.0)
+    if case == "late":  # the call rank 0 timed out in, met late: rank 0's values are in it
+        np.testing.assert_array_equal(hvd.allreduce(mine(1), op=hvd.Sum).numpy(), total(1))
+    elif case == "other":  # another signature: the ranks negotiate, and rank 0 never comes
+        refused(lambda: hvd.allreduce(mine(1, numel=3), op=hvd.Sum), "did not complete within 2 s")
+    else:
+        hvd.join()
+    MPI.COMM_WORLD.Barrier()
+    if case == "late":
+        timeouts(60.0)
+        np.testing.assert_array_equal(hvd.allreduce(mine(3), op=hvd.Sum).numpy(), total(3))
+print(f"ok {rank}", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("case", "ranks"), [("late", 2), ("late", 3), ("other", 2), ("join", 2)], ids=["late2", "late3", "other", "join"]
+)
+def test_a_timed_out_one_tensor_call_refuses_later_calls_clearly_until_it_completed_in_step(tmp_path, case, ranks):
+    """late: the others meet the call later, and the next call sums right; other: they meet it with
+    another signature, so rank 0 stays refused; join: rank 0's join timed out, the others join later."""
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    env = dict(os.environ, MPIEXEC_TIMEOUT="150", MPISOLVE_TIMEOUT="60")
+    job = subprocess.run(
+        [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpi4py", str(script), case],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert job.returncode == 0, job.stdout + job.stderr
+    # mpiexec may run the ranks' lines together
+    assert sorted(int(r) for r in re.findall(r"ok (\d+)", job.stdout)) == list(range(ranks)), job.stdout
