@@ -10,6 +10,11 @@ Write-up, figures and provenance: docs/studies/performance-model.md.
      solvers' own allreduce path), Adasum's gamma to its ``adasum`` rows, once per rank
      count; the window exchange's alpha and beta, per mode (locked, wild), to its
      ``bench windows`` rows (``windows_n<P>.csv``, shared path, sharded layout);
+   - how much dearer a training step pays each exchange (allreduce, locked and wild
+     windows) than those benchmarks' hot loops: a factor fitted to what the synthetic
+     workload's runs (``sync_<numel>/scaling.csv``: ``allreduce``, ``async-sgd``,
+     ``hogwild-sgd``) took beyond their 1-rank iteration at 2 to as many ranks as cores
+     (no core shared), against the benchmarks' price; every exchange below is priced so;
    - each study workload's compute contention (:mod:`mpisolve.perfmodel.sharing`) fitted
      to P one-rank trainings at once (``compute.csv`` and its repeats, ``compute-<K>.csv``,
      fitted together);
@@ -27,7 +32,8 @@ Write-up, figures and provenance: docs/studies/performance-model.md.
    calibration, and predicts the 2-8 rank iteration, each solver on its own schedule (tau)
    and exchange. An ``emulated`` rank sleeps through its device time: only its host work
    (the 1-rank iteration less the device time) shares the cores. ``error_alpha_beta`` keeps
-   what the model gives without the sharing terms. The relative errors go to validation.csv,
+   what the model gives without the sharing terms (its exchanges still priced as a training
+   step pays them). The relative errors go to validation.csv,
    validation.md (the study's tables: per run, and per solver) and validation.png.
 3. Projection: ``python -m mpisolve model`` for ResNet-18 and ResNet-50 on 100 Gb/s
    InfiniBand with H100-class compute, 16 to 1,024 GPUs: projection_<model>.csv, the
@@ -74,19 +80,49 @@ PROJECTION_RANKS = "16,32,64,128,256,512,1024"
 WIRE_BYTES = 4
 
 
+#: The synthetic workload's solvers whose runs price each exchange in a training loop, and the exchange.
+IN_LOOP = {"allreduce": "allreduce", "async-sgd": "locked", "hogwild-sgd": "wild"}
+#: Other processes' load (cores) above which a synthetic run is left out of the in-loop fit.
+QUIET_CORES = 0.25
+
+
+def in_loop(net: Network, factor: float) -> Network:
+    """``net`` with every term ``factor`` times dearer: an exchange as a training step pays it."""
+    memory = net.memory and replace(
+        net.memory, node_Bps=net.memory.node_Bps / factor, sync_s=net.memory.sync_s * factor
+    )
+    intra = None if net.intra_beta is None else net.intra_beta * factor
+    return replace(
+        net, alpha=net.alpha * factor, beta=net.beta * factor, gamma=net.gamma * factor, intra_beta=intra, memory=memory
+    )
+
+
 @dataclass(frozen=True)
 class Calibration:
     """What the model knows of this machine: per rank count the allreduce network, Adasum's
-    gamma, the fit's median error and the window networks; the cores; per (series, model)
-    the compute contention; per rank count the cost of a wait and of a lock per extra rank
-    a core."""
+    gamma, the fit's median error and the window networks (as the benchmarks measured them);
+    per exchange (``allreduce``, ``locked``, ``wild``) how much dearer a training step pays
+    it (:meth:`network`, :meth:`window_networks`); the cores; per (series, model) the compute
+    contention; per rank count the cost of a wait and of a lock per extra rank a core."""
 
     nets: dict[int, tuple[Network, float, float]]
     windows: dict[int, dict[str, Network]]
     cores: int
+    in_loop: dict[str, float]
     contention: dict[tuple[str, str], float]
     wait_s: dict[int, float]
     lock_s: dict[int, float]
+
+    def network(self, p: int) -> tuple[Network, float]:
+        """The allreduce network and Adasum's gamma at ``p`` ranks, priced in a training loop."""
+        net, gamma, _ = self.nets[p]
+        factor = self.in_loop.get("allreduce", 1.0)
+        return in_loop(net, factor), gamma * factor
+
+    def window_networks(self, p: int) -> dict[str, Network] | None:
+        """The window exchange's networks at ``p`` ranks by mode, priced in a training loop."""
+        nets = self.windows.get(p)
+        return None if nets is None else {m: in_loop(n, self.in_loop.get(m, 1.0)) for m, n in nets.items()}
 
 
 def calibrate_networks(directory: Path) -> dict[int, tuple[Network, float, float]]:
@@ -172,12 +208,18 @@ def calibrate(directory: Path) -> Calibration:
     for (series, model), values in fits.items():
         contention[(series, model)] = statistics.median(values)
         print(f"contention of {model} ({series}): {contention[(series, model)]:.3f} per extra rank a core")
+    syncs = [
+        (
+            Workload("synthetic", int(json.loads((sync.parent / "workload.json").read_text())["numel"]), 3, ()),
+            {(r["solver"], int(r["ranks"])): r for r in read_rows(sync)},
+        )
+        for sync in sorted(directory.glob("sync_*/scaling.csv"))
+    ]
+    cal = Calibration(nets, windows, cores, {}, contention, {}, {})
+    cal = replace(cal, in_loop=fit_in_loop(cal, syncs))
     waits: dict[int, list[tuple[float, float]]] = {}
     locks: dict[int, list[tuple[float, float]]] = {}
-    for sync in sorted(directory.glob("sync_*/scaling.csv")):
-        numel = int(json.loads((sync.parent / "workload.json").read_text())["numel"])
-        load = Workload("synthetic", numel, 3, ())
-        rows = {(r["solver"], int(r["ranks"])): r for r in read_rows(sync)}
+    for load, rows in syncs:
         ranks = sorted({p for _, p in rows if p > 1})
         shared = [p for p in ranks if p > cores]  # where ranks share cores by their number
         # the synthetic workload's compute: hogwild-sgd's iteration less its wild exchange
@@ -185,7 +227,11 @@ def calibrate(directory: Path) -> Calibration:
             {
                 "ranks": float(p),
                 "seconds": float(rows[("hogwild-sgd", p)]["iteration_s"])
-                - (window_exchange(windows[p]["wild"], p, numel * WIRE_BYTES, locked=False) if p > 1 else 0.0),
+                - (
+                    window_exchange(cal.window_networks(p)["wild"], p, load.params * WIRE_BYTES, locked=False)
+                    if p > 1
+                    else 0.0
+                ),
                 "outside_cores": float(rows[("hogwild-sgd", p)]["outside_cores"] or 0),
             }
             for p in [1, *ranks]
@@ -196,12 +242,13 @@ def calibrate(directory: Path) -> Calibration:
             for p in shared:
                 row = rows[(solver, p)]
                 plain = SharedCores(cores=free_cores(cores, row), contention=synthetic)
-                net, gamma, _ = nets[p]
-                case = Case(load, net, Compute(step_s=one, batch=32, sharing=plain), p, WIRE_BYTES, gamma, windows[p])
+                net, gamma = cal.network(p)
+                compute = Compute(step_s=one, batch=32, sharing=plain)
+                case = Case(load, net, compute, p, WIRE_BYTES, gamma, cal.window_networks(p))
                 left = float(row["iteration_s"]) - iteration(solver, case).total
                 count = 1.0 if solver == "allreduce" else 2.0 * (p - 1)  # blocking exchanges, lock acquisitions
                 into.setdefault(p, []).append((count * plain.extra(p), left))
-        print(f"synthetic workload, {numel} parameters: contention {synthetic:.3f}")
+        print(f"synthetic workload, {load.params} parameters: contention {synthetic:.3f}")
     wait_s = {p: fit_through_origin(points) for p, points in waits.items()}
     lock_s = {p: fit_through_origin(points) for p, points in locks.items()}
     for p in wait_s:
@@ -209,7 +256,38 @@ def calibrate(directory: Path) -> Calibration:
             f"at {p} ranks, per extra rank a core: a blocking exchange {wait_s[p] * 1e3:.2f} ms, "
             f"a lock acquisition {lock_s[p] * 1e3:.2f} ms"
         )
-    return Calibration(nets, windows, cores, contention, wait_s, lock_s)
+    return replace(cal, wait_s=wait_s, lock_s=lock_s)
+
+
+def fit_in_loop(
+    cal: Calibration, syncs: list[tuple[Workload, dict[tuple[str, int], dict[str, str]]]]
+) -> dict[str, float]:
+    """How much dearer a training step pays each exchange than the benchmarks measured it.
+
+    Fitted, per exchange, to the synthetic workload's runs of its solver (:data:`IN_LOOP`)
+    at 2 to as many ranks as cores, where no rank shares a core: what a run took beyond
+    its 1-rank iteration against the benchmarks' price of its exchange (through the
+    origin, over the workload's sizes and those rank counts). Only pairs of runs during
+    which other processes used at most :data:`QUIET_CORES` count; an exchange with none
+    keeps the benchmarks' price.
+    """
+    points: dict[str, list[tuple[float, float]]] = {}
+    for load, rows in syncs:
+        for solver, exchange in IN_LOOP.items():
+            one = rows[(solver, 1)]
+            for p in sorted(q for s, q in rows if s == solver and 1 < q <= cal.cores):
+                row = rows[(solver, p)]
+                if max(float(r["outside_cores"] or 0) for r in (one, row)) > QUIET_CORES:
+                    print(f"in-loop fit: {solver} at 1 and {p} ranks, {load.params} parameters, left out (other load)")
+                    continue
+                net, gamma, _ = cal.nets[p]
+                compute = Compute(step_s=float(one["iteration_s"]), batch=32)
+                it = iteration(solver, Case(load, net, compute, p, WIRE_BYTES, gamma, cal.windows.get(p)))
+                points.setdefault(exchange, []).append((it.total - it.compute, float(row["iteration_s"]) - it.compute))
+    factors = {exchange: fit_through_origin(xy) for exchange, xy in points.items()}
+    for exchange, factor in factors.items():
+        print(f"in a training loop, {exchange} exchanges cost {factor:.2f}x the benchmarks' price")
+    return {exchange: factor for exchange, factor in factors.items() if factor > 0}
 
 
 def sharing_for(cal: Calibration, row: dict[str, str], one: dict[str, str]) -> tuple[SharedCores, float, float]:
@@ -263,7 +341,7 @@ def validate(cal: Calibration, scaling_csvs: list[Path]) -> list[dict[str, objec
         p, key = int(r["ranks"]), (r["series"], r["model"], r["solver"])
         if p == 1 or p not in cal.nets or key not in single or r["solver"] not in MODELS:
             continue
-        net, gamma_adasum, _ = cal.nets[p]
+        net, gamma_adasum = cal.network(p)
         load = loads.setdefault(r["model"], workload(r["model"]))
         sharing, alone, fixed = sharing_for(cal, r, single[key])
         options = model_options(r["solver"], {})
@@ -277,7 +355,7 @@ def validate(cal: Calibration, scaling_csvs: list[Path]) -> list[dict[str, objec
                     p,
                     WIRE_BYTES,
                     gamma_adasum,
-                    cal.windows.get(p),
+                    cal.window_networks(p),
                 ),
                 options,
             )
@@ -517,6 +595,7 @@ def main() -> int:
         json.dumps(
             {
                 "cores": cal.cores,
+                "in_loop": cal.in_loop,
                 "contention": {f"{series} {model}": c for (series, model), c in cal.contention.items()},
                 "wait_s": cal.wait_s,
                 "lock_s": cal.lock_s,
@@ -545,8 +624,12 @@ def main() -> int:
     ]
     lines += [
         "",
-        "| ranks sharing cores | fitted |",
+        "| in a training loop, and ranks sharing cores | fitted |",
         "| --- | --- |",
+        *(
+            f"| {exchange} exchanges | {factor:.2f}x the benchmarks' price |"
+            for exchange, factor in cal.in_loop.items()
+        ),
         *(
             f"| contention, {model} ({series}) | {c:.3f} per extra rank a core |"
             for (series, model), c in cal.contention.items()
