@@ -42,12 +42,15 @@ one only with nonblocking ones). The others see a miss and negotiate with it; a 
 every rank then takes the general path, which the joined rank answers. The flags sum to
 the communicator's size only where every rank has joined.
 
-The waits are watched: the persistent and nonblocking ones (a few tests, then) by the communicator's polled wait, which
-raises :class:`CommTimeout` past the timeout, the blocking one by its watchdog thread
-(:meth:`Communicator.blocking`), which aborts. On a communicator whose waits drive other
-work (:attr:`Communicator.interrupts`, e.g. abs-sgd's node-shared round, set alike on
-every rank) calls take the general path with no check of their own, as before this path
-existed: a rank blocked in MPI would not drive that work for the others.
+The waits are watched: the nonblocking ones, and the persistent one where every rank has a core
+of its own (a few tests, then), by the communicator's polled wait, which raises
+:class:`CommTimeout` past the timeout; the blocking one, and the persistent one where ranks
+share cores (``MPI_Wait``: MPI's own wait gives the core to the ranks it waits for sooner than a
+poll from Python), by its watchdog thread (:meth:`Communicator.blocking`), which aborts. On a
+communicator whose waits drive other work (:attr:`Communicator.interrupts`, e.g. abs-sgd's
+node-shared round, set alike on every rank) calls take the general path with no check of
+their own, as before this path existed: a rank blocked in MPI would not drive that work for
+the others.
 """
 
 from __future__ import annotations
@@ -83,8 +86,7 @@ INLINE, SEPARATE, GENERAL = "inline", "separate", "general"
 #: The flag of a rank in :meth:`.ops.TensorOps.join` (a miss's is the communicator's size + 1, a hit's 0).
 JOINED = 1
 #: Tests of a started message before the polled wait (with its clock reads and interrupt walk) begins,
-#: where every rank of the machine has a core of its own (else one: a spinning rank would keep a core
-#: from the ranks it waits for).
+#: where every rank of the machine has a core of its own (else MPI's blocking wait: :meth:`OneTensor._start`).
 FIRST_TESTS = 32
 
 
@@ -109,7 +111,9 @@ class OneTensor:
         #: Tensors below this many bytes take this path (where node-shared sums apply: their crossover).
         self.max_bytes = sys.maxsize if group is None else group.one_shot_min_bytes
         comm.on_free(lambda: self._agree(None))
-        self._first_tests = FIRST_TESTS if comm.host_size <= comm.cores else 1
+        #: Whether this machine's ranks outnumber its cores: then a hit's message is waited for by MPI's
+        #: own blocking wait (under the watchdog thread), not polled (see :meth:`_start`).
+        self._shared_cores = comm.host_size > comm.cores
 
     def mode(self, tensor: torch.Tensor, op: str) -> str:
         """How this rank's ``tensor`` can go (the ranks agree on it by negotiating)."""
@@ -241,13 +245,19 @@ class OneTensor:
         self._start(hit)
 
     def _start(self, hit: InlineMessage) -> None:
-        """Start the agreed signature's persistent allreduce and wait for it: a few tests first (a small
-        message is often in by then), then the communicator's polled, watchdogged wait."""
+        """Start the agreed signature's persistent allreduce and wait for it: where every rank has a core
+        of its own, a few tests (a small message is often in by then), then the communicator's polled,
+        watchdogged wait; where ranks share cores, MPI's own ``MPI_Wait`` under the watchdog thread,
+        which yields the core to the ranks it waits for sooner than a poll from Python does."""
         if self.comm.has_queued():
             self.comm.flush(SUM)
         request = hit.request
         request.Start()
-        for _ in range(self._first_tests):
+        if self._shared_cores:
+            with self._watchdog.arm(SUM, None):
+                request.Wait()
+            return
+        for _ in range(FIRST_TESTS):
             if request.Test():
                 return
         self.comm.wait_for(request.Test, SUM)
