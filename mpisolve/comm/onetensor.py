@@ -42,16 +42,20 @@ one only with nonblocking ones). The others see a miss and negotiate with it; a 
 every rank then takes the general path, which the joined rank answers. The flags sum to
 the communicator's size only where every rank has joined.
 
-The waits are watched: the persistent and nonblocking ones (a few tests, then) by the communicator's polled wait, which
-raises :class:`CommTimeout` past the timeout, the blocking one by its watchdog thread
-(:meth:`Communicator.blocking`), which aborts. A :class:`CommTimeout` leaves its request started
-(MPI can neither cancel nor free a started collective, and the late ranks may still meet it):
-later calls here (and a join) raise :class:`CommTimeout` naming it, starting nothing, until it
-has completed as a hit on every rank (the ranks in step again: calls go on), e.g. where the
-late ranks met it while this rank moved MPI along. On a communicator whose waits drive other
-work (:attr:`Communicator.interrupts`, e.g. abs-sgd's node-shared round, set alike on
-every rank) calls take the general path with no check of their own, as before this path
-existed: a rank blocked in MPI would not drive that work for the others.
+The waits are watched: the nonblocking ones, and the persistent one where ranks wait by
+polling (the communicator's ``wait_policy`` ``"spin"``: a core each; a few tests, then), by
+the communicator's polled wait, which raises :class:`CommTimeout` past the timeout; the
+blocking one, and the persistent one where ranks yield their cores (``"yield"``, the default
+where ranks share cores: ``MPI_Wait``, as MPI's own wait gives the core to the ranks it waits
+for sooner than a poll from Python), by its watchdog thread (:meth:`Communicator.blocking`),
+which aborts. A :class:`CommTimeout` leaves its request started (MPI can neither cancel nor
+free a started collective, and the late ranks may still meet it): later calls here (and a
+join) raise :class:`CommTimeout` naming it, starting nothing, until it has completed as a hit
+on every rank (the ranks in step again: calls go on), e.g. where the late ranks met it while
+this rank moved MPI along. On a communicator whose waits drive other work
+(:attr:`Communicator.interrupts`, e.g. abs-sgd's node-shared round, set alike on every rank)
+calls take the general path with no check of their own, as before this path existed: a rank
+blocked in MPI would not drive that work for the others.
 """
 
 from __future__ import annotations
@@ -87,8 +91,7 @@ INLINE, SEPARATE, GENERAL = "inline", "separate", "general"
 #: The flag of a rank in :meth:`.ops.TensorOps.join` (a miss's is the communicator's size + 1, a hit's 0).
 JOINED = 1
 #: Tests of a started message before the polled wait (with its clock reads and interrupt walk) begins,
-#: where every rank of the machine has a core of its own (else one: a spinning rank would keep a core
-#: from the ranks it waits for).
+#: where every rank of the machine has a core of its own (else MPI's blocking wait: :meth:`OneTensor._start`).
 FIRST_TESTS = 32
 
 
@@ -116,7 +119,9 @@ class OneTensor:
         #: inline message, set aside: no later call runs here until that call completed as a hit everywhere.
         self.stuck: tuple[str, MPI.Request | None, InlineMessage | None] | None = None
         comm.on_free(lambda: self._agree(None))
-        self._first_tests = FIRST_TESTS if comm.host_size <= comm.cores else 1
+        #: Whether ranks yield their cores while they wait (they share them, or were asked to): then a
+        #: hit's message is waited for by MPI's own blocking wait (under the watchdog thread), not polled.
+        self._blocking_wait = comm.wait_policy == "yield"
 
     def mode(self, tensor: torch.Tensor, op: str) -> str:
         """How this rank's ``tensor`` can go (the ranks agree on it by negotiating)."""
@@ -289,13 +294,19 @@ class OneTensor:
         self._start(hit)
 
     def _start(self, hit: InlineMessage) -> None:
-        """Start the agreed signature's persistent allreduce and wait for it: a few tests first (a small
-        message is often in by then), then the communicator's polled, watchdogged wait."""
+        """Start the agreed signature's persistent allreduce and wait for it: where every rank has a core
+        of its own, a few tests (a small message is often in by then), then the communicator's polled,
+        watchdogged wait; where ranks share cores, MPI's own ``MPI_Wait`` under the watchdog thread,
+        which yields the core to the ranks it waits for sooner than a poll from Python does."""
         if self.comm.has_queued():
             self.comm.flush(SUM)
         request = hit.request
         request.Start()
-        for _ in range(self._first_tests):
+        if self._blocking_wait:
+            with self._watchdog.arm(SUM, None):
+                request.Wait()
+            return
+        for _ in range(FIRST_TESTS):
             if request.Test():
                 return
         self._wait(request, SUM)

@@ -93,7 +93,9 @@ def test_a_timed_out_one_tensor_call_refuses_later_calls_clearly_until_it_comple
     script = tmp_path / "job.py"
     script.write_text(JOB)
     mpiexec = Path(sys.executable).parent / "mpiexec"
-    env = dict(os.environ, MPIEXEC_TIMEOUT="150", MPISOLVE_TIMEOUT="60")
+    # polled waits, which raise CommTimeout: where ranks yield their cores, one tensor's wait is
+    # MPI_Wait under the watchdog, which aborts the job instead
+    env = dict(os.environ, MPIEXEC_TIMEOUT="150", MPISOLVE_TIMEOUT="60", MPISOLVE_WAIT="spin")
     job = subprocess.run(
         [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpi4py", str(script), case],
         env=env,
