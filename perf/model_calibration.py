@@ -19,7 +19,7 @@ one of the scaling study's (perf/scaling.py), which the model is checked against
    (perf/synthetic_load.py: about ``--loop-ms`` of matrix products a step and 64 Ki or
    1 Mi parameters) with one solver per kind of exchange: ``allreduce`` (a lockstep
    collective), ``async-sgd`` (a locked window), ``hogwild-sgd`` (a wild one), at 1, 2,
-   4 and 8 ranks -> ``sync_<numel>/scaling.csv``.
+   4 and 8 ranks -> ``sync_<numel>/scaling.csv`` (``sync_<numel>-<K>/`` for ``--repeat K``).
 
 With ``PERF_LOCK`` set (a file), each run or group of runs holds ``flock PERF_LOCK``::
 
@@ -145,7 +145,7 @@ def measure_sync(args: argparse.Namespace) -> None:
     for numel in SYNC_NUMELS:
         os.environ.update(MPISOLVE_SYNTH_NUMEL=str(numel), MPISOLVE_SYNTH_LOOPS=str(loops))
         piece = argparse.Namespace(
-            out=args.out / f"sync_{numel}",
+            out=args.out / (f"sync_{numel}" if args.repeat == 1 else f"sync_{numel}-{args.repeat}"),
             batches=40,
             batch=32,
             solvers=SYNC_SOLVERS,
@@ -169,7 +169,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stages", default="comm,compute,sync", help="some of %(default)s (default: all)")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8], help="rank counts (default 1 2 4 8)")
-    parser.add_argument("--repeat", type=int, default=1, help="the compute stage's repeat number (default 1)")
+    parser.add_argument("--repeat", type=int, default=1, help="the compute and sync stages' repeat number (default 1)")
     parser.add_argument("--loop-ms", type=float, default=4.0, help="the synthetic workload's ms of products a step")
     parser.add_argument("--out", type=Path, default=OUT, help=f"output directory (default {OUT})")
     args = parser.parse_args()

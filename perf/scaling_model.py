@@ -12,8 +12,8 @@ Write-up, figures and provenance: docs/studies/performance-model.md.
      ``bench windows`` rows (``windows_n<P>.csv``, shared path, sharded layout);
    - how much dearer a training step pays each exchange (allreduce, locked and wild
      windows) than those benchmarks' hot loops: a factor fitted to what the synthetic
-     workload's runs (``sync_<numel>/scaling.csv``: ``allreduce``, ``async-sgd``,
-     ``hogwild-sgd``) took beyond their 1-rank iteration at 2 to as many ranks as cores
+     workload's runs (``sync_<numel>/scaling.csv`` and its repeats ``sync_<numel>-<K>/``:
+     ``allreduce``, ``async-sgd``, ``hogwild-sgd``) took beyond their 1-rank iteration at 2 to as many ranks as cores
      (no core shared), against the benchmarks' price; every exchange below is priced so;
    - each study workload's compute contention (:mod:`mpisolve.perfmodel.sharing`) fitted
      to P one-rank trainings at once (``compute.csv`` and its repeats, ``compute-<K>.csv``,
@@ -222,6 +222,8 @@ def calibrate(directory: Path) -> Calibration:
     for load, rows in syncs:
         ranks = sorted({p for _, p in rows if p > 1})
         shared = [p for p in ranks if p > cores]  # where ranks share cores by their number
+        if not shared:  # a repeat at no more ranks than cores: the in-loop fit's alone
+            continue
         # the synthetic workload's compute: hogwild-sgd's iteration less its wild exchange
         hogwild = [
             {
