@@ -128,19 +128,8 @@ def _sum_rows_by_dtype(slots: Any, start: Any, stop: Any, out: Any, scale: Any, 
 
 
 @njit(nogil=True, cache=CACHE)
-def _round(
-    counters: np.ndarray,
-    rows: np.ndarray,
-    start: int,
-    stop: int,
-    out: np.ndarray,
-    scale: float,
-    brain: bool,
-    tally_rows: np.ndarray,
-    tally_out: np.ndarray,
-    seq: int,
-    polls: int,
-) -> bool:
+def _round(sums: tuple[Any, ...], seq: int, polls: int) -> bool:
+    counters, rows, start, stop, out, scale, brain, tally_rows, tally_out = sums  # SlotRound.arguments()
     if not reached_within(counters, seq, polls):
         return False
     _sum_rows(rows, start, stop, out, scale, brain)
@@ -155,23 +144,15 @@ def _arrive(
     tally: np.ndarray,
     tally_slot: np.ndarray,
     index: int,
-    counters: np.ndarray,
-    rows: np.ndarray,
-    start: int,
-    stop: int,
-    out: np.ndarray,
-    scale: float,
-    brain: bool,
-    tally_rows: np.ndarray,
-    tally_out: np.ndarray,
+    sums: tuple[Any, ...],
     seq: int,
 ) -> bool:
     for j in range(source.shape[0]):
         slot[j] = source[j]
     for j in range(tally.shape[0]):
         tally_slot[j] = tally[j]
-    publish(counters, index, seq)
-    return _round(counters, rows, start, stop, out, scale, brain, tally_rows, tally_out, seq, 0)
+    publish(sums[0], index, seq)
+    return _round(sums, seq, 0)
 
 
 def host_rows(slots: torch.Tensor) -> np.ndarray:
@@ -235,7 +216,7 @@ class SlotRound:
             raise TypeError(f"a tally is float64 rows of at least {tally_out.shape[0]} elements into float64")
 
     def arguments(self) -> tuple[Any, ...]:
-        """The round's arguments as the compiled calls take them."""
+        """The round's arguments as the compiled calls take them: one tuple, counters first."""
         return (
             self.counters,
             self.rows,
@@ -253,7 +234,7 @@ def round_sum(sums: SlotRound) -> Callable[[int, int], bool]:
     """A call ``(seq, polls) -> bool``: if every counter has reached ``seq`` (checked up to
     ``polls`` more times: :func:`mpisolve.kernels.counters.reached_within`), the round's sums,
     and True; else False, having done nothing. One compiled call for a round's wait and sums."""
-    return bind(_round, *sums.arguments(), per_call=(types.int64, types.int64))
+    return bind(_round, sums.arguments(), per_call=(types.int64, types.int64))
 
 
 def arrival(
@@ -267,4 +248,4 @@ def arrival(
         raise ValueError(f"cannot copy {source.dtype}{source.shape} into {slot.dtype}{slot.shape}")
     if tally.shape != tally_slot.shape or tally.dtype != tally_slot.dtype:
         raise ValueError(f"cannot copy a tally of {tally.dtype}{tally.shape} into {tally_slot.dtype}{tally_slot.shape}")
-    return bind(_arrive, source, slot, tally, tally_slot, int(index), *sums.arguments(), per_call=(types.int64,))
+    return bind(_arrive, source, slot, tally, tally_slot, int(index), sums.arguments(), per_call=(types.int64,))

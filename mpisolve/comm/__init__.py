@@ -5,12 +5,13 @@ communicators users pass in.
 """
 
 from ..errors import CommTimeout, ModelMismatchError, PeerClosed, TensorMismatchError, UnevenSteps
-from .communicator import Communicator, as_communicator, init, mpi_buffer
+from .communicator import Communicator, CommunicatorOptions, as_communicator, init, mpi_buffer
 from .ops import allgather, allreduce, alltoall, broadcast, process_set, reducescatter
 
 __all__ = [
     "CommTimeout",
     "Communicator",
+    "CommunicatorOptions",
     "ModelMismatchError",
     "PeerClosed",
     "TensorMismatchError",

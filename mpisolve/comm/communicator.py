@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast, overload
 
 import torch
 from mpi4py import MPI
@@ -31,6 +31,9 @@ from mpi4py import MPI
 from ..errors import CollectiveInputError, CommTimeout, InputError
 from .device import Stager, detect_cuda_aware, detect_stage_all, host_twin, local_device
 from .engine import TorchGroup, rank_facts, resolve_engine
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 T = TypeVar("T")
 
@@ -122,6 +125,17 @@ class Posting:
     def ready(self) -> bool:
         """Whether every stager's data is ready to be posted."""
         return all(stager.ready() for stager in self.stagers)
+
+
+class CommunicatorOptions(TypedDict, total=False):
+    """The policies :func:`init` passes on to :class:`Communicator`, which says what each means."""
+
+    timeout_s: float | None
+    wait: str | None
+    cuda_aware: bool | None
+    stage_all: bool | None
+    node_shm: bool | None
+    engine: str | None
 
 
 class Communicator:
@@ -741,38 +755,23 @@ def _abort_on_uncaught(exc_type: type[BaseException], exc: BaseException, tb: Tr
         MPI.COMM_WORLD.Abort(1)
 
 
-def init(
-    *,
-    timeout_s: float | None = None,
-    wait: str | None = None,
-    threads: int | None = None,
-    cuda_aware: bool | None = None,
-    stage_all: bool | None = None,
-    node_shm: bool | None = None,
-    engine: str | None = None,
-) -> Communicator:
+def init(*, threads: int | None = None, **options: Unpack[CommunicatorOptions]) -> Communicator:
     """Initialise mpisolve on ``MPI.COMM_WORLD`` and return the world communicator.
+
+    ``options`` are :class:`Communicator`'s keywords, with their meanings and defaults there:
+    ``timeout_s``, ``wait``, ``cuda_aware``, ``stage_all``, ``node_shm``, ``engine``.
 
     Also makes an uncaught exception on any rank abort the whole job (as
     ``python -m mpi4py`` does), gives each rank its share of the node's cores for
     torch's intra-op threads unless ``OMP_NUM_THREADS`` or ``threads`` says otherwise
     (the first communicator made does that, however it is made: :func:`choose_threads`),
     and, where CUDA is available, makes ``comm.device`` (GPU ``local_rank % count``)
-    torch's current device. ``node_shm=False`` keeps every sum on MPI's own path;
-    ``engine`` chooses who runs the reusable collectives (see :class:`Communicator`).
-    Calling it again returns the same communicator.
+    torch's current device. Calling it again returns the same communicator.
     """
     global _WORLD
     with _INIT_LOCK:
         if _WORLD is None:
-            _WORLD = Communicator(
-                timeout_s=timeout_s,
-                wait=wait,
-                cuda_aware=cuda_aware,
-                stage_all=stage_all,
-                node_shm=node_shm,
-                engine=engine,
-            )
+            _WORLD = Communicator(**options)
             if _WORLD.device.type == "cuda":
                 torch.cuda.set_device(_WORLD.device)
             if sys.excepthook is sys.__excepthook__:

@@ -139,11 +139,11 @@ class SharedVector:
         device: torch.device | None = None,
     ) -> None:
         require_choice("layout", layout, Layout)
+        check_progress(progress)
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"a shared vector holds float32 or float64, got {dtype}")
         if numel < 1 or chunk_bytes < 1:
             raise ValueError(f"numel and chunk_bytes must be >= 1, got {numel} and {chunk_bytes}")
-        check_progress(progress)
         self.comm = comm
         self.numel = numel
         self.dtype = dtype

@@ -73,13 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="resnet50", help=f"workload: {', '.join(WORKLOADS)} (default %(default)s)")
     parser.add_argument("--batch", type=int, default=128, help="samples per GPU per iteration (default %(default)s)")
     speed = parser.add_mutually_exclusive_group()
-    speed.add_argument(
-        "--throughput",
-        type=float,
-        metavar="S/s",
-        help="one GPU's training samples/s on this model (default: --gpu's figure for it)",
+    _override(
+        speed, "--throughput", "S/s", "one GPU's training samples/s on this model (default: --gpu's figure for it)"
     )
-    speed.add_argument("--step-time", type=float, metavar="SECONDS", help="one GPU's iteration time instead")
+    _override(speed, "--step-time", "SECONDS", "one GPU's iteration time instead")
     parser.add_argument(
         "--gpu",
         default="h100",
@@ -92,14 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gpus-per-node", type=int, default=1, help="GPUs sharing a node and its network link (default 1)"
     )
-    parser.add_argument(
-        "--intra-bandwidth",
-        type=float,
-        metavar="GBYTE_S",
-        help="GB/s between the GPUs of a node (NVLink, PCIe; default: the network's)",
+    _override(
+        parser, "--intra-bandwidth", "GBYTE_S", "GB/s between the GPUs of a node (NVLink, PCIe; default: the network's)"
     )
-    parser.add_argument("--bandwidth", type=float, metavar="GBIT_S", help="link speed, overriding the preset's")
-    parser.add_argument("--latency-us", type=float, help="per-message latency, overriding the preset's")
+    _override(parser, "--bandwidth", "GBIT_S", "link speed, overriding the preset's")
+    _override(parser, "--latency-us", "LATENCY_US", "per-message latency, overriding the preset's")
     parser.add_argument(
         "--calibration", nargs="+", metavar="CSV", help="fit alpha and beta to these bench sweep CSVs instead"
     )
@@ -125,9 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gamma", type=float, default=GPU_GAMMA, help="reduction seconds per byte (default %(default)g)"
     )
-    parser.add_argument(
-        "--gamma-adasum", type=float, help="Adasum's seconds per byte (default: fitted, else 3 x gamma)"
-    )
+    _override(parser, "--gamma-adasum", "GAMMA_ADASUM", "Adasum's seconds per byte (default: fitted, else 3 x gamma)")
     parser.add_argument("--gemm-tflops", type=float, default=50.0, help="K-FAC factor products (default %(default)g)")
     parser.add_argument("--inverse-tflops", type=float, default=2.0, help="K-FAC inversions (default %(default)g)")
     parser.add_argument("--wire-dtype", default="float32", choices=tuple(WIRE_BYTES), help="gradient dtype on the wire")
@@ -154,6 +146,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     parser.add_argument("--csv", type=Path, help="also write the rows as CSV")
+
+
+def _override(parser: argparse._ActionsContainer, flag: str, metavar: str, help: str) -> None:
+    """Add ``flag``: a float that, when given, replaces what a preset, a fit or a default would say."""
+    parser.add_argument(flag, type=float, metavar=metavar, help=help)
 
 
 def _positive_list(text: str, what: str) -> list[int]:

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, cast
 
 import torch
 from torch.amp import GradScaler
@@ -595,55 +595,27 @@ class _ElasticExchange(_Windowed[WindowT]):
         elastic_exchange_(self.local[start:stop], center, self.alpha)
 
 
-@register
-class AsyncSGDSolver(_SharedParameters[AsyncSGDOptions]):
-    """Asynchronous SGD on shared parameters, each push-and-pull atomic per shard."""
+def _window_solver(
+    class_name: str, name: str, exchange: type[_Windowed[Any]], options: type[WindowOptions], *, locked: bool
+) -> type[_Windowed[Any]]:
+    """Register the window solver ``name``: ``exchange`` with ``options``, its exchanges locked per shard or wild.
 
-    name = "async-sgd"
-    Options = AsyncSGDOptions
-    locked = True
-
-
-@register
-class AsyncMSGDSolver(_SharedParameters[AsyncMSGDOptions]):
-    """Asynchronous momentum SGD: async-sgd with Nesterov momentum on the local steps."""
-
-    name = "async-msgd"
-    Options = AsyncMSGDOptions
-    locked = True
+    The window solvers differ only in these, so each is a class made here, with its own
+    registered name, options and checkpoints.
+    """
+    steps = " Nesterov momentum on the local steps." if issubclass(options, MomentumOptions) else ""
+    locking = "Each exchange holds its shard's lock." if locked else "No lock at all (Hogwild)."
+    doc = f"``{name}``: {exchange.__doc__} {locking}{steps}"
+    attributes = {"__module__": __name__, "__doc__": doc, "name": name, "Options": options, "locked": locked}
+    cls = type(class_name, (exchange,), attributes)
+    return cast("type[_Windowed[Any]]", register(cls))
 
 
-@register
-class HogwildSGDSolver(_SharedParameters[AsyncSGDOptions]):
-    """Hogwild SGD: async-sgd without any lock."""
-
-    name = "hogwild-sgd"
-    Options = AsyncSGDOptions
-    locked = False
-
-
-@register
-class AsyncEASGDSolver(_ElasticExchange[AsyncEASGDOptions]):
-    """Asynchronous EASGD, each exchange atomic per shard of the center."""
-
-    name = "async-easgd"
-    Options = AsyncEASGDOptions
-    locked = True
-
-
-@register
-class AsyncMEASGDSolver(_ElasticExchange[AsyncMEASGDOptions]):
-    """Asynchronous EAMSGD: async-easgd with Nesterov momentum on the local steps."""
-
-    name = "async-measgd"
-    Options = AsyncMEASGDOptions
-    locked = True
-
-
-@register
-class EAWildSolver(_ElasticExchange[AsyncEASGDOptions]):
-    """EA-wild (Hogwild EASGD): workers update the center concurrently, without locks."""
-
-    name = "ea-wild"
-    Options = AsyncEASGDOptions
-    locked = False
+AsyncSGDSolver = _window_solver("AsyncSGDSolver", "async-sgd", _SharedParameters, AsyncSGDOptions, locked=True)
+AsyncMSGDSolver = _window_solver("AsyncMSGDSolver", "async-msgd", _SharedParameters, AsyncMSGDOptions, locked=True)
+HogwildSGDSolver = _window_solver("HogwildSGDSolver", "hogwild-sgd", _SharedParameters, AsyncSGDOptions, locked=False)
+AsyncEASGDSolver = _window_solver("AsyncEASGDSolver", "async-easgd", _ElasticExchange, AsyncEASGDOptions, locked=True)
+AsyncMEASGDSolver = _window_solver(
+    "AsyncMEASGDSolver", "async-measgd", _ElasticExchange, AsyncMEASGDOptions, locked=True
+)
+EAWildSolver = _window_solver("EAWildSolver", "ea-wild", _ElasticExchange, AsyncEASGDOptions, locked=False)
