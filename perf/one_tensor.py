@@ -35,12 +35,30 @@ def block_seconds(fn: Callable[[], object], calls: int, comm: MPI.Intracomm) -> 
     return float(comm.allreduce((time.perf_counter() - start) / calls, op=MPI.MAX))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def alternating_medians(
+    variants: dict[str, Callable[[], object]], calls: int, blocks: int, comm: MPI.Intracomm
+) -> dict[str, float]:
+    """Each variant's median seconds a call over ``blocks`` alternating blocks, after one warm-up block each."""
+    for fn in variants.values():
+        block_seconds(fn, calls, comm)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(blocks):
+        for name, fn in variants.items():
+            times[name].append(block_seconds(fn, calls, comm))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def parse_arguments(description: str | None, *, blocks: int) -> argparse.Namespace:
+    """The sizes, calls per block and alternating blocks of a one-tensor timing script."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--bytes", type=int, nargs="+", default=[4096])
     parser.add_argument("--calls", type=int, default=200, help="calls per block")
-    parser.add_argument("--blocks", type=int, default=30, help="alternating blocks of each variant")
-    args = parser.parse_args()
+    parser.add_argument("--blocks", type=int, default=blocks, help="alternating blocks of each variant")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_arguments(__doc__, blocks=30)
     world = MPI.COMM_WORLD
     comm = mpisolve.init()
     for nbytes in args.bytes:
@@ -52,13 +70,7 @@ def main() -> None:
             "mpi": lambda send=send, recv=recv: world.Allreduce(send, recv),
             "mpisolve": lambda tensor=tensor: mpisolve.allreduce(tensor, op="sum", comm=comm),
         }
-        for fn in variants.values():
-            block_seconds(fn, args.calls, world)  # warm-up
-        times: dict[str, list[float]] = {name: [] for name in variants}
-        for _ in range(args.blocks):
-            for name, fn in variants.items():
-                times[name].append(block_seconds(fn, args.calls, world))
-        medians = {name: statistics.median(t) for name, t in times.items()}
+        medians = alternating_medians(variants, args.calls, args.blocks, world)
         if world.rank == 0:
             line = {
                 "ranks": world.size,

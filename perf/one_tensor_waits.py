@@ -17,25 +17,15 @@ Why :mod:`mpisolve.comm.onetensor` waits with ``MPI_Wait`` where ranks share cor
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
-import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
 from mpi4py import MPI
+from one_tensor import alternating_medians, parse_arguments
 
 import mpisolve
-
-
-def block_seconds(fn: Callable[[], object], calls: int, comm: MPI.Intracomm) -> float:
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return float(comm.allreduce((time.perf_counter() - start) / calls, op=MPI.MAX))
 
 
 def variants(nbytes: int, world: MPI.Intracomm, comm: mpisolve.Communicator) -> dict[str, Callable[[], object]]:
@@ -81,22 +71,12 @@ def variants(nbytes: int, world: MPI.Intracomm, comm: mpisolve.Communicator) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--bytes", type=int, nargs="+", default=[4096])
-    parser.add_argument("--calls", type=int, default=200, help="calls per block")
-    parser.add_argument("--blocks", type=int, default=10, help="alternating blocks of each variant")
-    args = parser.parse_args()
+    args = parse_arguments(__doc__, blocks=10)
     world = MPI.COMM_WORLD
     comm = mpisolve.init()
     for nbytes in args.bytes:
-        fns = variants(nbytes, world, comm)
-        for fn in fns.values():
-            block_seconds(fn, args.calls, world)  # warm-up
-        times: dict[str, list[float]] = {name: [] for name in fns}
-        for _ in range(args.blocks):
-            for name, fn in fns.items():
-                times[name].append(block_seconds(fn, args.calls, world))
-        medians = {name: statistics.median(t) * 1e6 for name, t in times.items()}
+        seconds = alternating_medians(variants(nbytes, world, comm), args.calls, args.blocks, world)
+        medians = {name: s * 1e6 for name, s in seconds.items()}
         if world.rank == 0:
             shown = " ".join(f"{k}={v:.1f}us({v / medians['mpi']:.2f}x)" for k, v in medians.items())
             print(f"ranks={world.size} bytes={nbytes} {shown} load={os.getloadavg()[0]:.1f}", flush=True)
