@@ -90,7 +90,7 @@ def test_overlap_hides_exchanges_behind_backward(tmp_path):
         (["--intra-bandwidth", "-1"], "--intra-bandwidth must be > 0 GB/s, got -1.0"),
         (["--baseline", "0"], "--baseline must be >= 1 GPU, got 0"),
         (["--model", "vgg16"], "(--gpu h100 has figures for resnet18, resnet50)"),
-        (["--solver", "allreduce", "--set", "fusion=some"], "must be one of 'buckets', 'ready', got 'some'"),
+        (["--solver", "allreduce", "--set", "fusion=some"], "must be one of 'buckets', 'ready', 'cycle', got 'some'"),
         (["--window-calibration", "/nonexistent.csv"], "cannot read bench windows CSV /nonexistent.csv"),
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],
