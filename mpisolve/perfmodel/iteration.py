@@ -105,14 +105,15 @@ class GradientOptions(BucketOptions):
     fusion: Literal["buckets", "ready", "cycle"] = "buckets"
     cycle_ms: float = option(
         5.0,
-        "fusion=cycle: the background loop's sleep before each tick, ms (Horovod 0.9-0.13: a fixed 5 ms sleep; "
+        "fusion=cycle: the background loop's sleep before each tick, ms (Horovod 0.9-0.13.3: a fixed 5 ms sleep; "
         "HOROVOD_CYCLE_TIME from 0.13.4, default 5)",
         at_least=0,
     )
     negotiation: bool = option(
         True,
         "fusion=cycle: each tick rank 0 receives every rank's ready list and DONE and sends each fused response "
-        "and its DONE to every rank, one point-to-point message each at the network's alpha (Horovod before 0.15)",
+        "and its DONE to every rank, one point-to-point message each at the network's alpha "
+        "(Horovod 0.9-0.13.2; MPI_Gather from 0.13.3)",
     )
 
 
@@ -246,7 +247,7 @@ def _ready(case: Case) -> tuple[float, list[tuple[float, float]]]:
 
 
 def cycle_timeline(case: Case, options: GradientOptions, each: Callable[[float], float]) -> tuple[float, float]:
-    """:func:`backward_timeline` for Horovod's background loop (horovod/common/operations.cc, 0.9-0.13).
+    """:func:`backward_timeline` for Horovod's background loop (horovod/common/operations.cc, 0.9-0.13.2).
 
     The loop runs apart from backward, tick after tick: it sleeps ``cycle_ms``, then takes
     the gradients ready by then. With ``negotiation``, every other rank sends rank 0 its
