@@ -17,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from .communicator import MPI_TYPES, Communicator
+from .communicator import MPI_TYPES, Communicator, PersistentCollective
 from .engine import InFlight, Reusable
 from .flat import FusedBuffer, RidingTally, Tally
 from .readback import Readback, write_finite_probe
@@ -154,7 +154,13 @@ class BucketReducer(Protocol):
 
 
 class SumReducer:
-    """Sums each bucket with a persistent nonblocking allreduce."""
+    """Sums each bucket with a persistent nonblocking allreduce.
+
+    Completed by the communicator's polled wait, or where its ranks yield their cores and its
+    waits run no interrupts (:meth:`.Communicator.waits_in_mpi`: the solvers' close notices,
+    abs-sgd's round), in ``MPI_Wait`` under the watchdog thread, which aborts the job past the
+    timeout where the polled wait raises :class:`~mpisolve.errors.CommTimeout`.
+    """
 
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm
@@ -171,7 +177,12 @@ class SumReducer:
         self._inflight.progress()
 
     def finish(self, bucket: Bucket) -> None:
-        self.requests[bucket.index].wait(f"gradient allreduce of bucket {bucket.index}")
+        request = self.requests[bucket.index]
+        what = f"gradient allreduce of bucket {bucket.index}"
+        if isinstance(request, PersistentCollective):
+            request.wait(what, in_mpi=True)
+        else:  # the torch.distributed engine's
+            request.wait(what)
         if bucket.index == len(self.requests) - 1:  # buckets finish in order: the step's last
             self._inflight.clear()
 

@@ -275,6 +275,26 @@ class Communicator:
             comm = comm._parent
         return False
 
+    def waits_in_mpi(self) -> bool:
+        """Whether a wait here may block in MPI's own wait (:meth:`wait_in_mpi`) rather than poll.
+
+        So it may where ranks yield their cores (they share them: MPI's wait hands the core to the
+        ranks it waits for sooner than a poll from Python) and no wait here runs :attr:`interrupts`,
+        which a rank blocked in MPI would not run.
+        """
+        return self.wait_policy == "yield" and not self.has_interrupts()
+
+    def wait_in_mpi(self, posting: Posting, what: str) -> None:
+        """Complete ``posting``'s operation in ``MPI_Wait`` under the watchdog thread (:meth:`blocking`).
+
+        The watchdog aborts the job past the timeout. An operation still queued is posted first
+        (a polled wait).
+        """
+        if not posting.posted:
+            self.flush(what)
+        with self.blocking(what):
+            posting.request.Wait()
+
     def blocking(self, what: str, target: int | None = None) -> BlockingCall:
         """A context for one call MPI offers only as blocking (``with comm.blocking("MPI_Win_lock", 2): ...``).
 
@@ -677,11 +697,19 @@ class PersistentCollective:
         """Whether the collective has completed (call :meth:`wait` to bring a staged result back)."""
         return self.comm.test(self.posting)
 
-    def wait(self, what: str | None = None) -> None:
-        """Complete the collective; the tensor holds the result (for a staged one, on its stream)."""
+    def wait(self, what: str | None = None, *, in_mpi: bool = False) -> None:
+        """Complete the collective; the tensor holds the result (for a staged one, on its stream).
+
+        ``in_mpi``: where the communicator allows it (:meth:`Communicator.waits_in_mpi`), wait in
+        ``MPI_Wait`` under the watchdog thread (a timeout aborts the job) rather than poll (a timeout
+        raises :class:`CommTimeout`).
+        """
         if self.alone:
             return
-        self.comm.wait_posted([self.posting], what or self.kind)
+        if in_mpi and self.comm.waits_in_mpi():
+            self.comm.wait_in_mpi(self.posting, what or self.kind)
+        else:
+            self.comm.wait_posted([self.posting], what or self.kind)
         self.stager.from_mpi()
 
     def free(self) -> None:

@@ -9,6 +9,13 @@ every rank, with nothing left hanging: the next call works. Also run on the emul
 cluster (``make test-cluster``), where the layout's own crossover applies.
 """
 
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -165,6 +172,79 @@ def test_a_communicator_whose_waits_drive_other_work_keeps_the_general_path(monk
     np.testing.assert_array_equal(mpisolve.allreduce(tensor, op="sum", comm=comm).numpy(), total)
     assert onetensor.one_tensor(comm).agreed == ((torch.float32, (BELOW,), "sum", 1.0, 1.0), onetensor.INLINE, BELOW)
     comm.free()
+
+
+def watchdog_threads() -> int:
+    return sum(t.name == "mpisolve-watchdog" for t in threading.enumerate())
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@SIZES
+@pytest.mark.parametrize("wait", ["yield", "spin"])
+def test_gradient_buckets_wait_in_mpi_only_where_ranks_yield_and_no_wait_runs_interrupts(wait):
+    """Where ranks yield their cores, MPI's path waits in ``MPI_Wait`` under the watchdog thread (the
+    fresh communicator's first blocking call starts it), except while waits run interrupts (a
+    solver's close notices), which then run between the polls; the sums equal numpy's throughout."""
+    comm = Communicator(MPI.COMM_WORLD.Dup(), wait=wait, node_shm=False)
+    grad, total = inputs(comm, BELOW)
+    param = torch.nn.Parameter(torch.zeros(BELOW))
+    grads = GradientBuckets([param], comm, bucket_bytes=10**6, average=False)
+    polls: list[int] = []
+    comm.interrupts.append(lambda: polls.append(1))
+    before = watchdog_threads()
+
+    def step() -> None:
+        grads.rearm()
+        assert param.grad is not None
+        param.grad.copy_(grad)
+        if comm.rank == 0:
+            time.sleep(0.2)  # late: the others wait for it
+        grads.finish()
+        np.testing.assert_array_equal(param.grad.numpy(), total)
+
+    step()
+    assert watchdog_threads() == before  # polled: the interrupts ran instead
+    assert comm.comm.allreduce(len(polls)) > 0
+    comm.interrupts.clear()
+    step()
+    assert watchdog_threads() == before + (wait == "yield")
+    assert comm.waits_in_mpi() == (wait == "yield")
+    grads.close()
+    comm.free()
+
+
+STALL_IN_BUCKET = """
+import sys, time
+import torch
+from mpi4py import MPI
+from mpisolve.comm.buckets import GradientBuckets
+from mpisolve.comm.communicator import Communicator
+
+comm = Communicator(timeout_s=2, wait="yield", node_shm=False)
+param = torch.nn.Parameter(torch.zeros(1000))
+grads = GradientBuckets([param], comm, bucket_bytes=10**6)
+comm.barrier()
+if comm.rank == 1:
+    time.sleep(120)  # never reaches the step's allreduce
+print(f"waiting at {time.time()}", file=sys.stderr, flush=True)
+grads.finish()
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_stalled_outside_a_gradient_bucket_waited_in_mpi_ends_the_job():
+    """The blocking wait is watched: past the timeout the watchdog names the bucket and aborts the job."""
+    bin_dir = Path(sys.executable).parent
+    cmd = [str(bin_dir / "mpiexec"), "-n", "2", sys.executable, "-m", "mpi4py", "-c", STALL_IN_BUCKET]
+    env = dict(os.environ, MPIEXEC_TIMEOUT="90")
+    job = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    ended = time.time()
+    assert job.returncode != 0, job.stderr
+    said = "CommTimeout: mpisolve: gradient allreduce of bucket 0 did not complete within 2 s on rank 0 of 2"
+    assert said in job.stderr, job.stderr
+    waiting_at = float(next(line for line in job.stderr.splitlines() if line.startswith("waiting at")).split()[-1])
+    assert ended - waiting_at < 30  # the issue's bound for a failing rank
 
 
 def test_a_crossover_that_is_not_a_byte_count_is_refused(monkeypatch):

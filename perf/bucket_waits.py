@@ -1,0 +1,92 @@
+"""Where a small gradient-bucket round goes: its wait against the step's bookkeeping.
+
+Run under MPI (``mpiexec -n 4 python perf/bucket_waits.py --bytes 4096 65536``, or on the
+emulated cluster of tests/cluster). One bucket of ``--bytes`` float32 gradients, as
+``bench sweep``'s ``bucketed``; blocks of ``--calls`` back-to-back calls of each variant
+alternate for ``--blocks`` blocks, each started by a barrier, a block's time per call the
+slowest rank's (perf/one_tensor.py). Rank 0 prints one line per size: each variant's
+median per-call time over the blocks and its ratio to ``mpi``.
+
+- ``mpi``: MPICH's ``Allreduce`` on numpy buffers kept across calls.
+- ``bucketed``: ``GradientBuckets.rearm()`` then ``finish()``, the solvers' round.
+- ``bucketed_probe``: the same with ``finish(check_finite=True)`` (the finite probe).
+- ``start_wait``: the bucket's persistent allreduce alone, started and completed by the
+  reducer's own wait (the communicator's polled one, or ``MPI_Wait`` where it blocks).
+- ``start_polled``: the same request completed by the communicator's polled wait.
+- ``start_mpi_wait``: the same request completed by ``MPI_Wait`` under the watchdog thread.
+- ``rearm``: ``rearm()`` alone (it runs after a finished round).
+
+The bookkeeping is ``bucketed`` less ``start_wait``: the rearm, the tally, the wire copies, the
+read-back of the tally in ``GradientBuckets.finish``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from mpi4py import MPI
+from one_tensor import alternating_medians, parse_arguments
+
+import mpisolve
+from mpisolve.comm.buckets import GradientBuckets, SumReducer
+
+
+def variants(nbytes: int, world: MPI.Intracomm, comm: mpisolve.Communicator) -> dict[str, Callable[[], object]]:
+    """The rounds compared, on ``nbytes`` of float32."""
+    numel = nbytes // 4
+    send, recv = np.ones(numel, dtype=np.float32), np.empty(numel, dtype=np.float32)
+    param = torch.nn.Parameter(torch.zeros(numel))
+    grads = GradientBuckets([param], comm, bucket_bytes=nbytes, average=True)
+    assert isinstance(grads.reducer, SumReducer), "this probe times MPI's path (below the node crossover)"
+    reducer = grads.reducer
+    request = reducer.requests[0]
+
+    def bucketed() -> None:
+        grads.rearm()
+        grads.finish()
+
+    def bucketed_probe() -> None:
+        grads.rearm()
+        grads.finish(check_finite=True)
+
+    def start_wait() -> None:
+        reducer.start(grads.buckets[0])
+        reducer.finish(grads.buckets[0])
+
+    def start_polled() -> None:
+        request.start()
+        request.wait("probe")
+
+    def start_mpi_wait() -> None:
+        request.start()
+        with comm.blocking("probe"):
+            request.posting.request.Wait()
+
+    return {
+        "mpi": lambda: world.Allreduce(send, recv),
+        "bucketed": bucketed,
+        "bucketed_probe": bucketed_probe,
+        "start_wait": start_wait,
+        "start_polled": start_polled,
+        "start_mpi_wait": start_mpi_wait,
+        "rearm": grads.rearm,
+    }
+
+
+def main() -> None:
+    args = parse_arguments(__doc__, blocks=10)
+    world = MPI.COMM_WORLD
+    comm = mpisolve.init()
+    for nbytes in args.bytes:
+        seconds = alternating_medians(variants(nbytes, world, comm), args.calls, args.blocks, world)
+        medians = {name: s * 1e6 for name, s in seconds.items()}
+        if world.rank == 0:
+            shown = " ".join(f"{k}={v:.1f}us({v / medians['mpi']:.2f}x)" for k, v in medians.items())
+            print(f"ranks={world.size} nodes={comm.nodes} bytes={nbytes} {shown} load={os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
