@@ -22,13 +22,12 @@ read-back of the tally in ``GradientBuckets.finish``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import numpy as np
 import torch
 from mpi4py import MPI
-from one_tensor import alternating_medians, parse_arguments
+from one_tensor import print_probes
 
 import mpisolve
 from mpisolve.comm.buckets import GradientBuckets, SumReducer
@@ -77,15 +76,7 @@ def variants(nbytes: int, world: MPI.Intracomm, comm: mpisolve.Communicator) -> 
 
 
 def main() -> None:
-    args = parse_arguments(__doc__, blocks=10)
-    world = MPI.COMM_WORLD
-    comm = mpisolve.init()
-    for nbytes in args.bytes:
-        seconds = alternating_medians(variants(nbytes, world, comm), args.calls, args.blocks, world)
-        medians = {name: s * 1e6 for name, s in seconds.items()}
-        if world.rank == 0:
-            shown = " ".join(f"{k}={v:.1f}us({v / medians['mpi']:.2f}x)" for k, v in medians.items())
-            print(f"ranks={world.size} nodes={comm.nodes} bytes={nbytes} {shown} load={os.getloadavg()[0]:.1f}")
+    print_probes(__doc__, variants)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,26 @@ def parse_arguments(description: str | None, *, blocks: int) -> argparse.Namespa
     return parser.parse_args()
 
 
+Variants = Callable[[int, MPI.Intracomm, "mpisolve.Communicator"], dict[str, Callable[[], object]]]
+
+
+def print_probes(description: str | None, variants: Variants) -> None:
+    """A probe script's run: per size, the median microseconds of each of ``variants(bytes, world, comm)``
+    in alternating blocks, and its ratio to the ``"mpi"`` variant, printed on rank 0."""
+    args = parse_arguments(description, blocks=10)
+    world = MPI.COMM_WORLD
+    comm = mpisolve.init()
+    for nbytes in args.bytes:
+        seconds = alternating_medians(variants(nbytes, world, comm), args.calls, args.blocks, world)
+        medians = {name: s * 1e6 for name, s in seconds.items()}
+        if world.rank == 0:
+            shown = " ".join(f"{k}={v:.1f}us({v / medians['mpi']:.2f}x)" for k, v in medians.items())
+            print(
+                f"ranks={world.size} nodes={comm.nodes} bytes={nbytes} {shown} load={os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+
+
 def main() -> None:
     args = parse_arguments(__doc__, blocks=30)
     world = MPI.COMM_WORLD

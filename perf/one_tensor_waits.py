@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from mpi4py import MPI
-from one_tensor import alternating_medians, parse_arguments
+from one_tensor import print_probes
 
 import mpisolve
 
@@ -71,15 +71,7 @@ def variants(nbytes: int, world: MPI.Intracomm, comm: mpisolve.Communicator) -> 
 
 
 def main() -> None:
-    args = parse_arguments(__doc__, blocks=10)
-    world = MPI.COMM_WORLD
-    comm = mpisolve.init()
-    for nbytes in args.bytes:
-        seconds = alternating_medians(variants(nbytes, world, comm), args.calls, args.blocks, world)
-        medians = {name: s * 1e6 for name, s in seconds.items()}
-        if world.rank == 0:
-            shown = " ".join(f"{k}={v:.1f}us({v / medians['mpi']:.2f}x)" for k, v in medians.items())
-            print(f"ranks={world.size} bytes={nbytes} {shown} load={os.getloadavg()[0]:.1f}", flush=True)
+    print_probes(__doc__, variants)
 
 
 if __name__ == "__main__":
