@@ -117,7 +117,8 @@ class Calibration:
     per exchange (``allreduce``, ``locked``, ``wild``) how much dearer a training step pays
     it, a factor and a latency (:func:`in_loop`; :meth:`network`, :meth:`window_networks`);
     the cores; per (series, model) the compute contention; per rank count the cost of a
-    wait and of a lock per extra rank a core."""
+    wait and of a lock per extra rank a core; abs-sgd's round bookkeeping per gradient
+    byte (None: not measured)."""
 
     nets: dict[int, tuple[Network, float, float]]
     windows: dict[int, dict[str, Network]]
@@ -126,6 +127,7 @@ class Calibration:
     contention: dict[tuple[str, str], float]
     wait_s: dict[int, float]
     lock_s: dict[int, float]
+    round_s_per_byte: float | None = None
 
     def network(self, p: int) -> tuple[Network, float]:
         """The allreduce network and Adasum's gamma at ``p`` ranks, priced in a training loop."""
@@ -231,6 +233,7 @@ def calibrate(directory: Path) -> Calibration:
     ]
     cal = Calibration(nets, windows, cores, {}, contention, {}, {})
     cal = replace(cal, in_loop=fit_in_loop(cal, syncs))
+    cal = replace(cal, round_s_per_byte=fit_rounds(cal, syncs))
     waits: dict[int, list[tuple[float, float]]] = {}
     locks: dict[int, list[tuple[float, float]]] = {}
     for load, rows in syncs:
@@ -326,6 +329,33 @@ def fit_in_loop(
     return {exchange: fit for exchange, fit in fits.items() if fit[0] > 0}
 
 
+def fit_rounds(cal: Calibration, syncs: list[tuple[Workload, dict[tuple[str, int], dict[str, str]]]]) -> float | None:
+    """abs-sgd's round bookkeeping, seconds per gradient byte (:attr:`Case.round_s_per_byte`):
+    what the synthetic workload's ``abs-sgd`` runs took at 2 to as many ranks as cores beyond
+    the model's iteration without it (its exchange priced as a training step pays it),
+    through the origin against the gradient bytes. Quiet pairs only, as :func:`fit_in_loop`;
+    None without any (no ``abs-sgd`` runs)."""
+    points = []
+    for load, rows in syncs:
+        if ("abs-sgd", 1) not in rows:
+            continue
+        one = rows[("abs-sgd", 1)]
+        for p in sorted(q for s, q in rows if s == "abs-sgd" and 1 < q <= cal.cores):
+            row = rows[("abs-sgd", p)]
+            if max(float(r["outside_cores"] or 0) for r in (one, row)) > QUIET_CORES:
+                print(f"rounds fit: abs-sgd at 1 and {p} ranks, {load.params} parameters, left out (other load)")
+                continue
+            net, gamma = cal.network(p)
+            compute = Compute(step_s=float(one["iteration_s"]), batch=32)
+            case = Case(load, net, compute, p, WIRE_BYTES, gamma, cal.window_networks(p), round_s_per_byte=0.0)
+            points.append((case.grad_bytes, float(row["iteration_s"]) - iteration("abs-sgd", case).total))
+    if not points:
+        return None
+    per_byte = fit_through_origin(points)
+    print(f"abs-sgd's round bookkeeping: {per_byte * 1e9:.3f} ns a gradient byte")
+    return per_byte
+
+
 def sharing_for(cal: Calibration, row: dict[str, str], one: dict[str, str]) -> tuple[SharedCores, float, float]:
     """The run's shared cores, the step alone its compute scales from, and the device time
     (s) that no sharing lengthens.
@@ -392,6 +422,7 @@ def validate(cal: Calibration, scaling_csvs: list[Path]) -> list[dict[str, objec
                     WIRE_BYTES,
                     gamma_adasum,
                     cal.window_networks(p),
+                    round_s_per_byte=cal.round_s_per_byte,
                 ),
                 options,
             )
@@ -635,6 +666,7 @@ def main() -> int:
                 "contention": {f"{series} {model}": c for (series, model), c in cal.contention.items()},
                 "wait_s": cal.wait_s,
                 "lock_s": cal.lock_s,
+                "round_s_per_byte": cal.round_s_per_byte,
             },
             indent=1,
         )
@@ -666,6 +698,11 @@ def main() -> int:
             f"| {exchange} exchanges | {factor:.2f}x the benchmarks' price, "
             f"{latency_s * 1e3:.3f} ms more a latency term |"
             for exchange, (factor, latency_s) in cal.in_loop.items()
+        ),
+        *(
+            [f"| abs-sgd's round bookkeeping | {cal.round_s_per_byte * 1e9:.3f} ns a gradient byte |"]
+            if cal.round_s_per_byte is not None
+            else []
         ),
         *(
             f"| contention, {model} ({series}) | {c:.3f} per extra rank a core |"
