@@ -20,8 +20,8 @@ one of the scaling study's (perf/scaling.py), which the model is checked against
    1 Mi parameters) with one solver per kind of exchange: ``allreduce`` (a lockstep
    collective), ``async-sgd`` (a locked window), ``hogwild-sgd`` (a wild one), and
    ``abs-sgd`` (its round's bookkeeping), at 1, 2, 4 and 8 ranks -> ``sync_<numel>/scaling.csv``
-   (``sync_<numel>-<K>/`` for ``--repeat K``; ``--sync-solvers`` runs some of them, adding
-   their runs to what is there).
+   (``sync_<numel>-<K>/`` for ``--repeat K``; ``--sync-solvers`` and ``--ranks`` run some
+   of them, replacing their rows and keeping the others').
 
 With ``PERF_LOCK`` set (a file), each run or group of runs holds ``flock PERF_LOCK``::
 
@@ -159,8 +159,13 @@ def measure_sync(args: argparse.Namespace) -> None:
         (piece.out / "workload.json").write_text(json.dumps({"numel": numel, "loops": loops}) + "\n")
         for ranks in args.ranks:
             run_piece("perf.synthetic_load:make", ranks, "real", piece, cores)
-        rows = collect(piece.out, cores)
-        with (piece.out / "scaling.csv").open("w", newline="") as f:
+        ran = set(args.sync_solvers.split(","))
+        table = piece.out / "scaling.csv"
+        kept = [r for r in csv.DictReader(table.open(newline=""))] if table.exists() else []
+        rows = [r for r in collect(piece.out, cores) if r["solver"] in ran and r["ranks"] in args.ranks]
+        rows += [r for r in kept if (r["solver"], int(r["ranks"])) not in {(s["solver"], s["ranks"]) for s in rows}]
+        rows.sort(key=lambda r: (str(r["solver"]), int(r["ranks"])))
+        with table.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
