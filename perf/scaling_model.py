@@ -117,8 +117,8 @@ class Calibration:
     per exchange (``allreduce``, ``locked``, ``wild``) how much dearer a training step pays
     it, a factor and a latency (:func:`in_loop`; :meth:`network`, :meth:`window_networks`);
     the cores; per (series, model) the compute contention; per rank count the cost of a
-    wait and of a lock per extra rank a core; abs-sgd's round bookkeeping per gradient
-    byte (None: not measured)."""
+    wait and of a lock per extra rank a core; abs-sgd's round bookkeeping a micro-batch,
+    per gradient byte and fixed (None: not measured)."""
 
     nets: dict[int, tuple[Network, float, float]]
     windows: dict[int, dict[str, Network]]
@@ -127,7 +127,7 @@ class Calibration:
     contention: dict[tuple[str, str], float]
     wait_s: dict[int, float]
     lock_s: dict[int, float]
-    round_s_per_byte: float | None = None
+    rounds: tuple[float, float] | None = None
 
     def network(self, p: int) -> tuple[Network, float]:
         """The allreduce network and Adasum's gamma at ``p`` ranks, priced in a training loop."""
@@ -233,7 +233,7 @@ def calibrate(directory: Path) -> Calibration:
     ]
     cal = Calibration(nets, windows, cores, {}, contention, {}, {})
     cal = replace(cal, in_loop=fit_in_loop(cal, syncs))
-    cal = replace(cal, round_s_per_byte=fit_rounds(cal, syncs))
+    cal = replace(cal, rounds=fit_rounds(cal, syncs))
     waits: dict[int, list[tuple[float, float]]] = {}
     locks: dict[int, list[tuple[float, float]]] = {}
     for load, rows in syncs:
@@ -329,12 +329,15 @@ def fit_in_loop(
     return {exchange: fit for exchange, fit in fits.items() if fit[0] > 0}
 
 
-def fit_rounds(cal: Calibration, syncs: list[tuple[Workload, dict[tuple[str, int], dict[str, str]]]]) -> float | None:
-    """abs-sgd's round bookkeeping, seconds per gradient byte (:attr:`Case.round_s_per_byte`):
-    what the synthetic workload's ``abs-sgd`` runs took at 2 to as many ranks as cores beyond
-    the model's iteration without it (its exchange priced as a training step pays it),
-    through the origin against the gradient bytes. Quiet pairs only, as :func:`fit_in_loop`;
-    None without any (no ``abs-sgd`` runs)."""
+def fit_rounds(
+    cal: Calibration, syncs: list[tuple[Workload, dict[tuple[str, int], dict[str, str]]]]
+) -> tuple[float, float] | None:
+    """abs-sgd's round bookkeeping a micro-batch, seconds per gradient byte and fixed
+    (:attr:`Case.round_s_per_byte`, :attr:`Case.round_s`): what the synthetic workload's
+    ``abs-sgd`` runs took at 2 to as many ranks as cores beyond the model's iteration
+    without it (its exchange priced as a training step pays it), least squares over the
+    workload's sizes, both bounded at 0. Quiet pairs only, as :func:`fit_in_loop`; None
+    without any (no ``abs-sgd`` runs)."""
     points = []
     for load, rows in syncs:
         if ("abs-sgd", 1) not in rows:
@@ -348,12 +351,12 @@ def fit_rounds(cal: Calibration, syncs: list[tuple[Workload, dict[tuple[str, int
             net, gamma = cal.network(p)
             compute = Compute(step_s=float(one["iteration_s"]), batch=32)
             case = Case(load, net, compute, p, WIRE_BYTES, gamma, cal.window_networks(p), round_s_per_byte=0.0)
-            points.append((case.grad_bytes, float(row["iteration_s"]) - iteration("abs-sgd", case).total))
+            points.append((case.grad_bytes, 1.0, float(row["iteration_s"]) - iteration("abs-sgd", case).total))
     if not points:
         return None
-    per_byte = fit_through_origin(points)
-    print(f"abs-sgd's round bookkeeping: {per_byte * 1e9:.3f} ns a gradient byte")
-    return per_byte
+    per_byte, fixed = fit_scale_and_latency(points)
+    print(f"abs-sgd's round bookkeeping: {per_byte * 1e9:.3f} ns a gradient byte, {fixed * 1e3:.3f} ms a micro-batch")
+    return per_byte, fixed
 
 
 def sharing_for(cal: Calibration, row: dict[str, str], one: dict[str, str]) -> tuple[SharedCores, float, float]:
@@ -411,6 +414,7 @@ def validate(cal: Calibration, scaling_csvs: list[Path]) -> list[dict[str, objec
         load = loads.setdefault(r["model"], workload(r["model"]))
         sharing, alone, fixed = sharing_for(cal, r, single[key])
         options = model_options(r["solver"], {})
+        rounds = {} if cal.rounds is None else {"round_s_per_byte": cal.rounds[0], "round_s": cal.rounds[1]}
         runs = {
             shared: iteration(
                 r["solver"],
@@ -422,7 +426,7 @@ def validate(cal: Calibration, scaling_csvs: list[Path]) -> list[dict[str, objec
                     WIRE_BYTES,
                     gamma_adasum,
                     cal.window_networks(p),
-                    round_s_per_byte=cal.round_s_per_byte,
+                    **rounds,
                 ),
                 options,
             )
@@ -666,7 +670,7 @@ def main() -> int:
                 "contention": {f"{series} {model}": c for (series, model), c in cal.contention.items()},
                 "wait_s": cal.wait_s,
                 "lock_s": cal.lock_s,
-                "round_s_per_byte": cal.round_s_per_byte,
+                "abs_sgd_rounds": cal.rounds and {"s_per_byte": cal.rounds[0], "s": cal.rounds[1]},
             },
             indent=1,
         )
@@ -700,8 +704,11 @@ def main() -> int:
             for exchange, (factor, latency_s) in cal.in_loop.items()
         ),
         *(
-            [f"| abs-sgd's round bookkeeping | {cal.round_s_per_byte * 1e9:.3f} ns a gradient byte |"]
-            if cal.round_s_per_byte is not None
+            [
+                f"| abs-sgd's round bookkeeping | {cal.rounds[0] * 1e9:.3f} ns a gradient byte and "
+                f"{cal.rounds[1] * 1e3:.3f} ms a micro-batch |"
+            ]
+            if cal.rounds is not None
             else []
         ),
         *(

@@ -149,7 +149,9 @@ class Case:
     """What a solver's model is given. ``window``: the networks that price window
     exchanges, by mode ("locked", "wild"; fitted to ``bench windows``), None for ``net``;
     ``overlap``: bucketed exchanges start as backward produces their gradients (else all
-    of them wait for backward's end: an upper bound of the cost)."""
+    of them wait for backward's end: an upper bound of the cost); ``round_s_per_byte``
+    and ``round_s``: abs-sgd's round bookkeeping a micro-batch, per gradient byte (None:
+    :attr:`round_seconds_per_byte`'s default) and fixed, as measured on a machine."""
 
     workload: Workload
     net: Network
@@ -160,6 +162,7 @@ class Case:
     window: Mapping[str, Network] | None = None
     overlap: bool = False
     round_s_per_byte: float | None = None
+    round_s: float = 0.0
 
     @property
     def grad_bytes(self) -> float:
@@ -263,7 +266,8 @@ def _abs_sgd(case: Case, options: GradientOptions) -> Exchange:
     (:attr:`Case.round_seconds_per_byte`), slowed as the compute is by shared cores."""
     comm = _bucketed(case, options.bucket_mb, lambda n: case.net.allreduce(case.p, n))
     waits = _waits(case, len(_bucket_sizes(case, options.bucket_mb)))
-    rounds = 0.0 if case.p == 1 else case.round_seconds_per_byte * case.grad_bytes * case.compute.slowdown(case.p)
+    bookkeeping = case.round_s + case.round_seconds_per_byte * case.grad_bytes
+    rounds = 0.0 if case.p == 1 else bookkeeping * case.compute.slowdown(case.p)
     return Exchange(rounds, comm + waits, max(0.0, comm - case.compute.seconds(case.p)) + waits)
 
 
