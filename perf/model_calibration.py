@@ -21,7 +21,8 @@ one of the scaling study's (perf/scaling.py), which the model is checked against
    collective), ``async-sgd`` (a locked window), ``hogwild-sgd`` (a wild one), and
    ``abs-sgd`` (its round's bookkeeping), at 1, 2, 4 and 8 ranks -> ``sync_<numel>/scaling.csv``
    (``sync_<numel>-<K>/`` for ``--repeat K``; ``--sync-solvers`` and ``--ranks`` run some
-   of them, replacing their rows and keeping the others').
+   of them, replacing their rows and keeping the others'; a table's workload, recorded in
+   its ``workload.json``, is kept: delete the directory to measure ``--loop-ms`` anew).
 
 With ``PERF_LOCK`` set (a file), each run or group of runs holds ``flock PERF_LOCK``::
 
@@ -143,11 +144,17 @@ def loops_for(ms: float) -> int:
 
 def measure_sync(args: argparse.Namespace) -> None:
     cores = len(os.sched_getaffinity(0))
-    loops = loops_for(args.loop_ms)
+    measured_loops = None
     for numel in SYNC_NUMELS:
+        out = args.out / (f"sync_{numel}" if args.repeat == 1 else f"sync_{numel}-{args.repeat}")
+        recorded = out / "workload.json"  # a table's rows are of one workload: runs added to it reuse it
+        if recorded.exists():
+            loops = int(json.loads(recorded.read_text())["loops"])
+        else:
+            loops = measured_loops = measured_loops or loops_for(args.loop_ms)
         os.environ.update(MPISOLVE_SYNTH_NUMEL=str(numel), MPISOLVE_SYNTH_LOOPS=str(loops))
         piece = argparse.Namespace(
-            out=args.out / (f"sync_{numel}" if args.repeat == 1 else f"sync_{numel}-{args.repeat}"),
+            out=out,
             batches=40,
             batch=32,
             solvers=args.sync_solvers,
