@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import InputError
-from ..options import BucketOptions, LocalStepsOptions, build_options, parse_option, require, with_default
+from ..options import BucketOptions, LocalStepsOptions, build_options, option, parse_option, require, with_default
 from .network import Network, adasum_allreduce, allgather, window_exchange
 from .sharing import SharedCores
 from .workloads import Workload
@@ -53,6 +53,9 @@ BACKWARD_SHARE = 2 / 3
 #: back (2), the weight prediction (the true weights back 2, the update 3, the new true
 #: weights 2, the prediction 3).
 ABS_SGD_ROUND_BYTES = 24
+#: ``fusion="cycle"``: the loop's phase against backward is uniform; its exposure is the
+#: mean over this many evenly spaced phases (the midpoints of equal shares of a tick).
+CYCLE_PHASES = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,9 +107,22 @@ class Iteration:
 
 @dataclass(frozen=True, kw_only=True)
 class GradientOptions(BucketOptions):
-    """``fusion``: how gradients are grouped as backward produces them (:func:`backward_timeline`)."""
+    """``fusion``: how gradients are grouped as backward produces them (:func:`backward_timeline`);
+    ``cycle_ms`` and ``negotiation``: Horovod's background loop, for ``fusion="cycle"``."""
 
-    fusion: Literal["buckets", "ready"] = "buckets"
+    fusion: Literal["buckets", "ready", "cycle"] = "buckets"
+    cycle_ms: float = option(
+        5.0,
+        "fusion=cycle: the background loop's sleep before each tick, ms (Horovod 0.9-0.13.3: a fixed 5 ms sleep; "
+        "HOROVOD_CYCLE_TIME from 0.13.4, default 5)",
+        at_least=0,
+    )
+    negotiation: bool = option(
+        True,
+        "fusion=cycle: each tick rank 0 receives every rank's ready list and DONE and sends each fused response "
+        "and its DONE to every rank, one point-to-point message each at the network's alpha "
+        "(Horovod 0.9-0.13.2; MPI_Gather from 0.13.3)",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,6 +149,13 @@ class KFACModelOptions(GradientOptions):
     inv_update_steps: int = 100
     pack_triangles: bool | None = None
     inverse_cost: float = 1.0
+    inverse_ms: float = option(
+        0.0,
+        "an inversion of a d x d factor takes inverse_ms * exp(inverse_growth * d) ms (the SPD-KFAC authors' fit "
+        "of their GPUs' inversion times: 3.64 and 4.77e-4); 0: inverse_cost d^3 flops at --inverse-tflops",
+        at_least=0,
+    )
+    inverse_growth: float = option(0.0, "see inverse_ms: the growth of an inversion's time per dimension", at_least=0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -198,17 +221,14 @@ def backward_timeline(case: Case, options: GradientOptions, each: Callable[[floa
     bucket, sent once the network has finished the one before, when the next layer's would
     take it past ``bucket_mb`` (a layer larger than that goes alone). ``fusion="ready"``
     (Horovod's tensor fusion): whenever the network is free, one exchange takes every
-    gradient ready by then, up to ``bucket_mb`` (at least one layer's).
+    gradient ready by then, up to ``bucket_mb`` (at least one layer's). ``fusion="cycle"``:
+    Horovod's background loop as its code of the 512-GPU benchmark ran it
+    (:func:`cycle_timeline`).
     """
-    layers = case.workload.layers[::-1]
-    flops = sum(layer.flops for layer in layers)
-    weights = sum(layer.a_dim * layer.g_dim for layer in layers)
-    backward = BACKWARD_SHARE * case.compute.seconds(case.p)
+    if options.fusion == "cycle":
+        return cycle_timeline(case, options, each)
+    backward, ready = _ready(case)
     limit = options.bucket_mb * 2**20
-    ready, clock = [], 0.0
-    for layer in layers:
-        clock += backward * layer.flops / flops
-        ready.append((clock, case.grad_bytes * layer.a_dim * layer.g_dim / weights))
     free = busy = 0.0
     if options.fusion == "ready":
         i = 0
@@ -230,6 +250,62 @@ def backward_timeline(case: Case, options: GradientOptions, each: Callable[[floa
         size, last = size + nbytes, at
     busy += each(size)
     return max(max(free, last) + each(size), backward), busy
+
+
+def _ready(case: Case) -> tuple[float, list[tuple[float, float]]]:
+    """Backward's seconds, and when each layer's gradients are ready (last layer first) with their bytes."""
+    layers = case.workload.layers[::-1]
+    flops = sum(layer.flops for layer in layers)
+    weights = sum(layer.a_dim * layer.g_dim for layer in layers)
+    backward = BACKWARD_SHARE * case.compute.seconds(case.p)
+    ready, clock = [], 0.0
+    for layer in layers:
+        clock += backward * layer.flops / flops
+        ready.append((clock, case.grad_bytes * layer.a_dim * layer.g_dim / weights))
+    return backward, ready
+
+
+def cycle_timeline(case: Case, options: GradientOptions, each: Callable[[float], float]) -> tuple[float, float]:
+    """:func:`backward_timeline` for Horovod's background loop (horovod/common/operations.cc, 0.9-0.13.2).
+
+    The loop runs apart from backward, tick after tick: it sleeps ``cycle_ms``, then takes
+    the gradients ready by then. With ``negotiation``, every other rank sends rank 0 its
+    ready list and a DONE message; rank 0 fuses the ready gradients in order while they fit
+    in ``bucket_mb`` (a larger one alone), sends each fused response to every rank and then
+    a DONE: ``3 (p - 1)`` messages a tick that has gradients, ``2 (p - 1)`` one that has
+    none, and ``p - 1`` a response, each at the network's alpha. Each response's allreduce
+    is queued on the GPU's stream as it is sent, without waiting for the one before to end
+    (NCCL), so the exchanges run back to back in that order. The loop's phase against
+    backward is uniform: the result is the mean over :data:`CYCLE_PHASES` phases.
+    """
+    backward, ready = _ready(case)
+    limit = options.bucket_mb * 2**20
+    message = case.net.at(case.p).alpha * (case.p - 1) if options.negotiation else 0.0
+    cycle = options.cycle_ms * 1e-3
+    idle = cycle + 2 * message
+    end = busy = 0.0
+    for phase in range(CYCLE_PHASES):
+        collect = (phase + 0.5) / CYCLE_PHASES * idle
+        i, free = 0, 0.0
+        while i < len(ready):
+            if idle == 0 and ready[i][0] > collect:
+                collect = ready[i][0]  # a loop that costs nothing waits for the next gradient
+            tick = collect
+            sizes: list[float] = []
+            while i < len(ready) and ready[i][0] <= collect:
+                if sizes and sizes[-1] + ready[i][1] <= limit:
+                    sizes[-1] += ready[i][1]
+                else:
+                    sizes.append(ready[i][1])
+                i += 1
+            tick += 3 * message if sizes else 2 * message
+            for size in sizes:
+                tick += message
+                free = max(free, tick) + each(size)
+                busy += each(size)
+            collect = tick + cycle
+        end += max(free, backward)
+    return end / CYCLE_PHASES, busy / CYCLE_PHASES
 
 
 def _gradients(case: Case, options: GradientOptions, each: Callable[[float], float]) -> tuple[float, float]:
@@ -301,6 +377,13 @@ def _window(locked: bool) -> Callable[[Case, WindowOptions], Exchange]:
     return model
 
 
+def _inversion_s(options: KFACModelOptions, compute: Compute, d: int) -> float:
+    """Seconds to invert one d x d factor: the fitted exponential where ``inverse_ms`` is given, else by flops."""
+    if options.inverse_ms:
+        return options.inverse_ms * 1e-3 * math.exp(options.inverse_growth * d)
+    return options.inverse_cost * d**3 / compute.inverse_flops
+
+
 def _kfac(case: Case, options: KFACModelOptions) -> Exchange:
     """K-FAC's extra compute and communication per iteration, amortised.
 
@@ -315,14 +398,14 @@ def _kfac(case: Case, options: KFACModelOptions) -> Exchange:
     elements = sum(d * (d + 1) // 2 if pack else d * d for d in dims)
     factor_flops = sum(2 * compute.batch * layer.positions * (layer.a_dim**2 + layer.g_dim**2) for layer in layers)
     precondition_flops = sum(2 * layer.a_dim * layer.g_dim * (layer.a_dim + layer.g_dim) for layer in layers)
-    inversions = sorted((options.inverse_cost * d**3 for d in dims), reverse=True)
+    inversions = sorted((_inversion_s(options, compute, d) for d in dims), reverse=True)
     if options.variant == "d-kfac" or p == 1:
-        inverse_s, inverse_comm = sum(inversions) / compute.inverse_flops, 0.0
+        inverse_s, inverse_comm = sum(inversions), 0.0
     else:
         loads = [0.0] * p
         for cost in inversions:  # largest first on the least loaded rank
             heapq.heapreplace(loads, loads[0] + cost)
-        inverse_s = max(loads) / compute.inverse_flops
+        inverse_s = max(loads)
         inverse_comm = allgather(net, p, sum(d * d for d in dims) * case.wire_bytes)
     share = compute.slowdown(p)
     extra = factor_flops / compute.gemm_flops * share / options.factor_update_steps

@@ -1,5 +1,6 @@
 """Each solver's iteration model on hand-worked values."""
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -48,6 +49,60 @@ def test_overlap_follows_backward_layer_by_layer():
     ready_fusion = iteration("allreduce", overlapped, model_options("allreduce", {"bucket_mb": 100, "fusion": "ready"}))
     assert ready_fusion.exposed == pytest.approx(ring(first))
     assert iteration("allreduce", case(8)).exposed == pytest.approx(ring(4e6))  # no overlap: all of it
+
+
+def test_horovods_cycle_waits_for_the_next_tick_and_its_negotiation():
+    """One layer of 1 MB, ready at backward's end (30 ms of a 45 ms step), 2 ranks, 1 ms a
+    message. Idle, a tick of Horovod's loop lasts its 8 ms sleep plus 2 messages (rank 0
+    receives a DONE and sends one): 10 ms, so 30 ms falls on a tick's start and the
+    gradients wait for the next collection, on average half a tick (5 ms). That tick
+    costs 3 messages (the ready list, both DONEs) and 1 for the response before the ring
+    (2 alpha + n beta at 2 ranks: 3 ms) starts: 5 + 4 + 3 ms after backward."""
+    one = Workload("one", params=250_000, tensors=1, layers=(Layer(10, 10, 1),))
+    net = Network(alpha=1e-3, beta=1e-9)
+    slow = Case(one, net, Compute(step_s=0.045, batch=32), 2, 4, 0.0, overlap=True)
+    cycle = {"fusion": "cycle", "cycle_ms": 8.0}
+    assert iteration("allreduce", slow, model_options("allreduce", cycle)).exposed == pytest.approx(0.012)
+    # without the negotiation the tick is the 8 ms sleep: 32 ms of backward, 4 ms on average, then the ring
+    quiet = replace(slow, compute=Compute(step_s=0.048, batch=32))
+    it = iteration("allreduce", quiet, model_options("allreduce", {**cycle, "negotiation": False}))
+    assert it.exposed == pytest.approx(0.004 + 0.003) and it.comm == pytest.approx(0.003)
+    # no sleep, no messages: the exchange starts as the gradients are ready
+    free = model_options("allreduce", {"fusion": "cycle", "cycle_ms": 0.0, "negotiation": False})
+    assert iteration("allreduce", slow, free).exposed == pytest.approx(0.003)
+
+
+def test_horovods_cycle_queues_each_fused_response_on_the_stream():
+    """Two layers ready together, too large to fuse in 0.5 MiB: two responses, each announced
+    by its own message and sent as announced, the second after the first on the stream."""
+    two = Workload("two", params=250_000, tensors=2, layers=(Layer(25, 5000, 1), Layer(25, 5000, 1)))
+    net = Network(alpha=1e-3, beta=1e-9)
+    # the first layer (backward's last) is ready at 15 ms, the second at 30 ms: a 1 s tick collects both at once
+    both = Case(two, net, Compute(step_s=0.045, batch=32), 2, 4, 0.0, overlap=True)
+    options = model_options("allreduce", {"fusion": "cycle", "cycle_ms": 998.0, "bucket_mb": 0.5})
+    half = 2e-3 + 0.5e6 * 1e-9  # a ring of 0.5 MB at 2 ranks
+    # phases 62.5, 187.5, ... ms of a 1,000 ms tick: all collect both layers at the first tick past 30 ms
+    waits = [(k + 0.5) * 0.125 - 0.030 for k in range(8)]
+    expected = sum(waits) / 8 + 3e-3 + 1e-3 + max(1e-3, half) + half
+    it = iteration("allreduce", both, options)
+    assert it.exposed == pytest.approx(expected) and it.comm == pytest.approx(2 * half)
+
+
+def test_kfac_inversions_priced_by_a_fitted_exponential():
+    """inverse_ms and inverse_growth replace the flops of each inversion: d-kfac inverts all
+    four factors (101, 50, 51, 10) on every rank, 2 ms x exp(0.01 d) each."""
+    every = {"factor_update_steps": 1, "inv_update_steps": 1, "variant": "d-kfac"}
+    compute = Compute(step_s=0.01, batch=32, gemm_flops=1e12, inverse_flops=1e9)
+    flops = iteration("kfac", case(2, compute), model_options("kfac", every))
+    fitted = iteration(
+        "kfac", case(2, compute), model_options("kfac", {**every, "inverse_ms": 2.0, "inverse_growth": 0.01})
+    )
+    dims = [101, 50, 51, 10]
+    by_flops = sum(d**3 for d in dims) / 1e9
+    by_fit = sum(2e-3 * math.exp(0.01 * d) for d in dims)
+    assert fitted.compute - flops.compute == pytest.approx(by_fit - by_flops)
+    with pytest.raises(OptionError, match="inverse_ms must be >= 0"):
+        model_options("kfac", {"inverse_ms": -1.0})
 
 
 def test_abs_sgd_waits_only_for_what_outlasts_a_step():
