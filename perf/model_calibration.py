@@ -18,8 +18,11 @@ one of the scaling study's (perf/scaling.py), which the model is checked against
 3. ``sync``: the study's harness (perf/scaling.py) on a synthetic workload
    (perf/synthetic_load.py: about ``--loop-ms`` of matrix products a step and 64 Ki or
    1 Mi parameters) with one solver per kind of exchange: ``allreduce`` (a lockstep
-   collective), ``async-sgd`` (a locked window), ``hogwild-sgd`` (a wild one), at 1, 2,
-   4 and 8 ranks -> ``sync_<numel>/scaling.csv`` (``sync_<numel>-<K>/`` for ``--repeat K``).
+   collective), ``async-sgd`` (a locked window), ``hogwild-sgd`` (a wild one), and
+   ``abs-sgd`` (its round's bookkeeping), at 1, 2, 4 and 8 ranks -> ``sync_<numel>/scaling.csv``
+   (``sync_<numel>-<K>/`` for ``--repeat K``; ``--sync-solvers`` and ``--ranks`` run some
+   of them, replacing their rows and keeping the others'; a table's workload, recorded in
+   its ``workload.json``, is kept: delete the directory to measure ``--loop-ms`` anew).
 
 With ``PERF_LOCK`` set (a file), each run or group of runs holds ``flock PERF_LOCK``::
 
@@ -47,7 +50,7 @@ OUT = RESULTS / "model_calibration"
 #: (series, model, micro-batches, records every): long enough (several seconds alone) that
 #: the jobs' staggered starts leave their middle thirds running together.
 WORKLOADS = (("real", "mlp", 500, 25), ("real", "cnn", 1000, 50), ("emulated", "mlp", 150, 10))
-SYNC_SOLVERS = "allreduce,async-sgd,hogwild-sgd"
+SYNC_SOLVERS = "allreduce,async-sgd,hogwild-sgd,abs-sgd"
 SYNC_NUMELS = (64 * 1024, 1024 * 1024)
 FIELDS = ("series", "model", "ranks", "iteration_s", "spread", "outside_cores")
 
@@ -141,14 +144,20 @@ def loops_for(ms: float) -> int:
 
 def measure_sync(args: argparse.Namespace) -> None:
     cores = len(os.sched_getaffinity(0))
-    loops = loops_for(args.loop_ms)
+    measured_loops = None
     for numel in SYNC_NUMELS:
+        out = args.out / (f"sync_{numel}" if args.repeat == 1 else f"sync_{numel}-{args.repeat}")
+        recorded = out / "workload.json"  # a table's rows are of one workload: runs added to it reuse it
+        if recorded.exists():
+            loops = int(json.loads(recorded.read_text())["loops"])
+        else:
+            loops = measured_loops = measured_loops or loops_for(args.loop_ms)
         os.environ.update(MPISOLVE_SYNTH_NUMEL=str(numel), MPISOLVE_SYNTH_LOOPS=str(loops))
         piece = argparse.Namespace(
-            out=args.out / (f"sync_{numel}" if args.repeat == 1 else f"sync_{numel}-{args.repeat}"),
+            out=out,
             batches=40,
             batch=32,
-            solvers=SYNC_SOLVERS,
+            solvers=args.sync_solvers,
             log_every=8,
             timeout=600,
             device_for=8,
@@ -157,8 +166,13 @@ def measure_sync(args: argparse.Namespace) -> None:
         (piece.out / "workload.json").write_text(json.dumps({"numel": numel, "loops": loops}) + "\n")
         for ranks in args.ranks:
             run_piece("perf.synthetic_load:make", ranks, "real", piece, cores)
-        rows = collect(piece.out, cores)
-        with (piece.out / "scaling.csv").open("w", newline="") as f:
+        ran = set(args.sync_solvers.split(","))
+        table = piece.out / "scaling.csv"
+        kept = [r for r in csv.DictReader(table.open(newline=""))] if table.exists() else []
+        rows = [r for r in collect(piece.out, cores) if r["solver"] in ran and r["ranks"] in args.ranks]
+        rows += [r for r in kept if (r["solver"], int(r["ranks"])) not in {(s["solver"], s["ranks"]) for s in rows}]
+        rows.sort(key=lambda r: (str(r["solver"]), int(r["ranks"])))
+        with table.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
@@ -170,6 +184,7 @@ def main() -> int:
     parser.add_argument("--stages", default="comm,compute,sync", help="some of %(default)s (default: all)")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8], help="rank counts (default 1 2 4 8)")
     parser.add_argument("--repeat", type=int, default=1, help="the compute and sync stages' repeat number (default 1)")
+    parser.add_argument("--sync-solvers", default=SYNC_SOLVERS, help="the sync stage's solvers (default %(default)s)")
     parser.add_argument("--loop-ms", type=float, default=4.0, help="the synthetic workload's ms of products a step")
     parser.add_argument("--out", type=Path, default=OUT, help=f"output directory (default {OUT})")
     args = parser.parse_args()

@@ -131,11 +131,12 @@ def run_piece(model: str, ranks: int, series: str, args: argparse.Namespace, cor
     out = piece_dir(args.out, model, ranks, series)
     out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]
-    (out / "load.json").write_text(json.dumps({"before": load_before}) + "\n")
+    recorded = out / "load.json"  # the other processes' load during the runs already here is kept
+    outside: dict[str, float] = json.loads(recorded.read_text()).get("outside_cores", {}) if recorded.exists() else {}
+    recorded.write_text(json.dumps({"before": load_before, "outside_cores": outside}) + "\n")
     names = registered() if args.solvers == "all" else args.solvers.split(",")
     device = ["--device-ms", f"{device_ms(model, args, cores):.6g}"] if series == "emulated" else []
     epochs = args.batches * args.batch * ranks / len(load_dataset("digits").train)
-    outside: dict[str, float] = {}
     for lockstep in (True, False):
         group = [n for n in names if solver_class(n).lockstep == lockstep]
         if not group:
@@ -175,7 +176,7 @@ def run_piece(model: str, ranks: int, series: str, args: argparse.Namespace, cor
             end = summary.stat().st_mtime
             outside[name] = load.cores(end - json.loads(summary.read_text())["wall_s"], end)
     loads = {"before": load_before, "after": os.getloadavg()[0], "outside_cores": outside}
-    (out / "load.json").write_text(json.dumps(loads) + "\n")
+    recorded.write_text(json.dumps(loads) + "\n")
 
 
 def steady(log: Path) -> dict[str, float]:

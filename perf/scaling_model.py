@@ -11,10 +11,11 @@ Write-up, figures and provenance: docs/studies/performance-model.md.
      count; the window exchange's alpha and beta, per mode (locked, wild), to its
      ``bench windows`` rows (``windows_n<P>.csv``, shared path, sharded layout);
    - how much dearer a training step pays each exchange (allreduce, locked and wild
-     windows) than those benchmarks' hot loops: a factor fitted to what the synthetic
-     workload's runs (``sync_<numel>/scaling.csv`` and its repeats ``sync_<numel>-<K>/``:
-     ``allreduce``, ``async-sgd``, ``hogwild-sgd``) took beyond their 1-rank iteration at 2 to as many ranks as cores
-     (no core shared), against the benchmarks' price; every exchange below is priced so;
+     windows) than those benchmarks' hot loops: a factor on the price and a fixed cost per
+     latency term, fitted to what the synthetic workload's runs (``sync_<numel>/scaling.csv``
+     and its repeats ``sync_<numel>-<K>/``: ``allreduce``, ``async-sgd``, ``hogwild-sgd``)
+     took beyond their 1-rank iteration at 2 to as many ranks as cores (no core shared),
+     against the benchmarks' price; every exchange below is priced so;
    - each study workload's compute contention (:mod:`mpisolve.perfmodel.sharing`) fitted
      to P one-rank trainings at once (``compute.csv`` and its repeats, ``compute-<K>.csv``,
      fitted together);
@@ -52,6 +53,7 @@ import json
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -63,6 +65,7 @@ from mpisolve.perfmodel.calibrate import (
     fit_contention,
     fit_network,
     fit_node_sum,
+    fit_scale_and_latency,
     fit_through_origin,
     fit_window,
     read_sweep,
@@ -86,14 +89,24 @@ IN_LOOP = {"allreduce": "allreduce", "async-sgd": "locked", "hogwild-sgd": "wild
 QUIET_CORES = 0.25
 
 
-def in_loop(net: Network, factor: float) -> Network:
-    """``net`` with every term ``factor`` times dearer: an exchange as a training step pays it."""
+#: The latency (s) added to find how many latency terms an exchange pays (its prices are linear in it).
+PROBE_LATENCY_S = 1e-4
+
+
+def in_loop(net: Network, factor: float, latency_s: float = 0.0) -> Network:
+    """``net`` with every term ``factor`` times dearer and ``latency_s`` more per latency
+    term (each alpha, each counter wait): an exchange as a training step pays it."""
     memory = net.memory and replace(
-        net.memory, node_Bps=net.memory.node_Bps / factor, sync_s=net.memory.sync_s * factor
+        net.memory, node_Bps=net.memory.node_Bps / factor, sync_s=net.memory.sync_s * factor + latency_s
     )
     intra = None if net.intra_beta is None else net.intra_beta * factor
     return replace(
-        net, alpha=net.alpha * factor, beta=net.beta * factor, gamma=net.gamma * factor, intra_beta=intra, memory=memory
+        net,
+        alpha=net.alpha * factor + latency_s,
+        beta=net.beta * factor,
+        gamma=net.gamma * factor,
+        intra_beta=intra,
+        memory=memory,
     )
 
 
@@ -102,27 +115,30 @@ class Calibration:
     """What the model knows of this machine: per rank count the allreduce network, Adasum's
     gamma, the fit's median error and the window networks (as the benchmarks measured them);
     per exchange (``allreduce``, ``locked``, ``wild``) how much dearer a training step pays
-    it (:meth:`network`, :meth:`window_networks`); the cores; per (series, model) the compute
-    contention; per rank count the cost of a wait and of a lock per extra rank a core."""
+    it, a factor and a latency (:func:`in_loop`; :meth:`network`, :meth:`window_networks`);
+    the cores; per (series, model) the compute contention; per rank count the cost of a
+    wait and of a lock per extra rank a core; abs-sgd's round bookkeeping a micro-batch,
+    per gradient byte and fixed (None: not measured)."""
 
     nets: dict[int, tuple[Network, float, float]]
     windows: dict[int, dict[str, Network]]
     cores: int
-    in_loop: dict[str, float]
+    in_loop: dict[str, tuple[float, float]]
     contention: dict[tuple[str, str], float]
     wait_s: dict[int, float]
     lock_s: dict[int, float]
+    rounds: tuple[float, float] | None = None
 
     def network(self, p: int) -> tuple[Network, float]:
         """The allreduce network and Adasum's gamma at ``p`` ranks, priced in a training loop."""
         net, gamma, _ = self.nets[p]
-        factor = self.in_loop.get("allreduce", 1.0)
-        return in_loop(net, factor), gamma * factor
+        factor, latency_s = self.in_loop.get("allreduce", (1.0, 0.0))
+        return in_loop(net, factor, latency_s), gamma * factor
 
     def window_networks(self, p: int) -> dict[str, Network] | None:
         """The window exchange's networks at ``p`` ranks by mode, priced in a training loop."""
         nets = self.windows.get(p)
-        return None if nets is None else {m: in_loop(n, self.in_loop.get(m, 1.0)) for m, n in nets.items()}
+        return None if nets is None else {m: in_loop(n, *self.in_loop.get(m, (1.0, 0.0))) for m, n in nets.items()}
 
 
 def calibrate_networks(directory: Path) -> dict[int, tuple[Network, float, float]]:
@@ -217,6 +233,7 @@ def calibrate(directory: Path) -> Calibration:
     ]
     cal = Calibration(nets, windows, cores, {}, contention, {}, {})
     cal = replace(cal, in_loop=fit_in_loop(cal, syncs))
+    cal = replace(cal, rounds=fit_rounds(cal, syncs))
     waits: dict[int, list[tuple[float, float]]] = {}
     locks: dict[int, list[tuple[float, float]]] = {}
     for load, rows in syncs:
@@ -261,19 +278,35 @@ def calibrate(directory: Path) -> Calibration:
     return replace(cal, wait_s=wait_s, lock_s=lock_s)
 
 
+def benchmark_price(cal: Calibration, solver: str, exchange: str, case: Case) -> Callable[[float], float]:
+    """``solver``'s exchange in ``case`` at the benchmarks' price, as a function of the
+    latency (s) added to each of the latency terms of ``exchange``'s network."""
+    net, gamma, _ = cal.nets[case.p]
+
+    def price(latency_s: float) -> float:
+        nets = cal.windows.get(case.p, {})
+        windows = {m: in_loop(n, 1.0, latency_s if m == exchange else 0.0) for m, n in nets.items()}
+        probed = in_loop(net, 1.0, latency_s if exchange == "allreduce" else 0.0)
+        it = iteration(solver, replace(case, net=probed, gamma_adasum=gamma, window=windows or None))
+        return it.total - it.compute
+
+    return price
+
+
 def fit_in_loop(
     cal: Calibration, syncs: list[tuple[Workload, dict[tuple[str, int], dict[str, str]]]]
-) -> dict[str, float]:
-    """How much dearer a training step pays each exchange than the benchmarks measured it.
+) -> dict[str, tuple[float, float]]:
+    """How much dearer a training step pays each exchange than the benchmarks measured it:
+    a factor on their price and a fixed cost per latency term (:func:`in_loop`).
 
     Fitted, per exchange, to the synthetic workload's runs of its solver (:data:`IN_LOOP`)
     at 2 to as many ranks as cores, where no rank shares a core: what a run took beyond
-    its 1-rank iteration against the benchmarks' price of its exchange (through the
-    origin, over the workload's sizes and those rank counts). Only pairs of runs during
-    which other processes used at most :data:`QUIET_CORES` count; an exchange with none
-    keeps the benchmarks' price.
+    its 1-rank iteration against the benchmarks' price of its exchange and the number of
+    latency terms it pays (least squares, both bounded at 0, over the workload's sizes
+    and those rank counts). Only pairs of runs during which other processes used at most
+    :data:`QUIET_CORES` count; an exchange with none keeps the benchmarks' price.
     """
-    points: dict[str, list[tuple[float, float]]] = {}
+    points: dict[str, list[tuple[float, float, float]]] = {}
     for load, rows in syncs:
         for solver, exchange in IN_LOOP.items():
             one = rows[(solver, 1)]
@@ -282,14 +315,48 @@ def fit_in_loop(
                 if max(float(r["outside_cores"] or 0) for r in (one, row)) > QUIET_CORES:
                     print(f"in-loop fit: {solver} at 1 and {p} ranks, {load.params} parameters, left out (other load)")
                     continue
-                net, gamma, _ = cal.nets[p]
                 compute = Compute(step_s=float(one["iteration_s"]), batch=32)
-                it = iteration(solver, Case(load, net, compute, p, WIRE_BYTES, gamma, cal.windows.get(p)))
-                points.setdefault(exchange, []).append((it.total - it.compute, float(row["iteration_s"]) - it.compute))
-    factors = {exchange: fit_through_origin(xy) for exchange, xy in points.items()}
-    for exchange, factor in factors.items():
-        print(f"in a training loop, {exchange} exchanges cost {factor:.2f}x the benchmarks' price")
-    return {exchange: factor for exchange, factor in factors.items() if factor > 0}
+                price = benchmark_price(cal, solver, exchange, Case(load, cal.nets[p][0], compute, p, WIRE_BYTES, 0.0))
+                latencies = (price(PROBE_LATENCY_S) - price(0.0)) / PROBE_LATENCY_S
+                seen = float(row["iteration_s"]) - compute.seconds(p)
+                points.setdefault(exchange, []).append((price(0.0), latencies, seen))
+    fits = {exchange: fit_scale_and_latency(xyz) for exchange, xyz in points.items()}
+    for exchange, (factor, latency_s) in fits.items():
+        print(
+            f"in a training loop, {exchange} exchanges cost {factor:.2f}x the benchmarks' price "
+            f"and {latency_s * 1e3:.3f} ms more per latency term"
+        )
+    return {exchange: fit for exchange, fit in fits.items() if fit[0] > 0}
+
+
+def fit_rounds(
+    cal: Calibration, syncs: list[tuple[Workload, dict[tuple[str, int], dict[str, str]]]]
+) -> tuple[float, float] | None:
+    """abs-sgd's round bookkeeping a micro-batch, seconds per gradient byte and fixed
+    (:attr:`Case.round_s_per_byte`, :attr:`Case.round_s`): what the synthetic workload's
+    ``abs-sgd`` runs took at 2 to as many ranks as cores beyond the model's iteration
+    without it (its exchange priced as a training step pays it), least squares over the
+    workload's sizes, both bounded at 0. Quiet pairs only, as :func:`fit_in_loop`; None
+    without any (no ``abs-sgd`` runs)."""
+    points = []
+    for load, rows in syncs:
+        if ("abs-sgd", 1) not in rows:
+            continue
+        one = rows[("abs-sgd", 1)]
+        for p in sorted(q for s, q in rows if s == "abs-sgd" and 1 < q <= cal.cores):
+            row = rows[("abs-sgd", p)]
+            if max(float(r["outside_cores"] or 0) for r in (one, row)) > QUIET_CORES:
+                print(f"rounds fit: abs-sgd at 1 and {p} ranks, {load.params} parameters, left out (other load)")
+                continue
+            net, gamma = cal.network(p)
+            compute = Compute(step_s=float(one["iteration_s"]), batch=32)
+            case = Case(load, net, compute, p, WIRE_BYTES, gamma, cal.window_networks(p), round_s_per_byte=0.0)
+            points.append((case.grad_bytes, 1.0, float(row["iteration_s"]) - iteration("abs-sgd", case).total))
+    if not points:
+        return None
+    per_byte, fixed = fit_scale_and_latency(points)
+    print(f"abs-sgd's round bookkeeping: {per_byte * 1e9:.3f} ns a gradient byte, {fixed * 1e3:.3f} ms a micro-batch")
+    return per_byte, fixed
 
 
 def sharing_for(cal: Calibration, row: dict[str, str], one: dict[str, str]) -> tuple[SharedCores, float, float]:
@@ -347,6 +414,7 @@ def validate(cal: Calibration, scaling_csvs: list[Path]) -> list[dict[str, objec
         load = loads.setdefault(r["model"], workload(r["model"]))
         sharing, alone, fixed = sharing_for(cal, r, single[key])
         options = model_options(r["solver"], {})
+        rounds = {} if cal.rounds is None else {"round_s_per_byte": cal.rounds[0], "round_s": cal.rounds[1]}
         runs = {
             shared: iteration(
                 r["solver"],
@@ -358,6 +426,7 @@ def validate(cal: Calibration, scaling_csvs: list[Path]) -> list[dict[str, objec
                     WIRE_BYTES,
                     gamma_adasum,
                     cal.window_networks(p),
+                    **rounds,
                 ),
                 options,
             )
@@ -597,10 +666,11 @@ def main() -> int:
         json.dumps(
             {
                 "cores": cal.cores,
-                "in_loop": cal.in_loop,
+                "in_loop": {exchange: {"factor": f, "latency_s": s} for exchange, (f, s) in cal.in_loop.items()},
                 "contention": {f"{series} {model}": c for (series, model), c in cal.contention.items()},
                 "wait_s": cal.wait_s,
                 "lock_s": cal.lock_s,
+                "abs_sgd_rounds": cal.rounds and {"s_per_byte": cal.rounds[0], "s": cal.rounds[1]},
             },
             indent=1,
         )
@@ -629,8 +699,17 @@ def main() -> int:
         "| in a training loop, and ranks sharing cores | fitted |",
         "| --- | --- |",
         *(
-            f"| {exchange} exchanges | {factor:.2f}x the benchmarks' price |"
-            for exchange, factor in cal.in_loop.items()
+            f"| {exchange} exchanges | {factor:.2f}x the benchmarks' price, "
+            f"{latency_s * 1e3:.3f} ms more a latency term |"
+            for exchange, (factor, latency_s) in cal.in_loop.items()
+        ),
+        *(
+            [
+                f"| abs-sgd's round bookkeeping | {cal.rounds[0] * 1e9:.3f} ns a gradient byte and "
+                f"{cal.rounds[1] * 1e3:.3f} ms a micro-batch |"
+            ]
+            if cal.rounds is not None
+            else []
         ),
         *(
             f"| contention, {model} ({series}) | {c:.3f} per extra rank a core |"

@@ -19,7 +19,8 @@ node-shared sums (:mod:`.node`), all ranks on one node.
 Ranks sharing cores (:mod:`.sharing`): :func:`fit_contention` fits a workload's compute
 contention to its steps with several ranks computing at once, and
 :func:`fit_through_origin` the per-extra-rank costs of waits and locks to what runs on a
-synthetic workload left over (perf/scaling_model.py does that part).
+synthetic workload left over, and :func:`fit_scale_and_latency` how much dearer a training
+step pays an exchange than a benchmark (perf/scaling_model.py does that part).
 """
 
 from __future__ import annotations
@@ -234,6 +235,20 @@ def fit_through_origin(points: Sequence[tuple[float, float]]) -> float:
     """The least-squares ``c`` of ``y = c x`` over ``(x, y)`` points, bounded at 0 (0 with no x > 0)."""
     denominator = sum(x * x for x, _ in points)
     return max(0.0, sum(x * y for x, y in points) / denominator) if denominator > 0 else 0.0
+
+
+def fit_scale_and_latency(points: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
+    """The least-squares ``(c, s)`` of ``y = c x + k s`` over ``(x, k, y)`` points, both bounded at 0.
+
+    ``x``: an exchange's price, ``k``: how many latency terms it pays, ``y``: what it
+    cost: a factor on the price and a fixed cost per latency term (a lock that waits for
+    its target to make progress costs about as much whatever the bytes).
+    """
+    if not points:
+        return 0.0, 0.0
+    columns = np.array([(x, k) for x, k, _ in points], dtype=float)
+    scale, latency = _nonnegative_lstsq(columns, np.array([y for *_, y in points], dtype=float))
+    return float(scale), float(latency)
 
 
 def fit_node_sum(rows: Sequence[Mapping[str, float | str]], *, op: str = "bucketed") -> NodeMemory:

@@ -5,7 +5,8 @@ solver's communication per iteration (amortised over the steps between exchanges
 
 - ``allreduce``, ``lb-bsp``: one allreduce of n per update, in buckets of ``bucket_mb``
   (each bucket pays its own latency terms); ``abs-sgd`` the same, waiting only for what
-  outlasts a step's compute (its ranks compute micro-batches until the allreduce ends);
+  outlasts a step's compute (its ranks compute micro-batches until the allreduce ends),
+  and at several ranks its round's passes over the model (:data:`ABS_SGD_ROUND_BYTES`);
 - ``adasum``: the Adasum VHDD of n per update (:func:`.network.adasum_allreduce`: the
   halving-doubling volume, a small allreduce of per-tensor statistics at each level, and
   ``gamma_adasum`` per byte);
@@ -45,6 +46,13 @@ from .sharing import SharedCores
 from .workloads import Workload
 
 BACKWARD_SHARE = 2 / 3
+#: Bytes abs-sgd's round moves per gradient byte each micro-batch at several ranks, beyond
+#: what its one-rank step moves (mpisolve/solvers/abs_sgd.py, default options): the flat
+#: gradients zeroed (1) and accumulated into by backward (3), added to the round's sum (3),
+#: the sum zeroed (1) and copied into and out of the node-shared sum (4), the mean written
+#: back (2), the weight prediction (the true weights back 2, the update 3, the new true
+#: weights 2, the prediction 3).
+ABS_SGD_ROUND_BYTES = 24
 #: ``fusion="cycle"``: the loop's phase against backward is uniform; its exposure is the
 #: mean over this many evenly spaced phases (the midpoints of equal shares of a tick).
 CYCLE_PHASES = 8
@@ -164,7 +172,9 @@ class Case:
     """What a solver's model is given. ``window``: the networks that price window
     exchanges, by mode ("locked", "wild"; fitted to ``bench windows``), None for ``net``;
     ``overlap``: bucketed exchanges start as backward produces their gradients (else all
-    of them wait for backward's end: an upper bound of the cost)."""
+    of them wait for backward's end: an upper bound of the cost); ``round_s_per_byte``
+    and ``round_s``: abs-sgd's round bookkeeping a micro-batch, per gradient byte (None:
+    :attr:`round_seconds_per_byte`'s default) and fixed, as measured on a machine."""
 
     workload: Workload
     net: Network
@@ -174,10 +184,19 @@ class Case:
     gamma_adasum: float
     window: Mapping[str, Network] | None = None
     overlap: bool = False
+    round_s_per_byte: float | None = None
+    round_s: float = 0.0
 
     @property
     def grad_bytes(self) -> float:
         return float(self.workload.params * self.wire_bytes)
+
+    @property
+    def round_seconds_per_byte(self) -> float:
+        """abs-sgd's round bookkeeping per gradient byte: ``round_s_per_byte`` (measured),
+        else :data:`ABS_SGD_ROUND_BYTES` moved at the network's reduction speed (``gamma``
+        reduces a byte by moving three)."""
+        return self.round_s_per_byte if self.round_s_per_byte is not None else ABS_SGD_ROUND_BYTES * self.net.gamma / 3
 
 
 def _bucket_sizes(case: Case, bucket_mb: float) -> list[float]:
@@ -318,10 +337,14 @@ def _allreduce(case: Case, options: GradientOptions) -> Exchange:
 def _abs_sgd(case: Case, options: GradientOptions) -> Exchange:
     """ABS-SGD computes micro-batches until its delayed allreduce completes: only what
     outlasts a step's compute is waited for; with its bounded rounds (one micro-batch a
-    round, the default) each step still waits for the round before, a blocking exchange."""
+    round, the default) each step still waits for the round before, a blocking exchange.
+    At several ranks each micro-batch also does its round's bookkeeping
+    (:attr:`Case.round_seconds_per_byte`), slowed as the compute is by shared cores."""
     comm = _bucketed(case, options.bucket_mb, lambda n: case.net.allreduce(case.p, n))
     waits = _waits(case, len(_bucket_sizes(case, options.bucket_mb)))
-    return Exchange(0.0, comm + waits, max(0.0, comm - case.compute.seconds(case.p)) + waits)
+    bookkeeping = case.round_s + case.round_seconds_per_byte * case.grad_bytes
+    rounds = 0.0 if case.p == 1 else bookkeeping * case.compute.slowdown(case.p)
+    return Exchange(rounds, comm + waits, max(0.0, comm - case.compute.seconds(case.p)) + waits)
 
 
 def _adasum(case: Case, options: GradientOptions) -> Exchange:

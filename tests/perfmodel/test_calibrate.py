@@ -10,6 +10,7 @@ from mpisolve.perfmodel.calibrate import (
     fit_contention,
     fit_network,
     fit_node_sum,
+    fit_scale_and_latency,
     fit_through_origin,
     fit_window,
     read_sweep,
@@ -145,6 +146,17 @@ def test_fit_through_origin():
     assert fit_through_origin([(1.0, 2.0), (3.0, 6.0)]) == pytest.approx(2.0)
     assert fit_through_origin([(1.0, -2.0)]) == 0.0  # bounded at 0
     assert fit_through_origin([(0.0, 5.0)]) == 0.0  # nothing to fit
+
+
+def test_fit_scale_and_latency():
+    """Points made by y = 3 x + 0.5 k give (3, 0.5) back; a fit that would need a
+    negative latency keeps it at 0 and fits the scale alone."""
+    points = [(x, k, 3 * x + 0.5 * k) for x, k in ((0.3, 4), (0.04, 4), (0.2, 2), (1.0, 1))]
+    scale, latency = fit_scale_and_latency(points)
+    assert (scale, latency) == pytest.approx((3.0, 0.5))
+    points = [(1.0, 1.0, 1.0), (2.0, 1.0, 3.0)]  # y = 2 x - 1: no nonnegative latency
+    assert fit_scale_and_latency(points) == pytest.approx((fit_through_origin([(1.0, 1.0), (2.0, 3.0)]), 0.0))
+    assert fit_scale_and_latency([]) == (0.0, 0.0)
 
 
 def test_node_sum_fit_recovers_the_nodes_memory_and_prices_allreduces():
