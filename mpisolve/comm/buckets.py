@@ -153,6 +153,15 @@ class BucketReducer(Protocol):
         """Release MPI resources."""
 
 
+def _complete(request: Reusable, what: str) -> None:
+    """Wait for a bucket's sum: MPI's in ``MPI_Wait`` where its communicator allows it, the
+    torch.distributed engine's by its own wait."""
+    if isinstance(request, PersistentCollective):
+        request.wait(what, in_mpi=True)
+    else:
+        request.wait(what)
+
+
 class SumReducer:
     """Sums each bucket with a persistent nonblocking allreduce.
 
@@ -177,12 +186,7 @@ class SumReducer:
         self._inflight.progress()
 
     def finish(self, bucket: Bucket) -> None:
-        request = self.requests[bucket.index]
-        what = f"gradient allreduce of bucket {bucket.index}"
-        if isinstance(request, PersistentCollective):
-            request.wait(what, in_mpi=True)
-        else:  # the torch.distributed engine's
-            request.wait(what)
+        _complete(self.requests[bucket.index], f"gradient allreduce of bucket {bucket.index}")
         if bucket.index == len(self.requests) - 1:  # buckets finish in order: the step's last
             self._inflight.clear()
 
