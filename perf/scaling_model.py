@@ -16,6 +16,8 @@ Write-up, figures and provenance: docs/studies/performance-model.md.
      and its repeats ``sync_<numel>-<K>/``: ``allreduce``, ``async-sgd``, ``hogwild-sgd``)
      took beyond their 1-rank iteration at 2 to as many ranks as cores (no core shared),
      against the benchmarks' price; every exchange below is priced so;
+   - abs-sgd's round bookkeeping a micro-batch, per gradient byte and fixed, fitted to its
+     runs in the same tables (``fit_rounds``; ``sharing.json``'s ``abs_sgd_rounds``);
    - each study workload's compute contention (:mod:`mpisolve.perfmodel.sharing`) fitted
      to P one-rank trainings at once (``compute.csv`` and its repeats, ``compute-<K>.csv``,
      fitted together);
@@ -237,7 +239,7 @@ def calibrate(directory: Path) -> Calibration:
     waits: dict[int, list[tuple[float, float]]] = {}
     locks: dict[int, list[tuple[float, float]]] = {}
     for load, rows in syncs:
-        ranks = sorted({p for _, p in rows if p > 1})
+        ranks = sorted({p for s, p in rows if s == "hogwild-sgd" and p > 1})
         shared = [p for p in ranks if p > cores]  # where ranks share cores by their number
         if not shared:  # a repeat at no more ranks than cores: the in-loop fit's alone
             continue
@@ -326,7 +328,7 @@ def fit_in_loop(
             f"in a training loop, {exchange} exchanges cost {factor:.2f}x the benchmarks' price "
             f"and {latency_s * 1e3:.3f} ms more per latency term"
         )
-    return {exchange: fit for exchange, fit in fits.items() if fit[0] > 0}
+    return {exchange: fit for exchange, fit in fits.items() if any(fit)}
 
 
 def fit_rounds(
@@ -405,6 +407,7 @@ def validate(cal: Calibration, scaling_csvs: list[Path]) -> list[dict[str, objec
     measured = medians(scaling_csvs)
     single = {(r["series"], r["model"], r["solver"]): r for r in measured if int(r["ranks"]) == 1}
     loads: dict[str, Workload] = {}
+    rounds = {} if cal.rounds is None else {"round_s_per_byte": cal.rounds[0], "round_s": cal.rounds[1]}
     out = []
     for r in measured:
         p, key = int(r["ranks"]), (r["series"], r["model"], r["solver"])
@@ -414,7 +417,6 @@ def validate(cal: Calibration, scaling_csvs: list[Path]) -> list[dict[str, objec
         load = loads.setdefault(r["model"], workload(r["model"]))
         sharing, alone, fixed = sharing_for(cal, r, single[key])
         options = model_options(r["solver"], {})
-        rounds = {} if cal.rounds is None else {"round_s_per_byte": cal.rounds[0], "round_s": cal.rounds[1]}
         runs = {
             shared: iteration(
                 r["solver"],
