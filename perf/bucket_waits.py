@@ -61,8 +61,7 @@ def variants(nbytes: int, world: MPI.Intracomm, comm: mpisolve.Communicator) -> 
 
     def start_mpi_wait() -> None:
         request.start()
-        with comm.blocking("probe"):
-            request.posting.request.Wait()
+        comm.wait_in_mpi(request.posting, "probe")
 
     return {
         "mpi": lambda: world.Allreduce(send, recv),

@@ -170,7 +170,8 @@ def measure_sync(args: argparse.Namespace) -> None:
         table = piece.out / "scaling.csv"
         kept = [r for r in csv.DictReader(table.open(newline=""))] if table.exists() else []
         rows = [r for r in collect(piece.out, cores) if r["solver"] in ran and r["ranks"] in args.ranks]
-        rows += [r for r in kept if (r["solver"], int(r["ranks"])) not in {(s["solver"], s["ranks"]) for s in rows}]
+        rerun = {(r["solver"], r["ranks"]) for r in rows}
+        rows += [r for r in kept if (r["solver"], int(r["ranks"])) not in rerun]
         rows.sort(key=lambda r: (str(r["solver"]), int(r["ranks"])))
         with table.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))

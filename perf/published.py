@@ -56,8 +56,6 @@ SPD_INVERSIONS = (
     ("d^3 at the fit's rate for d = 4608", "--inverse-tflops 2.98"),
 )
 
-#: (case, published figure, what it is, model command line). Efficiency in percent; the
-#: SPD-KFAC rows give SPD-KFAC's iteration against the other variant's, as its shortening.
 #: Horovod's models: (name, workload, its single GPU's images/s in Horovod's README).
 HOROVOD_MODELS = (
     ("Inception V3", "inception-v3", 133.0),
@@ -66,6 +64,8 @@ HOROVOD_MODELS = (
 )
 #: Horovod's published efficiencies (%) by GPUs, in HOROVOD_MODELS' order; 16 GPUs: 14.8x, 14.0x, 13.9x.
 HOROVOD_PUBLISHED = {16: (92.5, 87.5, 86.875), 128: (90.0, 90.0, 79.0), 512: (90.0, 90.0, 68.0)}
+#: (case, published figure, what it is, model command line). Efficiency in percent; the
+#: SPD-KFAC rows give SPD-KFAC's iteration against the other variant's, as its shortening.
 CASES: tuple[tuple[str, str, float, str], ...] = (
     *(
         (

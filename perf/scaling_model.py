@@ -16,6 +16,8 @@ Write-up, figures and provenance: docs/studies/performance-model.md.
      and its repeats ``sync_<numel>-<K>/``: ``allreduce``, ``async-sgd``, ``hogwild-sgd``)
      took beyond their 1-rank iteration at 2 to as many ranks as cores (no core shared),
      against the benchmarks' price; every exchange below is priced so;
+   - abs-sgd's round bookkeeping a micro-batch, per gradient byte and fixed, fitted to its
+     runs in the same tables (``fit_rounds``; ``sharing.json``'s ``abs_sgd_rounds``);
    - each study workload's compute contention (:mod:`mpisolve.perfmodel.sharing`) fitted
      to P one-rank trainings at once (``compute.csv`` and its repeats, ``compute-<K>.csv``,
      fitted together);
@@ -237,7 +239,7 @@ def calibrate(directory: Path) -> Calibration:
     waits: dict[int, list[tuple[float, float]]] = {}
     locks: dict[int, list[tuple[float, float]]] = {}
     for load, rows in syncs:
-        ranks = sorted({p for _, p in rows if p > 1})
+        ranks = sorted({p for s, p in rows if s == "hogwild-sgd" and p > 1})
         shared = [p for p in ranks if p > cores]  # where ranks share cores by their number
         if not shared:  # a repeat at no more ranks than cores: the in-loop fit's alone
             continue
@@ -326,7 +328,7 @@ def fit_in_loop(
             f"in a training loop, {exchange} exchanges cost {factor:.2f}x the benchmarks' price "
             f"and {latency_s * 1e3:.3f} ms more per latency term"
         )
-    return {exchange: fit for exchange, fit in fits.items() if fit[0] > 0}
+    return {exchange: fit for exchange, fit in fits.items() if any(fit)}
 
 
 def fit_rounds(
@@ -359,6 +361,11 @@ def fit_rounds(
     return per_byte, fixed
 
 
+def device_s(row: dict[str, str]) -> float:
+    """The emulated device's seconds in one of a run's iterations (0 for a real run)."""
+    return float(row["device_ms"] or 0) * 1e-3 * int(row["batch"])
+
+
 def sharing_for(cal: Calibration, row: dict[str, str], one: dict[str, str]) -> tuple[SharedCores, float, float]:
     """The run's shared cores, the step alone its compute scales from, and the device time
     (s) that no sharing lengthens.
@@ -370,9 +377,9 @@ def sharing_for(cal: Calibration, row: dict[str, str], one: dict[str, str]) -> t
     the same time and every rank counts.
     """
     p, contention = int(row["ranks"]), cal.contention.get(("real", row["model"]), 0.0)
-    device_s = float(row["device_ms"] or 0) * 1e-3 * int(row["batch"])
+    device = device_s(row)
     single = float(one["iteration_s"])
-    host = max(single - device_s, 1e-6)
+    host = max(single - device_s(one), 1e-6)
     at_one = SharedCores(cores=free_cores(cal.cores, one), contention=contention)
     sharing = SharedCores(
         cores=free_cores(cal.cores, row),
@@ -380,31 +387,40 @@ def sharing_for(cal: Calibration, row: dict[str, str], one: dict[str, str]) -> t
         wait_s=cal.wait_s.get(p, 0.0),
         lock_s=cal.lock_s.get(p, 0.0),
     )
-    return sharing, host / at_one.slowdown(1), device_s
+    return sharing, host / at_one.slowdown(1), device
 
 
 def medians(paths: list[Path]) -> list[dict[str, str]]:
     """The study's runs, one row per series, model, solver and rank count: the median over
-    the CSVs (repeats of the study) of its iteration and of the other processes' load."""
+    the CSVs (repeats of the study) of its iteration and of the other processes' load.
+
+    An emulated run's device time is set per repeat (from that repeat's solo compute), so
+    its iteration is the median of the host's part plus the median device time, the device
+    time the row then gives (its ``device_ms``): the 1-rank row's host part stays its own.
+    """
     runs: dict[tuple[str, ...], list[dict[str, str]]] = {}
     for path in paths:
         for r in read_rows(path):
             runs.setdefault((r["series"], r["model"], r["solver"], r["ranks"]), []).append(r)
-    return [
-        {
-            **repeats[0],
-            "iteration_s": str(statistics.median(float(r["iteration_s"]) for r in repeats)),
+    rows = []
+    for repeats in runs.values():
+        device_ms = statistics.median(float(r["device_ms"] or 0) for r in repeats)
+        host_s = statistics.median(float(r["iteration_s"]) - device_s(r) for r in repeats)
+        row = {**repeats[0], "device_ms": str(device_ms) if repeats[0]["device_ms"] else ""}
+        row |= {
+            "iteration_s": str(host_s + device_s(row)),
             "outside_cores": str(statistics.median(float(r["outside_cores"] or 0) for r in repeats)),
             "repeats": str(len(repeats)),
         }
-        for repeats in runs.values()
-    ]
+        rows.append(row)
+    return rows
 
 
 def validate(cal: Calibration, scaling_csvs: list[Path]) -> list[dict[str, object]]:
     measured = medians(scaling_csvs)
     single = {(r["series"], r["model"], r["solver"]): r for r in measured if int(r["ranks"]) == 1}
     loads: dict[str, Workload] = {}
+    rounds = {} if cal.rounds is None else {"round_s_per_byte": cal.rounds[0], "round_s": cal.rounds[1]}
     out = []
     for r in measured:
         p, key = int(r["ranks"]), (r["series"], r["model"], r["solver"])
@@ -414,7 +430,6 @@ def validate(cal: Calibration, scaling_csvs: list[Path]) -> list[dict[str, objec
         load = loads.setdefault(r["model"], workload(r["model"]))
         sharing, alone, fixed = sharing_for(cal, r, single[key])
         options = model_options(r["solver"], {})
-        rounds = {} if cal.rounds is None else {"round_s_per_byte": cal.rounds[0], "round_s": cal.rounds[1]}
         runs = {
             shared: iteration(
                 r["solver"],

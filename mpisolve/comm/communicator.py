@@ -288,10 +288,15 @@ class Communicator:
         """Complete ``posting``'s operation in ``MPI_Wait`` under the watchdog thread (:meth:`blocking`).
 
         The watchdog aborts the job past the timeout. An operation still queued is posted first
-        (a polled wait).
+        (a polled wait, for it and those queued before it, not for later ones).
         """
         if not posting.posted:
-            self.flush(what)
+
+            def posted() -> bool:
+                self.post_ready()
+                return posting.posted
+
+            self.wait_for(posted, f"{what}: to be posted")
         with self.blocking(what):
             posting.request.Wait()
 

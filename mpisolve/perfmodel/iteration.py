@@ -165,6 +165,10 @@ class KFACModelOptions(GradientOptions):
             math.isfinite(self.inverse_cost) and self.inverse_cost > 0,
             f"inverse_cost must be > 0, got {self.inverse_cost}",
         )
+        require(
+            self.inverse_growth == 0 or self.inverse_ms > 0,
+            f"inverse_growth goes with inverse_ms > 0, got inverse_growth={self.inverse_growth}, inverse_ms=0",
+        )
 
 
 @dataclass(frozen=True)
@@ -252,8 +256,9 @@ def backward_timeline(case: Case, options: GradientOptions, each: Callable[[floa
     return max(max(free, last) + each(size), backward), busy
 
 
-def _ready(case: Case) -> tuple[float, list[tuple[float, float]]]:
-    """Backward's seconds, and when each layer's gradients are ready (last layer first) with their bytes."""
+def _ready(case: Case, *, at_end: bool = False) -> tuple[float, list[tuple[float, float]]]:
+    """Backward's seconds, and when each layer's gradients are ready (last layer first; all
+    at backward's end with ``at_end``) with their bytes."""
     layers = case.workload.layers[::-1]
     flops = sum(layer.flops for layer in layers)
     weights = sum(layer.a_dim * layer.g_dim for layer in layers)
@@ -261,7 +266,7 @@ def _ready(case: Case) -> tuple[float, list[tuple[float, float]]]:
     ready, clock = [], 0.0
     for layer in layers:
         clock += backward * layer.flops / flops
-        ready.append((clock, case.grad_bytes * layer.a_dim * layer.g_dim / weights))
+        ready.append((backward if at_end else clock, case.grad_bytes * layer.a_dim * layer.g_dim / weights))
     return backward, ready
 
 
@@ -276,9 +281,10 @@ def cycle_timeline(case: Case, options: GradientOptions, each: Callable[[float],
     none, and ``p - 1`` a response, each at the network's alpha. Each response's allreduce
     is queued on the GPU's stream as it is sent, without waiting for the one before to end
     (NCCL), so the exchanges run back to back in that order. The loop's phase against
-    backward is uniform: the result is the mean over :data:`CYCLE_PHASES` phases.
+    backward is uniform: the result is the mean over :data:`CYCLE_PHASES` phases. Without
+    ``case.overlap`` every gradient is ready at backward's end.
     """
-    backward, ready = _ready(case)
+    backward, ready = _ready(case, at_end=not case.overlap)
     limit = options.bucket_mb * 2**20
     message = case.net.at(case.p).alpha * (case.p - 1) if options.negotiation else 0.0
     cycle = options.cycle_ms * 1e-3
@@ -288,8 +294,8 @@ def cycle_timeline(case: Case, options: GradientOptions, each: Callable[[float],
         collect = (phase + 0.5) / CYCLE_PHASES * idle
         i, free = 0, 0.0
         while i < len(ready):
-            if idle == 0 and ready[i][0] > collect:
-                collect = ready[i][0]  # a loop that costs nothing waits for the next gradient
+            if ready[i][0] > collect:  # the ticks that find nothing ready, passed at once
+                collect = ready[i][0] if idle == 0 else collect + math.ceil((ready[i][0] - collect) / idle) * idle
             tick = collect
             sizes: list[float] = []
             while i < len(ready) and ready[i][0] <= collect:
@@ -310,9 +316,9 @@ def cycle_timeline(case: Case, options: GradientOptions, each: Callable[[float],
 
 def _gradients(case: Case, options: GradientOptions, each: Callable[[float], float]) -> tuple[float, float]:
     """The gradient exchange's seconds in all and the part of them the iteration waits for:
-    every bucket after backward, or with ``case.overlap`` what the backward timeline
-    leaves after backward."""
-    if not case.overlap:
+    every bucket after backward (Horovod's loop: its ticks from backward's end), or with
+    ``case.overlap`` what the backward timeline leaves after backward."""
+    if not case.overlap and options.fusion != "cycle":
         comm = _bucketed(case, options.bucket_mb, each)
         return comm, comm
     end, comm = backward_timeline(case, options, each)

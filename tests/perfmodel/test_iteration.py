@@ -72,6 +72,27 @@ def test_horovods_cycle_waits_for_the_next_tick_and_its_negotiation():
     assert iteration("allreduce", slow, free).exposed == pytest.approx(0.003)
 
 
+def test_horovods_cycle_passes_empty_ticks_at_once_and_bounds_itself_without_overlap():
+    """A near-zero sleep with no messages prices the loop as no sleep at all (the ticks that
+    find nothing ready are skipped, not walked: 10^-12 s ticks over a 30 ms backward would
+    not end); without overlap every gradient waits for backward's end, then the loop: at
+    least what overlap leaves (the one layer is ready at backward's end either way, so the
+    same here), and with two layers more than overlap leaves."""
+    one = Workload("one", params=250_000, tensors=1, layers=(Layer(10, 10, 1),))
+    slow = Case(one, Network(alpha=1e-3, beta=1e-9), Compute(step_s=0.045, batch=32), 2, 4, 0.0, overlap=True)
+    tiny = model_options("allreduce", {"fusion": "cycle", "cycle_ms": 1e-9, "negotiation": False})
+    assert iteration("allreduce", slow, tiny).exposed == pytest.approx(0.003)
+    cycle = model_options("allreduce", {"fusion": "cycle", "cycle_ms": 8.0})
+    hidden = iteration("allreduce", slow, cycle).exposed
+    assert iteration("allreduce", replace(slow, overlap=False), cycle).exposed == pytest.approx(hidden)
+    two = Workload("two", params=250_000, tensors=2, layers=(Layer(25, 5000, 1), Layer(25, 5000, 1)))
+    both = replace(slow, workload=two)
+    assert (
+        iteration("allreduce", replace(both, overlap=False), cycle).exposed
+        > iteration("allreduce", both, cycle).exposed
+    )
+
+
 def test_horovods_cycle_queues_each_fused_response_on_the_stream():
     """Two layers ready together, too large to fuse in 0.5 MiB: two responses, each announced
     by its own message and sent as announced, the second after the first on the stream."""
@@ -103,6 +124,8 @@ def test_kfac_inversions_priced_by_a_fitted_exponential():
     assert fitted.compute - flops.compute == pytest.approx(by_fit - by_flops)
     with pytest.raises(OptionError, match="inverse_ms must be >= 0"):
         model_options("kfac", {"inverse_ms": -1.0})
+    with pytest.raises(OptionError, match="inverse_growth goes with inverse_ms > 0"):
+        model_options("kfac", {"inverse_growth": 0.01})
 
 
 def test_abs_sgd_waits_only_for_what_outlasts_a_step():

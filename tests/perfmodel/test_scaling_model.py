@@ -1,0 +1,63 @@
+"""perf/scaling_model.py's in-loop fits recover the costs that generated a synthetic workload's runs."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "perf"))
+
+import scaling_model  # noqa: E402  (a perf script, importable once perf/ is on the path)
+
+from mpisolve.perfmodel.iteration import Case, Compute, iteration  # noqa: E402
+from mpisolve.perfmodel.network import Network, window_exchange  # noqa: E402
+from mpisolve.perfmodel.workloads import Workload  # noqa: E402
+
+NET = Network(alpha=5e-6, beta=2e-10)
+WINDOWS = {"locked": Network(alpha=6e-6, beta=7e-11), "wild": Network(alpha=8e-6, beta=4e-11)}
+CAL = scaling_model.Calibration({2: (NET, 3e-10, 0.0)}, {2: WINDOWS}, 2, {}, {}, {}, {})
+LOADS = [Workload("synthetic", numel, 3, ()) for numel in (65_536, 1_048_576)]
+STEP_S = 0.005
+
+
+def row(seconds: float) -> dict[str, str]:
+    return {"iteration_s": str(seconds), "outside_cores": "0.0"}
+
+
+def test_fit_in_loop_recovers_a_factor_and_a_latency_per_exchange():
+    """Runs made 3x the locked window's price plus 0.3 ms for each of its four latency terms
+    at 2 ranks (a get and an accumulate, each with its lock and unlock counted once more)
+    give (3, 0.3 ms) back; the wild one, 2x and none, (2, 0)."""
+    syncs = []
+    for load in LOADS:
+        n = load.params * scaling_model.WIRE_BYTES
+        locked = window_exchange(WINDOWS["locked"], 2, n, locked=True)
+        wild = window_exchange(WINDOWS["wild"], 2, n, locked=False)
+        rows = {
+            ("async-sgd", 1): row(STEP_S),
+            ("async-sgd", 2): row(STEP_S + 3 * locked + 4 * 3e-4),
+            ("hogwild-sgd", 1): row(STEP_S),
+            ("hogwild-sgd", 2): row(STEP_S + 2 * wild),
+            ("allreduce", 1): row(STEP_S),
+            ("allreduce", 2): row(STEP_S + NET.allreduce(2, n)),
+        }
+        syncs.append((load, rows))
+    fits = scaling_model.fit_in_loop(CAL, syncs)
+    assert fits["locked"] == pytest.approx((3.0, 3e-4))
+    assert fits["wild"] == pytest.approx((2.0, 0.0), abs=1e-9)
+    assert fits["allreduce"] == pytest.approx((1.0, 0.0), abs=1e-9)
+
+
+def test_fit_rounds_recovers_the_bookkeeping_per_byte_and_fixed():
+    """abs-sgd's 2-rank runs made the model's iteration plus 0.6 ns a gradient byte and 0.45 ms
+    give both back; with no abs-sgd runs there is nothing to fit."""
+    syncs = []
+    for load in LOADS:
+        net, gamma = CAL.network(2)
+        case = Case(
+            load, net, Compute(step_s=STEP_S, batch=32), 2, 4, gamma, CAL.window_networks(2), round_s_per_byte=0.0
+        )
+        seen = iteration("abs-sgd", case).total + 0.6e-9 * load.params * 4 + 4.5e-4
+        syncs.append((load, {("abs-sgd", 1): row(STEP_S), ("abs-sgd", 2): row(seen)}))
+    assert scaling_model.fit_rounds(CAL, syncs) == pytest.approx((0.6e-9, 4.5e-4))
+    assert scaling_model.fit_rounds(CAL, [(LOADS[0], {("allreduce", 1): row(STEP_S)})]) is None
