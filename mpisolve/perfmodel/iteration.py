@@ -360,8 +360,9 @@ def _adasum(case: Case, options: GradientOptions) -> Exchange:
         return adasum_allreduce(case.net, case.p, n, tensors=max(1, round(n * share)), gamma_adasum=case.gamma_adasum)
 
     comm, exposed = _gradients(case, options, each)
-    levels = max(1.0, math.log2(case.p))  # a rank waits for its partner at each level
-    waits = _waits(case, len(_bucket_sizes(case, options.bucket_mb)) * levels)
+    # Where ranks share cores a bucket waits once for the late ranks' compute: by its later
+    # levels every rank has finished computing, and partners meet without waiting for a core.
+    waits = _waits(case, len(_bucket_sizes(case, options.bucket_mb)))
     return Exchange(0.0, comm + waits, exposed + waits)
 
 
