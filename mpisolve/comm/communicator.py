@@ -15,6 +15,7 @@ Calls MPI offers only as blocking (window locks, flushes, frees) go through
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -138,6 +139,22 @@ class CommunicatorOptions(TypedDict, total=False):
     engine: str | None
 
 
+def _timeout_seconds(timeout_s: float | None) -> float:
+    """The watchdog's timeout: ``timeout_s``, else ``MPISOLVE_TIMEOUT``, else the default.
+
+    A finite number of seconds > 0: every wait is watchdogged, so there is no infinite one.
+    """
+    given = timeout_s if timeout_s is not None else os.environ.get("MPISOLVE_TIMEOUT", DEFAULT_TIMEOUT_S)
+    source = "timeout_s" if timeout_s is not None else "MPISOLVE_TIMEOUT"
+    try:
+        seconds = float(given)
+    except ValueError:
+        raise ValueError(f"{source} must be a number of seconds, got {given!r}") from None
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{source} must be a finite number of seconds > 0, got {given!r}")
+    return seconds
+
+
 class Communicator:
     """An mpi4py communicator with the node-local split, buffers and a watchdogged wait.
 
@@ -172,6 +189,7 @@ class Communicator:
         node_shm: bool | None = None,
         engine: str | None = None,
     ) -> None:
+        self.timeout_s = _timeout_seconds(timeout_s)
         self.comm: MPI.Intracomm = comm if comm is not None else MPI.COMM_WORLD
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
@@ -185,11 +203,6 @@ class Communicator:
         host = _machine_id()
         self.host_size: int = max(self.local_size, sum(h == host for h in self.comm.allgather(host)))
         self.node_shm: bool = node_shm if node_shm is not None else os.environ.get("MPISOLVE_NODE_SHM", "1") != "0"
-        self.timeout_s = float(
-            timeout_s if timeout_s is not None else os.environ.get("MPISOLVE_TIMEOUT", DEFAULT_TIMEOUT_S)
-        )
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         policy = wait if wait is not None else os.environ.get("MPISOLVE_WAIT", "auto")
         if policy not in WAIT_POLICIES:
             raise ValueError(f"wait must be one of {WAIT_POLICIES}, got {policy!r}")

@@ -1,5 +1,6 @@
 """The communicator on real ranks: splits, zero-copy buffers, collectives, the watchdog."""
 
+import math
 import time
 
 import pytest
@@ -42,6 +43,24 @@ def test_inplace_allreduce_and_bcast():
     b = torch.full((3,), float(comm.rank), dtype=torch.bfloat16)
     comm.bcast_(b, root=1)
     assert b.tolist() == [1.0] * 3
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("given", [math.inf, math.nan, -1.0, 0.0])
+def test_a_timeout_that_is_no_finite_positive_number_is_refused_on_every_rank(given):
+    with pytest.raises(ValueError, match="timeout_s must be a finite number of seconds > 0"):
+        Communicator(timeout_s=given)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_bad_mpisolve_timeout_is_named(monkeypatch):
+    monkeypatch.setenv("MPISOLVE_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="MPISOLVE_TIMEOUT must be a number of seconds, got 'soon'"):
+        Communicator()
+    monkeypatch.setenv("MPISOLVE_TIMEOUT", "inf")
+    with pytest.raises(ValueError, match="MPISOLVE_TIMEOUT must be a finite number of seconds > 0"):
+        Communicator()
+    Communicator(timeout_s=5.0)  # an explicit timeout wins over the environment; the ranks still agree
 
 
 @pytest.mark.mpi(min_size=2)
