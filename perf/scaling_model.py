@@ -55,7 +55,7 @@ import json
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -280,19 +280,38 @@ def calibrate(directory: Path) -> Calibration:
     return replace(cal, wait_s=wait_s, lock_s=lock_s)
 
 
-def benchmark_price(cal: Calibration, solver: str, exchange: str, case: Case) -> Callable[[float], float]:
-    """``solver``'s exchange in ``case`` at the benchmarks' price, as a function of the
+def benchmark_price(
+    cal: Calibration, solver: str, exchange: str, load: Workload, p: int, compute: Compute
+) -> Callable[[float], float]:
+    """``solver``'s exchange at ``p`` ranks at the benchmarks' price, as a function of the
     latency (s) added to each of the latency terms of ``exchange``'s network."""
-    net, gamma, _ = cal.nets[case.p]
+    net, gamma, _ = cal.nets[p]
 
     def price(latency_s: float) -> float:
-        nets = cal.windows.get(case.p, {})
-        windows = {m: in_loop(n, 1.0, latency_s if m == exchange else 0.0) for m, n in nets.items()}
+        windows = {m: in_loop(n, 1.0, latency_s if m == exchange else 0.0) for m, n in cal.windows.get(p, {}).items()}
         probed = in_loop(net, 1.0, latency_s if exchange == "allreduce" else 0.0)
-        it = iteration(solver, replace(case, net=probed, gamma_adasum=gamma, window=windows or None))
+        it = iteration(solver, Case(load, probed, compute, p, WIRE_BYTES, gamma, windows or None))
         return it.total - it.compute
 
     return price
+
+
+def quiet_pairs(
+    cal: Calibration, syncs: list[tuple[Workload, dict[tuple[str, int], dict[str, str]]]], solver: str, fit: str
+) -> Iterator[tuple[Workload, int, dict[str, str], dict[str, str]]]:
+    """The synthetic workload's runs of ``solver`` at 2 to as many ranks as cores (no core
+    shared), each with its 1-rank run: ``(workload, ranks, 1-rank row, row)``, only pairs
+    during which other processes used at most :data:`QUIET_CORES` (the others are said)."""
+    for load, rows in syncs:
+        if (solver, 1) not in rows:
+            continue
+        one = rows[(solver, 1)]
+        for p in sorted(q for s, q in rows if s == solver and 1 < q <= cal.cores):
+            row = rows[(solver, p)]
+            if max(float(r["outside_cores"] or 0) for r in (one, row)) > QUIET_CORES:
+                print(f"{fit}: {solver} at 1 and {p} ranks, {load.params} parameters, left out (other load)")
+                continue
+            yield load, p, one, row
 
 
 def fit_in_loop(
@@ -301,27 +320,20 @@ def fit_in_loop(
     """How much dearer a training step pays each exchange than the benchmarks measured it:
     a factor on their price and a fixed cost per latency term (:func:`in_loop`).
 
-    Fitted, per exchange, to the synthetic workload's runs of its solver (:data:`IN_LOOP`)
-    at 2 to as many ranks as cores, where no rank shares a core: what a run took beyond
-    its 1-rank iteration against the benchmarks' price of its exchange and the number of
-    latency terms it pays (least squares, both bounded at 0, over the workload's sizes
-    and those rank counts). Only pairs of runs during which other processes used at most
-    :data:`QUIET_CORES` count; an exchange with none keeps the benchmarks' price.
+    Fitted, per exchange, to the synthetic workload's quiet runs of its solver
+    (:data:`IN_LOOP`, :func:`quiet_pairs`): what a run took beyond its 1-rank iteration
+    against the benchmarks' price of its exchange and the number of latency terms it pays
+    (least squares, both bounded at 0, over the workload's sizes and those rank counts).
+    An exchange with no quiet runs keeps the benchmarks' price.
     """
     points: dict[str, list[tuple[float, float, float]]] = {}
-    for load, rows in syncs:
-        for solver, exchange in IN_LOOP.items():
-            one = rows[(solver, 1)]
-            for p in sorted(q for s, q in rows if s == solver and 1 < q <= cal.cores):
-                row = rows[(solver, p)]
-                if max(float(r["outside_cores"] or 0) for r in (one, row)) > QUIET_CORES:
-                    print(f"in-loop fit: {solver} at 1 and {p} ranks, {load.params} parameters, left out (other load)")
-                    continue
-                compute = Compute(step_s=float(one["iteration_s"]), batch=32)
-                price = benchmark_price(cal, solver, exchange, Case(load, cal.nets[p][0], compute, p, WIRE_BYTES, 0.0))
-                latencies = (price(PROBE_LATENCY_S) - price(0.0)) / PROBE_LATENCY_S
-                seen = float(row["iteration_s"]) - compute.seconds(p)
-                points.setdefault(exchange, []).append((price(0.0), latencies, seen))
+    for solver, exchange in IN_LOOP.items():
+        for load, p, one, row in quiet_pairs(cal, syncs, solver, "in-loop fit"):
+            compute = Compute(step_s=float(one["iteration_s"]), batch=32)
+            price = benchmark_price(cal, solver, exchange, load, p, compute)
+            plain = price(0.0)
+            latencies = (price(PROBE_LATENCY_S) - plain) / PROBE_LATENCY_S
+            points.setdefault(exchange, []).append((plain, latencies, float(row["iteration_s"]) - compute.seconds(p)))
     fits = {exchange: fit_scale_and_latency(xyz) for exchange, xyz in points.items()}
     for exchange, (factor, latency_s) in fits.items():
         print(
@@ -336,24 +348,15 @@ def fit_rounds(
 ) -> tuple[float, float] | None:
     """abs-sgd's round bookkeeping a micro-batch, seconds per gradient byte and fixed
     (:attr:`Case.round_s_per_byte`, :attr:`Case.round_s`): what the synthetic workload's
-    ``abs-sgd`` runs took at 2 to as many ranks as cores beyond the model's iteration
-    without it (its exchange priced as a training step pays it), least squares over the
-    workload's sizes, both bounded at 0. Quiet pairs only, as :func:`fit_in_loop`; None
-    without any (no ``abs-sgd`` runs)."""
+    quiet ``abs-sgd`` runs (:func:`quiet_pairs`) took beyond the model's iteration without
+    it (its exchange priced as a training step pays it), least squares over the workload's
+    sizes, both bounded at 0; None without any."""
     points = []
-    for load, rows in syncs:
-        if ("abs-sgd", 1) not in rows:
-            continue
-        one = rows[("abs-sgd", 1)]
-        for p in sorted(q for s, q in rows if s == "abs-sgd" and 1 < q <= cal.cores):
-            row = rows[("abs-sgd", p)]
-            if max(float(r["outside_cores"] or 0) for r in (one, row)) > QUIET_CORES:
-                print(f"rounds fit: abs-sgd at 1 and {p} ranks, {load.params} parameters, left out (other load)")
-                continue
-            net, gamma = cal.network(p)
-            compute = Compute(step_s=float(one["iteration_s"]), batch=32)
-            case = Case(load, net, compute, p, WIRE_BYTES, gamma, cal.window_networks(p), round_s_per_byte=0.0)
-            points.append((case.grad_bytes, 1.0, float(row["iteration_s"]) - iteration("abs-sgd", case).total))
+    for load, p, one, row in quiet_pairs(cal, syncs, "abs-sgd", "rounds fit"):
+        net, gamma = cal.network(p)
+        compute = Compute(step_s=float(one["iteration_s"]), batch=32)
+        case = Case(load, net, compute, p, WIRE_BYTES, gamma, cal.window_networks(p), round_s_per_byte=0.0)
+        points.append((case.grad_bytes, 1.0, float(row["iteration_s"]) - iteration("abs-sgd", case).total))
     if not points:
         return None
     per_byte, fixed = fit_scale_and_latency(points)

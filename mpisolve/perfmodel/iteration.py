@@ -307,8 +307,9 @@ def cycle_timeline(case: Case, options: GradientOptions, each: Callable[[float],
             tick += 3 * message if sizes else 2 * message
             for size in sizes:
                 tick += message
-                free = max(free, tick) + each(size)
-                busy += each(size)
+                seconds = each(size)
+                free = max(free, tick) + seconds
+                busy += seconds
             collect = tick + cycle
         end += max(free, backward)
     return end / CYCLE_PHASES, busy / CYCLE_PHASES
