@@ -207,7 +207,7 @@ class Communicator:
         if policy not in WAIT_POLICIES:
             raise ValueError(f"wait must be one of {WAIT_POLICIES}, got {policy!r}")
         if policy == "auto":
-            policy = "yield" if self.host_size > self.cores else "spin"
+            policy = "yield" if self.shares_cores else "spin"
         self.wait_policy: str = policy
         #: Seconds this rank has spent blocked in :meth:`wait`, here and on communicators
         #: split from this one, for busy/comm/idle accounting.
@@ -287,6 +287,11 @@ class Communicator:
                 return True
             comm = comm._parent
         return False
+
+    @property
+    def shares_cores(self) -> bool:
+        """Whether this machine runs more of this communicator's ranks than this rank has cores: they take turns."""
+        return self.host_size > self.cores
 
     def waits_in_mpi(self) -> bool:
         """Whether a wait here may block in MPI's own wait (:meth:`wait_in_mpi`) rather than poll.

@@ -59,7 +59,6 @@ measures them):
 from __future__ import annotations
 
 import math
-import statistics
 import threading
 import time
 from collections import deque
@@ -84,13 +83,14 @@ from ..errors import CommTimeout, UnsupportedModelError
 from ..options import MeasureOptions, option, require
 from .base import CommonOptions, Solver, StepInfo, register
 from .nonfinite import all_finite
-from .speeds import measure_speeds, proportional_batches
+from .speeds import measure_speeds, proportional_batches, rank_clock, resplit
 
 Trigger = Literal["collective", "window", "samples"]
 LRScaling = Literal["none", "linear", "sqrt"]
 MicroBatch = Literal["adaptive", "speed", "fixed"]
 
-#: Rounds of measured speeds whose per-rank median sets the adaptive split (one slow round does not move it).
+#: Rounds of measured speeds the adaptive split follows: their per-rank medians, where that split would have
+#: shortened each of them (one slow round does not move it; nor do speeds that only scatter).
 SPEED_ROUNDS = 3
 
 #: A bounded round's wait ends once the round has been in flight this many times the shortest of
@@ -263,6 +263,7 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         # This round's timed micro-batches: each from its first training forward to its step.
         self._timed_samples = 0
         self._timed_s = 0.0
+        self._clock = rank_clock(self.comm.shares_cores)
         #: The last rounds' speeds of every rank (samples/s), the same on every rank.
         self._speeds: deque[list[float]] = deque(maxlen=SPEED_ROUNDS)
         #: The last rounds' durations on this rank, from posting to applying (seconds).
@@ -357,7 +358,7 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
             self._end_step()
             return StepInfo(applied=False, global_samples=0, local_samples=0)
         if started_at is not None:
-            self._timed_s += time.perf_counter() - started_at
+            self._timed_s += self._clock() - started_at
             self._timed_samples += n
         self._point_grads_at_views()  # gradients set to None by the user come back into the buffer
         finite = True
@@ -471,13 +472,12 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         return True, total
 
     def _resplit(self, speeds: list[float]) -> None:
-        """Split the batch again by every rank's recent speed (the same on every rank)."""
+        """Split the batch again by every rank's recent speeds where they say so (the same on every rank)."""
         assert self.batch_sizes is not None  # called once local_batch_size has split the batch
         if min(speeds) <= 0:
             return  # a rank timed nothing this round
         self._speeds.append(speeds)
-        recent = tuple(statistics.median(rank_speeds) for rank_speeds in zip(*self._speeds))
-        sizes = proportional_batches(recent, sum(self.batch_sizes))
+        sizes = resplit(self.batch_sizes, self._speeds)
         if sizes != self.batch_sizes:
             if sizes[self.comm.rank] != self.batch_sizes[self.comm.rank]:
                 self._next_batch_size = sizes[self.comm.rank]

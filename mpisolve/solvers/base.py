@@ -186,8 +186,10 @@ class Solver(ABC, Generic[OptionsT]):
         #: Checks updates for NaN/Inf before they reach the model (``nonfinite`` option).
         self.nonfinite = NonFiniteGuard(self.options.nonfinite, self.comm, self.name)
         self._samples = 0
-        #: When the first training forward since the last step began (perf_counter), or None.
+        #: When the first training forward since the last step began (by ``_clock``), or None.
         self._forward_at: float | None = None
+        #: The clock of ``_forward_at`` (a solver that times its ranks' speeds sets :func:`.speeds.rank_clock`).
+        self._clock: Callable[[], float] = time.perf_counter
         #: Collective rounds (steps; averages or exchanges for the local-step solvers) completed.
         self.rounds = 0
         self._round_open = False  # a step (synchronize, join's round) is running: its waits may be interrupted
@@ -231,7 +233,7 @@ class Solver(ABC, Generic[OptionsT]):
         if not self._training_forward(module):
             return
         if self._forward_at is None:
-            self._forward_at = time.perf_counter()
+            self._forward_at = self._clock()
         if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
             self._samples += args[0].shape[0]
 

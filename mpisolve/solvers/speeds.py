@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import heapq
 import math
+import os
 import statistics
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 
 from ..comm.communicator import Communicator
 from ..errors import OptionError
@@ -53,6 +55,51 @@ def proportional_batches(speeds: tuple[float, ...], total: int) -> list[int]:
         batches[rank] += 1
         heapq.heappush(finish, ((batches[rank] + 1) / speeds[rank], rank))
     return batches
+
+
+def round_time(batches: Sequence[int], speeds: Sequence[float]) -> float:
+    """How long a step of ``batches`` takes at ``speeds``: its slowest rank's time."""
+    return max(batch / speed for batch, speed in zip(batches, speeds))
+
+
+def resplit(current: list[int], rounds: Sequence[Sequence[float]]) -> list[int]:
+    """The split by the median of each rank's speeds over ``rounds``, where it would have made each of them shorter.
+
+    Else ``current``: on shared cores a rank's speed moves by tens of percent from one round to
+    the next, and a split that chases those moves (each a new micro-batch shape) gains nothing;
+    a rank that is slower in every round is moved off in as many rounds as ``rounds`` holds.
+    """
+    medians = tuple(statistics.median(rank_speeds) for rank_speeds in zip(*rounds))
+    proposed = proportional_batches(medians, sum(current))
+    if all(round_time(proposed, speeds) < round_time(current, speeds) for speeds in rounds):
+        return proposed
+    return current
+
+
+def rank_clock(shares_cores: bool) -> Callable[[], float]:
+    """The clock a rank's speed is timed by: wall time, less its waits for a core where ranks share them.
+
+    Where the job's ranks outnumber a machine's cores (``shares_cores``) they take turns on
+    them, and a rank's wall time depends on the others' shares: the rank given the most
+    samples ends its micro-batch alone on a core, looks fastest and is given more still, so
+    a split by wall-time speeds runs away from the even one that ranks sharing cores call
+    for. There the time the kernel kept the calling thread waiting for a core (Linux's
+    ``schedstat``) is left out; its own work, its sleeps and its waits on a device count.
+    Elsewhere, and where the kernel does not say, the wall time.
+    """
+    if not shares_cores or not os.path.exists(SCHEDSTAT):
+        return time.perf_counter
+    return _wall_less_core_waits
+
+
+#: The calling thread's scheduler statistics: time on a core, time waiting for one (ns), timeslices.
+SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+def _wall_less_core_waits() -> float:
+    with open(SCHEDSTAT, "rb") as stats:  # read anew: the thread that asks is the one measured
+        waited_ns = int(stats.read().split()[1])
+    return time.perf_counter() - waited_ns * 1e-9
 
 
 def measure_speeds(

@@ -38,6 +38,7 @@ from ..errors import CollectiveInputError
 from ..options import option_fields, options_to_dict
 from ..solvers import make_solver
 from ..solvers.base import solver_class
+from ..solvers.speeds import rank_clock
 from . import config as train_settings
 from . import faults
 from .accounting import TimeAccount, split_time
@@ -223,9 +224,10 @@ class Trainer:
 
         For solvers that size batches by speed.
         """
-        start = perf_counter()
+        clock = rank_clock(self.comm.shares_cores)
+        start = clock()
         self.slowdown.stretch(self._compute_seconds(n), n)
-        return perf_counter() - start
+        return clock() - start
 
     def _device_seconds_per_sample(self) -> float | None:
         """The emulated device's time per sample (``--device-ms``), agreed by every rank; None without one.

@@ -351,7 +351,8 @@ def test_other_triggers_keep_ranks_in_lockstep(comm, trigger, options):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2)
 def test_one_slow_round_does_not_move_the_split_a_lasting_change_does(comm):
-    """The split follows each rank's median speed over the last 3 rounds (no timing: speeds given)."""
+    """The split follows each rank's median speed over the last 3 rounds once it would have shortened
+    each of them (no timing: speeds given)."""
     model = net()
     solver = mpisolve.make_solver(
         "abs-sgd", model, torch.optim.SGD(model.parameters(), lr=LR), comm, measure_batches=1, progress="none"
@@ -361,7 +362,9 @@ def test_one_slow_round_does_not_move_the_split_a_lasting_change_does(comm):
     for speeds in ([100.0, 100.0], [100.0, 100.0], [100.0, 25.0]):  # rank 1's one slow round
         solver._resplit(speeds)
     assert solver.batch_sizes == [8, 8]
-    solver._resplit([100.0, 25.0])  # slow again: now the median
+    solver._resplit([100.0, 25.0])  # slow again: now the median, but not slow in the first round of 3
+    assert solver.batch_sizes == [8, 8]
+    solver._resplit([100.0, 25.0])  # slow in every round of 3
     assert solver.batch_sizes == [13, 3]
     solver.close()
 
