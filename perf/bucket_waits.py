@@ -14,6 +14,12 @@ median per-call time over the blocks and its ratio to ``mpi``.
   reducer's own wait (the communicator's polled one, or ``MPI_Wait`` where it blocks).
 - ``start_polled``: the same request completed by the communicator's polled wait.
 - ``start_mpi_wait``: the same request completed by ``MPI_Wait`` under the watchdog thread.
+- ``solver_bucketed``, ``solver_start_wait``: ``bucketed`` and ``start_wait`` on a bucket whose
+  communicator carries a solver's close notices (:class:`~mpisolve.comm.closing.CloseNotices`,
+  a round open), as the solvers' buckets: waited in ``MPI_Waitany`` with the notices'
+  receives where ranks yield their cores.
+- ``solver_start_polled``: that bucket's request completed by the polled wait (the solvers'
+  wait before they blocked in MPI).
 - ``rearm``: ``rearm()`` alone (it runs after a finished round).
 
 The bookkeeping is ``bucketed`` less ``start_wait``: the rearm, the tally, the wire copies, the
@@ -31,6 +37,7 @@ from one_tensor import print_probes
 
 import mpisolve
 from mpisolve.comm.buckets import GradientBuckets, SumReducer
+from mpisolve.comm.closing import CloseNotices
 
 
 def variants(nbytes: int, world: MPI.Intracomm, comm: mpisolve.Communicator) -> dict[str, Callable[[], object]]:
@@ -63,6 +70,26 @@ def variants(nbytes: int, world: MPI.Intracomm, comm: mpisolve.Communicator) -> 
         request.start()
         comm.wait_in_mpi(request.posting, "probe")
 
+    solver_comm = comm.dup()
+    CloseNotices(solver_comm, lambda: 0, "probe", "steps")  # never closed: withdrawn at exit
+    solver_param = torch.nn.Parameter(torch.zeros(numel))
+    solver_grads = GradientBuckets([solver_param], solver_comm, bucket_bytes=nbytes, average=True)
+    assert isinstance(solver_grads.reducer, SumReducer)
+    solver_reducer = solver_grads.reducer
+    solver_request = solver_reducer.requests[0]
+
+    def solver_bucketed() -> None:
+        solver_grads.rearm()
+        solver_grads.finish()
+
+    def solver_start_wait() -> None:
+        solver_reducer.start(solver_grads.buckets[0])
+        solver_reducer.finish(solver_grads.buckets[0])
+
+    def solver_start_polled() -> None:
+        solver_request.start()
+        solver_request.wait("probe")
+
     return {
         "mpi": lambda: world.Allreduce(send, recv),
         "bucketed": bucketed,
@@ -71,6 +98,9 @@ def variants(nbytes: int, world: MPI.Intracomm, comm: mpisolve.Communicator) -> 
         "start_polled": start_polled,
         "start_mpi_wait": start_mpi_wait,
         "rearm": grads.rearm,
+        "solver_bucketed": solver_bucketed,
+        "solver_start_wait": solver_start_wait,
+        "solver_start_polled": solver_start_polled,
     }
 
 
