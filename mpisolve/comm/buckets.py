@@ -166,10 +166,9 @@ class SumReducer:
     """Sums each bucket with a persistent nonblocking allreduce.
 
     Completed by the communicator's polled wait, or where its ranks yield their cores and its
-    waits' interrupts, if any, can wake a rank blocked in MPI (:meth:`.Communicator.waits_in_mpi`:
-    the solvers' close notices can, abs-sgd's round cannot), in MPI's wait under the watchdog
-    thread, which aborts the job past the timeout where the polled wait raises
-    :class:`~mpisolve.errors.CommTimeout`.
+    waits run no interrupts (:meth:`.Communicator.waits_in_mpi`: the solvers' close notices,
+    abs-sgd's round), in ``MPI_Wait`` under the watchdog thread, which aborts the job past the
+    timeout where the polled wait raises :class:`~mpisolve.errors.CommTimeout`.
     """
 
     def __init__(self, comm: Communicator) -> None:

@@ -4,17 +4,15 @@ A synchronous solver's steps are collective rounds: every rank must take the sam
 number. A rank whose data runs out early (without ``solver.join()``) reaches ``close()``
 while the others wait in a round it will never join. :class:`CloseNotices` turns that
 hang into an error on every rank within a poll: ``close()`` sends every other rank a
-notice (its rank and rounds completed) on a private duplicate of the communicator, where
-a receive stays posted for each other rank's, and every wait inside a round tests them (the
-communicator's ``interrupts``; a wait blocked in MPI wakes when one completes). A rank
+notice (its rank and rounds completed) on a private duplicate of the communicator, and
+every wait inside a round tests for notices (the communicator's ``interrupts``). A rank
 waiting in a round that a closed rank never entered raises :class:`PeerClosed`; then,
 in ``close()``, the ranks compare their rounds and the ranks that closed early raise
-:class:`UnevenSteps`. The normal path costs a test of each receive still posted per poll of a wait not yet done.
+:class:`UnevenSteps`. The normal path costs one probe per poll of a wait that is not yet done.
 """
 
 from __future__ import annotations
 
-import atexit
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,11 +43,7 @@ class CloseNotices:
 
     ``round_now()``: the round this rank is waiting in, or None outside a round (waits
     outside a round are never interrupted: what they wait for, every rank started).
-    ``solver`` and ``unit`` ("steps", "averages") name things in the messages. Registered
-    as an interrupt that wakes a rank blocked in MPI (:class:`.Wakes`): one receive stays
-    posted for each other rank's notice (from that rank: a receive from any source, between
-    the emulated cluster's nodes, missed notices). Each completes once, by :meth:`close`; a
-    solver never closed withdraws those left at exit.
+    ``solver`` and ``unit`` ("steps", "averages") name things in the messages.
     """
 
     def __init__(self, comm: Communicator, round_now: Callable[[], int | None], solver: str, unit: str) -> None:
@@ -58,44 +52,19 @@ class CloseNotices:
         self._solver = solver
         self._unit = unit
         self._mpi = comm.comm.Dup()
-        self._inbox = np.zeros((comm.size, 5), dtype=np.int64)
-        self._posted = {
-            rank: self._mpi.Irecv([self._inbox[rank], MPI.INT64_T], source=rank, tag=_TAG)
-            for rank in range(comm.size)
-            if rank != comm.rank
-        }
+        self._inbox = np.zeros(5, dtype=np.int64)
+        self._status = MPI.Status()
         self._received: dict[int, Closing] = {}
         #: True once a notice interrupted one of this rank's waits.
         self.interrupted = False
-        comm.interrupts.append(self)
-        atexit.register(self._withdraw)
+        comm.interrupts.append(self.check)
 
     def _receive(self) -> None:
-        # Completed here, or by a blocking wait's MPI_Waitany (which leaves the request null: Test is True).
-        for rank, request in list(self._posted.items()):
-            if request.Test():
-                rounds, entered, busy, interrupted = (int(v) for v in self._inbox[rank, 1:])
-                self._received[rank] = Closing(rounds, bool(entered), bool(busy), bool(interrupted))
-                del self._posted[rank]
-
-    def _withdraw(self) -> None:
-        """Cancel the receives still posted (at exit: no notice will come)."""
-        atexit.unregister(self._withdraw)
-        if MPI.Is_finalized():
-            return
-        for request in self._posted.values():
-            request.Cancel()
-            request.Wait()
-        self._posted.clear()
-
-    def wake_requests(self) -> list[MPI.Request]:
-        """Take in the notices that came and :meth:`check` them; the receives still posted (:class:`.Wakes`)."""
-        self._receive()
-        self.check()
-        return list(self._posted.values())
-
-    def __call__(self) -> None:
-        self.check()
+        # Probed, not posted: a solver never closed leaves no receive behind.
+        while self._mpi.Iprobe(source=MPI.ANY_SOURCE, tag=_TAG, status=self._status):
+            self._mpi.Recv([self._inbox, MPI.INT64_T], source=self._status.Get_source(), tag=_TAG)
+            rank, rounds, entered, busy, interrupted = (int(v) for v in self._inbox)
+            self._received[rank] = Closing(rounds, bool(entered), bool(busy), bool(interrupted))
 
     def peer_closed(self) -> bool:
         """Whether another rank has reached ``close()`` (its notice arrived)."""
@@ -126,7 +95,7 @@ class CloseNotices:
 
     def close(self, rounds: int, entered: bool, busy: bool) -> dict[int, Closing]:
         """Collective: tell every other rank this one closes, and learn every rank's :class:`Closing`."""
-        self.comm.interrupts.remove(self)
+        self.comm.interrupts.remove(self.check)
         me = self.comm.rank
         note = np.array([me, rounds, int(entered), int(busy), int(self.interrupted)], dtype=np.int64)
         sends = [
@@ -143,7 +112,6 @@ class CloseNotices:
 
         self.comm.wait_for(all_received, missing)
         self.comm.wait(sends, f"{self._solver} close notices")
-        atexit.unregister(self._withdraw)  # every receive completed
         self._mpi.Free()
         return {**self._received, me: Closing(rounds, entered, busy, self.interrupted)}
 

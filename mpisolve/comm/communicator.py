@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar, cast, overload, runtime_checkable
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast, overload
 
 import torch
 from mpi4py import MPI
@@ -155,21 +155,6 @@ def _timeout_seconds(timeout_s: float | None) -> float:
     return seconds
 
 
-@runtime_checkable
-class Wakes(Protocol):
-    """An interrupt (:attr:`Communicator.interrupts`) that a rank blocked in MPI still sees.
-
-    Called as any interrupt between the polls of a wait. ``wake_requests()`` does what a call
-    does (it may raise) and gives posted MPI requests, one of which completes when there may be
-    more to do (a close notice arrived), so that :meth:`Communicator.wait_in_mpi` can block in
-    ``MPI_Waitany`` on them and the operation together.
-    """
-
-    def __call__(self) -> None: ...
-
-    def wake_requests(self) -> list[MPI.Request]: ...
-
-
 class Communicator:
     """An mpi4py communicator with the node-local split, buffers and a watchdogged wait.
 
@@ -288,38 +273,34 @@ class Communicator:
 
     def check_interrupts(self) -> None:
         """Run the :attr:`interrupts` of this communicator and of those it was split from."""
-        for check in self._all_interrupts():
-            check()
+        comm: Communicator | None = self
+        while comm is not None:
+            for check in comm.interrupts:
+                check()
+            comm = comm._parent
 
     def has_interrupts(self) -> bool:
         """Whether waits here run :attr:`interrupts` (of this communicator or one it was split from)."""
-        return bool(self._all_interrupts())
-
-    def _all_interrupts(self) -> list[Callable[[], None]]:
-        checks: list[Callable[[], None]] = []
         comm: Communicator | None = self
         while comm is not None:
-            checks += comm.interrupts
+            if comm.interrupts:
+                return True
             comm = comm._parent
-        return checks
+        return False
 
     def waits_in_mpi(self) -> bool:
         """Whether a wait here may block in MPI's own wait (:meth:`wait_in_mpi`) rather than poll.
 
         So it may where ranks yield their cores (they share them: MPI's wait hands the core to the
-        ranks it waits for sooner than a poll from Python) and every :attr:`interrupt <interrupts>`
-        of the waits here can wake a rank blocked in MPI (:class:`Wakes`: a solver's close notices;
-        not abs-sgd's round, which moves only when its rank tests it).
+        ranks it waits for sooner than a poll from Python) and no wait here runs :attr:`interrupts`,
+        which a rank blocked in MPI would not run.
         """
-        return self.wait_policy == "yield" and all(isinstance(check, Wakes) for check in self._all_interrupts())
+        return self.wait_policy == "yield" and not self.has_interrupts()
 
     def wait_in_mpi(self, posting: Posting, what: str) -> None:
-        """Complete ``posting``'s operation in MPI's wait under the watchdog thread (:meth:`blocking`).
+        """Complete ``posting``'s operation in ``MPI_Wait`` under the watchdog thread (:meth:`blocking`).
 
-        With interrupts (all :class:`Wakes`, as :meth:`waits_in_mpi` requires) the wait is
-        ``MPI_Waitany`` over the operation and their wake requests, asked anew (they run the
-        interrupts, which may end the wait by raising) before it and after one completes. The
-        watchdog aborts the job past the timeout. An operation still queued is posted first
+        The watchdog aborts the job past the timeout. An operation still queued is posted first
         (a polled wait, for it and those queued before it, not for later ones).
         """
         if not posting.posted:
@@ -329,18 +310,8 @@ class Communicator:
                 return posting.posted
 
             self.wait_for(posted, f"{what}: to be posted")
-        wakes = cast("list[Wakes]", self._all_interrupts())
         with self.blocking(what):
-            if not wakes:
-                posting.request.Wait()
-                return
-            # Waitany skips a request already completed (null, or persistent and inactive): tested first.
-            while not posting.request.Test():
-                requests = [posting.request]
-                for wake in wakes:
-                    requests += wake.wake_requests()
-                if MPI.Request.Waitany(requests) == 0:
-                    return
+            posting.request.Wait()
 
     def blocking(self, what: str, target: int | None = None) -> BlockingCall:
         """A context for one call MPI offers only as blocking (``with comm.blocking("MPI_Win_lock", 2): ...``).
