@@ -259,7 +259,6 @@ import sys, time
 import torch
 from mpi4py import MPI
 from mpisolve.comm.buckets import GradientBuckets
-from mpisolve.comm.closing import CloseNotices
 from mpisolve.comm.communicator import Communicator
 
 comm = Communicator(timeout_s=2, wait="yield", node_shm=False)
