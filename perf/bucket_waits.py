@@ -14,14 +14,18 @@ median per-call time over the blocks and its ratio to ``mpi``.
   reducer's own wait (the communicator's polled one, or ``MPI_Wait`` where it blocks).
 - ``start_polled``: the same request completed by the communicator's polled wait.
 - ``start_mpi_wait``: the same request completed by ``MPI_Wait`` under the watchdog thread.
-- ``rearm``: ``rearm()`` alone (it runs after a finished round).
+- ``solver_bucketed``, ``solver_start_wait``: ``bucketed`` and ``start_wait`` on a bucket whose
+  communicator carries a solver's close notices (:class:`~mpisolve.comm.closing.CloseNotices`,
+  a round open), as the solvers' buckets: their wait is polled.
+- ``solver_start_waitany``: that bucket's request completed by ``MPI_Waitany`` over it and one
+  receive posted from each other rank, under the watchdog thread: how a solver's bucket wait
+  would block in MPI and still wake for a close notice (no notice comes here).
 
-The bookkeeping is ``bucketed`` less ``start_wait``: the rearm, the tally, the wire copies, the
-read-back of the tally in ``GradientBuckets.finish``.
 """
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Callable
 
 import numpy as np
@@ -31,6 +35,7 @@ from one_tensor import print_probes
 
 import mpisolve
 from mpisolve.comm.buckets import GradientBuckets, SumReducer
+from mpisolve.comm.closing import CloseNotices
 
 
 def variants(nbytes: int, world: MPI.Intracomm, comm: mpisolve.Communicator) -> dict[str, Callable[[], object]]:
@@ -63,6 +68,43 @@ def variants(nbytes: int, world: MPI.Intracomm, comm: mpisolve.Communicator) -> 
         request.start()
         comm.wait_in_mpi(request.posting, "probe")
 
+    solver_comm = comm.dup()
+    CloseNotices(solver_comm, lambda: 0, "probe", "steps")  # never closed: it posts nothing
+    solver_param = torch.nn.Parameter(torch.zeros(numel))
+    solver_grads = GradientBuckets([solver_param], solver_comm, bucket_bytes=nbytes, average=True)
+    assert isinstance(solver_grads.reducer, SumReducer)
+    solver_reducer = solver_grads.reducer
+    solver_request = solver_reducer.requests[0]
+
+    def solver_bucketed() -> None:
+        solver_grads.rearm()
+        solver_grads.finish()
+
+    def solver_start_wait() -> None:
+        solver_reducer.start(solver_grads.buckets[0])
+        solver_reducer.finish(solver_grads.buckets[0])
+
+    notices = solver_comm.comm.Dup()
+    inbox = np.zeros((world.size, 5), dtype=np.int64)
+    receives = [
+        notices.Irecv([inbox[rank], MPI.INT64_T], source=rank, tag=1)
+        for rank in range(world.size)
+        if rank != world.rank
+    ]
+
+    @atexit.register
+    def withdraw() -> None:
+        for receive in receives:
+            receive.Cancel()
+            receive.Wait()
+
+    def solver_start_waitany() -> None:
+        solver_request.start()
+        solver_comm.post_ready()
+        with solver_comm.blocking("probe"):
+            while MPI.Request.Waitany([solver_request.posting.request, *receives]) != 0:
+                pass
+
     return {
         "mpi": lambda: world.Allreduce(send, recv),
         "bucketed": bucketed,
@@ -71,6 +113,9 @@ def variants(nbytes: int, world: MPI.Intracomm, comm: mpisolve.Communicator) -> 
         "start_polled": start_polled,
         "start_mpi_wait": start_mpi_wait,
         "rearm": grads.rearm,
+        "solver_bucketed": solver_bucketed,
+        "solver_start_wait": solver_start_wait,
+        "solver_start_waitany": solver_start_waitany,
     }
 
 

@@ -24,9 +24,11 @@ from mpi4py import MPI
 import mpisolve
 from mpisolve.comm import onetensor, shm
 from mpisolve.comm.buckets import GradientBuckets
+from mpisolve.comm.closing import CloseNotices
 from mpisolve.comm.collectives import allreduce as general_allreduce
 from mpisolve.comm.communicator import Communicator
 from mpisolve.comm.reusable import reusable_sum
+from mpisolve.errors import PeerClosed
 
 CROSSOVER = 16 * 1024
 BELOW, ABOVE = CROSSOVER // 4 - 8, CROSSOVER // 4 + 8  # float32 elements either side of it
@@ -212,6 +214,44 @@ def test_gradient_buckets_wait_in_mpi_only_where_ranks_yield_and_no_wait_runs_in
     assert comm.waits_in_mpi() == (wait == "yield")
     grads.close()
     comm.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@SIZES
+@pytest.mark.parametrize("wait", ["yield", "spin"])
+def test_a_close_notice_interrupts_a_gradient_bucket_wait_on_mpis_path(wait):
+    """A solver's close notices reach a rank waiting in a bucket on MPI's path: with the notices
+    registered the sums equal numpy's; then the last rank closes before a round it never enters,
+    and every other rank, waiting in that round's bucket, raises :class:`PeerClosed`. Such a wait
+    stays polled where ranks yield their cores: MPICH's ``MPI_Waitany`` over the bucket and the
+    notices' receives spins there (docs/studies/node-aware.md, 28 Nov 14:00)."""
+    comm = Communicator(MPI.COMM_WORLD.Dup(), wait=wait, node_shm=False)
+    grad, total = inputs(comm, BELOW)
+    param = torch.nn.Parameter(torch.zeros(BELOW))
+    grads = GradientBuckets([param], comm, bucket_bytes=10**6, average=False)
+    rounds = [0]
+    notices = CloseNotices(comm, lambda: rounds[0], "test", "steps")
+    grads.rearm()
+    assert param.grad is not None
+    param.grad.copy_(grad)
+    if comm.rank == 0:
+        time.sleep(0.2)  # late: the others wait for it
+    grads.finish()
+    np.testing.assert_array_equal(param.grad.numpy(), total)
+    rounds[0] = 1
+    last = comm.rank == comm.size - 1
+    if last:
+        time.sleep(0.2)  # the others wait in round 2 when the notice comes
+        table = notices.close(1, entered=False, busy=False)
+    else:
+        grads.rearm()
+        param.grad.copy_(grad)
+        with pytest.raises(PeerClosed, match=f"rank {comm.size - 1} reached close\\(\\) after 1 steps"):
+            grads.finish()  # its allreduce stays in flight: the request is left allocated, as a solver's
+        table = notices.close(1, entered=True, busy=True)
+    assert notices.interrupted == (not last)
+    assert sorted(table) == list(range(comm.size)) and {c.rounds for c in table.values()} == {1}
 
 
 STALL_IN_BUCKET = """

@@ -11,14 +11,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mpisolve.comm.communicator import Communicator
 from mpisolve.errors import PeerClosed, UnevenSteps
 
+from .conftest import TIMEOUT_S
 from .harness import (
     BATCH,
     BUCKETS,
     LOCAL,
     LR,
     ROUNDS,
+    Case,
     all_raised,
     all_ranks_equal,
     assert_close,
@@ -70,6 +73,23 @@ def test_join_lets_every_rank_finish_and_counts_the_samples_present(comm, case):
 @pytest.mark.ranks(2, 3)
 @pytest.mark.parametrize("case", cases(ROUNDS), ids=lambda c: c.id)
 def test_without_join_a_rank_that_stops_early_gets_every_rank_an_error(comm, case):
+    stop_early(comm, case)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@pytest.mark.ranks(2, 3, 4)
+@pytest.mark.parametrize("case", cases(("allreduce", "lb-bsp", "kfac")), ids=lambda c: c.id)
+def test_without_join_on_mpis_path_where_ranks_share_cores_every_rank_gets_an_error(case):
+    """The same on MPI's path (no node-shared memory: the path of small buckets across nodes) where
+    ranks yield their cores, at 2, 3, 4 ranks and on the emulated cluster."""
+    comm = Communicator(timeout_s=TIMEOUT_S, wait="yield", node_shm=False)
+    stop_early(comm, case)
+    comm.free()
+
+
+def stop_early(comm: Communicator, case: Case) -> None:
+    """The last rank stops after 2 steps, the others after 4, none joined: every rank gets an error."""
     model = make_model()
     solver = case.build(model, torch.optim.SGD(model.parameters(), lr=LR), comm)
     steps = 2 if comm.rank == comm.size - 1 else 4  # local-sgd and easgd meet every 2 steps
