@@ -11,8 +11,8 @@ reduction, prescale and postscale factors), then each call is one MPI call, wait
 once, on a communicator of its own: up to :data:`INLINE_MAX_BYTES`, one start of a
 persistent allreduce (``MPI_Allreduce_init``, made by every rank when they agree the
 signature, on a buffer kept with it: :class:`InlineMessage`) of the values and one more
-element, a *miss* flag; above it (only where node-shared sums do not apply, or start above
-it), an ``MPI_Iallreduce`` of the flag alone and then (one blocking ``MPI_Allreduce``) of the
+element, a *miss* flag; above it (reached only where node-shared sums do not apply or their
+crossover is set higher), an ``MPI_Iallreduce`` of the flag alone and then (one blocking ``MPI_Allreduce``) of the
 tensor from where it lies into a kept buffer. Up to the one-shot crossover the copy into the
 message costs less than the flag's own allreduce, a second latency before the values'
 (docs/studies/node-aware.md). The sum is copied out into the new result: MPI moves messages
