@@ -11,10 +11,12 @@ reduction, prescale and postscale factors), then each call is one MPI call, wait
 once, on a communicator of its own: up to :data:`INLINE_MAX_BYTES`, one start of a
 persistent allreduce (``MPI_Allreduce_init``, made by every rank when they agree the
 signature, on a buffer kept with it: :class:`InlineMessage`) of the values and one more
-element, a *miss* flag; above it, an ``MPI_Iallreduce`` of the flag alone and then (one
-blocking ``MPI_Allreduce``) of the tensor from where it lies into a kept buffer. The sum is
-copied out into the new result: MPI moves messages between buffers it has seen before
-faster than into new memory each call (docs/studies/node-aware.md). A call with the agreed
+element, a *miss* flag; above it (reached only where node-shared sums do not apply or their
+crossover is set higher), an ``MPI_Iallreduce`` of the flag alone and then (one blocking ``MPI_Allreduce``) of the
+tensor from where it lies into a kept buffer. Up to the one-shot crossover the copy into the
+message costs less than the flag's own allreduce, a second latency before the values'
+(docs/studies/node-aware.md). The sum is copied out into the new result: MPI moves messages
+between buffers it has seen before faster than into new memory each call. A call with the agreed
 signature is told by comparing its dtype, shape, reduction and scales with the agreed ones
 as they are, and a tensor sent again reuses its numpy view.
 
@@ -70,7 +72,7 @@ from mpi4py import MPI
 
 from ..errors import CommTimeout, TensorMismatchError
 from .communicator import Communicator
-from .shm import node_group
+from .shm import ONE_SHOT_MIN_BYTES, node_group
 
 #: The dtypes this path sums as they are (MPI's own arithmetic), with their numpy and MPI twins.
 FAST_DTYPES: dict[torch.dtype, tuple[type[np.floating[Any]], MPI.Datatype]] = {
@@ -78,8 +80,9 @@ FAST_DTYPES: dict[torch.dtype, tuple[type[np.floating[Any]], MPI.Datatype]] = {
     torch.float64: (np.float64, MPI.DOUBLE),
 }
 #: Tensors up to this many bytes travel with the flag in one message (copied into it); larger
-#: ones are summed from where they lie, after the flag's own allreduce.
-INLINE_MAX_BYTES = 64 * 1024
+#: ones are summed from where they lie, after the flag's own allreduce. The one-shot crossover's
+#: default: every tensor below it goes inline where node-shared sums apply.
+INLINE_MAX_BYTES = ONE_SHOT_MIN_BYTES
 
 SUM = "MPI_Iallreduce (one tensor)"
 CHECK = "MPI_Iallreduce (one tensor's signature check)"
@@ -115,6 +118,8 @@ class OneTensor:
         group = node_group(comm)
         #: Tensors below this many bytes take this path (where node-shared sums apply: their crossover).
         self.max_bytes = sys.maxsize if group is None else group.one_shot_min_bytes
+        #: Tensors up to this many bytes go inline (:data:`INLINE_MAX_BYTES`; the same on every rank).
+        self.inline_max_bytes = INLINE_MAX_BYTES
         #: What timed out here, the request it left started (None: the negotiation's) and the agreed
         #: inline message, set aside: no later call runs here until that call completed as a hit everywhere.
         self.stuck: tuple[str, MPI.Request | None, InlineMessage | None] | None = None
@@ -135,7 +140,7 @@ class OneTensor:
             or self.comm.stage_all
         ):
             return GENERAL
-        return INLINE if nbytes <= INLINE_MAX_BYTES else SEPARATE
+        return INLINE if nbytes <= self.inline_max_bytes else SEPARATE
 
     def allreduce(self, tensor: torch.Tensor, op: str, scales: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor | None:
         """The sum or average of ``tensor`` (``scales``: multiplied by the first before, by the second

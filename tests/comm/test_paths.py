@@ -108,7 +108,7 @@ def test_gradient_buckets_sum_exactly_on_either_side_of_the_crossover(numel, mon
 @pytest.mark.parametrize("min_bytes", [str(CROSSOVER), None])
 def test_one_tensor_sums_match_numpy_and_the_general_path_on_every_size(min_bytes, monkeypatch):
     comm = fresh(monkeypatch, min_bytes)
-    sizes = [1, BELOW, ABOVE, onetensor.INLINE_MAX_BYTES // 4 + 3, 300_000]
+    sizes = [1, BELOW, ABOVE, 100_000, 300_000]
     for round_, numel in enumerate(sizes * 2):  # twice: each signature agreed, then from its agreement
         tensor, total = inputs(comm, numel, round_)
         shaped = tensor.view(1, numel) if round_ % 2 else tensor
@@ -135,14 +135,14 @@ def test_one_tensor_mismatches_raise_on_every_rank_and_the_next_call_works(monke
     comm = fresh(monkeypatch, str(CROSSOVER))
     rank = comm.rank
     ones = torch.ones(BELOW)
-    big = torch.ones(onetensor.INLINE_MAX_BYTES // 4 + 3)
+    big = torch.ones(100_000)
     cases = [
         lambda: torch.ones(BELOW + rank),  # elements (none agreed yet)
         lambda: torch.ones(BELOW + rank),  # again (the inline signature agreed since)
         lambda: torch.ones(BELOW).view(2, -1) if rank else ones,  # shape, same elements
         lambda: torch.ones(BELOW, dtype=torch.float64 if rank else torch.float32),  # dtype
         lambda: torch.ones(10**6 + rank),  # past the crossover: the general path's signature
-        lambda: torch.ones(big.numel() + rank),  # summed from where they lie
+        lambda: torch.ones(big.numel() + rank),  # past the crossover too
         lambda: ones if rank else torch.ones(10**6),  # one rank on the fast path, another past it
     ]
     agreements = [ones, ones, ones, ones, torch.ones(10**6), big, ones]
@@ -158,6 +158,37 @@ def test_one_tensor_mismatches_raise_on_every_rank_and_the_next_call_works(monke
     assert mpisolve.allreduce(strided, op="sum", comm=comm).eq(comm.size).all()
     assert onetensor.one_tensor(comm).agreed == ((torch.float32, (BELOW,), "sum", 1.0, 1.0), onetensor.GENERAL, BELOW)
     assert mpisolve.allreduce(ones, op="sum", comm=comm).eq(comm.size).all()
+    comm.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@SIZES
+@pytest.mark.parametrize("inline_max_bytes", [None, 64 * 1024], ids=["default", "inline-to-64KiB"])
+def test_one_tensor_below_the_one_shot_crossover_goes_with_its_check_in_one_message(monkeypatch, inline_max_bytes):
+    """Below the one-shot crossover a tensor past 64 KiB goes inline too (its values and the flag in one
+    start of the agreed persistent allreduce), or, told to go inline only up to 64 KiB, after the flag's
+    own allreduce; either way the sums are numpy's, the input is untouched, and a rank with another shape
+    raises on every rank, the next call working."""
+    comm = fresh(monkeypatch, str(1 << 20))
+    one = onetensor.one_tensor(comm)
+    if inline_max_bytes is not None:
+        one.inline_max_bytes = inline_max_bytes
+    numel = 100_000  # 400 KB: past 64 KiB, below the crossover
+    tensor, total = inputs(comm, numel)
+    before = tensor.clone()
+    mode = onetensor.INLINE if inline_max_bytes is None else onetensor.SEPARATE
+    for _ in range(3):
+        np.testing.assert_array_equal(mpisolve.allreduce(tensor, op="sum", comm=comm).numpy(), total)
+        assert one.agreed == ((torch.float32, (numel,), "sum", 1.0, 1.0), mode, numel)
+        assert (one.inline is not None and one.inline.numel == numel) == (mode == onetensor.INLINE)
+    scaled = mpisolve.allreduce(tensor.view(100, -1), op="average", comm=comm)
+    torch.testing.assert_close(scaled.reshape(-1), torch.from_numpy(total / comm.size))
+    assert torch.equal(tensor, before)
+    odd = torch.ones(numel + (comm.rank == comm.size - 1))
+    with pytest.raises(mpisolve.TensorMismatchError, match=r"differ: rank 0 has float32 \[100000\] \(sum\)"):
+        mpisolve.allreduce(odd, op="sum", comm=comm)
+    np.testing.assert_array_equal(mpisolve.allreduce(tensor, op="sum", comm=comm).numpy(), total)
     comm.free()
 
 

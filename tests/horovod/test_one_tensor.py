@@ -26,12 +26,13 @@ pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.ranks(2, 3)]
 @pytest.fixture(scope="module", autouse=True)
 def started():
     """Horovod started, with the one-tensor path open to every size here (tests/conftest.py puts
-    the node-shared crossover, where that path ends, at 0 bytes)."""
+    the node-shared crossover, where that path ends, at 0 bytes), inline up to 128 KiB."""
     hvd.init()
     one = one_tensor(hvd.global_process_set.comm)
-    kept, one.max_bytes = one.max_bytes, 1 << 20
+    kept = one.max_bytes, one.inline_max_bytes
+    one.max_bytes, one.inline_max_bytes = 1 << 20, 1 << 17
     yield
-    one.max_bytes = kept
+    one.max_bytes, one.inline_max_bytes = kept
 
 
 class Counted:
@@ -139,7 +140,9 @@ def test_a_call_that_differs_on_one_rank_raises_on_every_rank_and_the_next_call_
     assert hvd.allreduce(**agreed).tolist() == [float(hvd.size())] * 6
 
 
-@pytest.mark.parametrize("numel", [3, 40_000, 300_000], ids=["inline", "separate", "general"])
+@pytest.mark.parametrize(
+    "numel", [3, 20_000, 40_000, 300_000], ids=["inline", "inline-past-64KiB", "separate", "general"]
+)
 def test_a_joined_rank_answers_calls_of_the_agreed_signature(numel):
     size, rank = hvd.size(), hvd.rank()
     tensor = torch.full((numel,), 3.0)
