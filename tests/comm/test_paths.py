@@ -227,20 +227,11 @@ def test_gradient_buckets_wait_in_mpi_only_where_ranks_yield_and_no_wait_runs_in
     comm.interrupts.append(lambda: polls.append(1))
     before = watchdog_threads()
 
-    def step() -> None:
-        grads.rearm()
-        assert param.grad is not None
-        param.grad.copy_(grad)
-        if comm.rank == 0:
-            time.sleep(0.2)  # late: the others wait for it
-        grads.finish()
-        np.testing.assert_array_equal(param.grad.numpy(), total)
-
-    step()
+    late_round(comm, grads, param, grad, total)
     assert watchdog_threads() == before  # polled: the interrupts ran instead
     assert comm.comm.allreduce(len(polls)) > 0
     comm.interrupts.clear()
-    step()
+    late_round(comm, grads, param, grad, total)
     assert watchdog_threads() == before + (wait == "yield")
     assert comm.waits_in_mpi() == (wait == "yield")
     grads.close()
@@ -263,13 +254,7 @@ def test_a_close_notice_interrupts_a_gradient_bucket_wait_on_mpis_path(wait):
     grads = GradientBuckets([param], comm, bucket_bytes=10**6, average=False)
     rounds = [0]
     notices = CloseNotices(comm, lambda: rounds[0], "test", "steps")
-    grads.rearm()
-    assert param.grad is not None
-    param.grad.copy_(grad)
-    if comm.rank == 0:
-        time.sleep(0.2)  # late: the others wait for it
-    grads.finish()
-    np.testing.assert_array_equal(param.grad.numpy(), total)
+    late_round(comm, grads, param, grad, total)
     rounds[0] = 1
     last = comm.rank == comm.size - 1
     if last:
@@ -283,6 +268,19 @@ def test_a_close_notice_interrupts_a_gradient_bucket_wait_on_mpis_path(wait):
         table = notices.close(1, entered=True, busy=True)
     assert notices.interrupted == (not last)
     assert sorted(table) == list(range(comm.size)) and {c.rounds for c in table.values()} == {1}
+
+
+def late_round(
+    comm: Communicator, grads: GradientBuckets, param: torch.nn.Parameter, grad: torch.Tensor, total: np.ndarray
+) -> None:
+    """One round of ``grads`` whose rank 0 is late (the others wait for it), its sum checked against ``total``."""
+    grads.rearm()
+    assert param.grad is not None
+    param.grad.copy_(grad)
+    if comm.rank == 0:
+        time.sleep(0.2)
+    grads.finish()
+    np.testing.assert_array_equal(param.grad.numpy(), total)
 
 
 STALL_IN_BUCKET = """
