@@ -101,11 +101,12 @@ def _machine_id() -> str:
         return socket.gethostname()
 
 
-def _available_cores() -> int:
+def _available_cpus() -> list[int]:
+    """The CPUs this process may run on."""
     try:
-        return len(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return list(range(os.cpu_count() or 1))
 
 
 class Posting:
@@ -163,7 +164,7 @@ class Communicator:
     rank); ``"yield"`` polls and yields the core to other processes between polls, and
     after 2 ms sleeps between polls (backing off to 1 ms), so ranks sharing cores leave
     them to ranks that compute without slowing short operations; ``"auto"`` picks
-    ``"yield"`` when the host runs more of the job's ranks than it has cores (default from
+    ``"yield"`` where the host runs more of the job's ranks than the cores they may use (default from
     ``MPISOLVE_WAIT``).
 
     ``cuda_aware`` says whether MPI may be given CUDA device memory (default: detected,
@@ -197,11 +198,18 @@ class Communicator:
         self.local_rank: int = self.node.Get_rank()
         self.local_size: int = self.node.Get_size()
         self.nodes: int = self.comm.allreduce(1 if self.local_rank == 0 else 0)
-        self.cores: int = _available_cores()
+        cpus = _available_cpus()
+        #: The cores this rank may run on.
+        self.cores: int = len(cpus)
         #: This communicator's ranks on this rank's machine: the node's, or more where MPI sees several
         #: "nodes" on one machine (containers, the emulated cluster of tests/cluster), which share its cores.
         host = _machine_id()
-        self.host_size: int = max(self.local_size, sum(h == host for h in self.comm.allgather(host)))
+        here = [set(theirs) for h, theirs in self.comm.allgather((host, cpus)) if h == host]
+        self.host_size: int = max(self.local_size, len(here))
+        #: The cores this machine's ranks may run on, together.
+        self.host_cores: int = len(set().union(*here))
+        #: Whether some rank of this machine is bound to only some of the cores its ranks may use.
+        self.pinned: bool = any(theirs != here[0] for theirs in here)
         self.node_shm: bool = node_shm if node_shm is not None else os.environ.get("MPISOLVE_NODE_SHM", "1") != "0"
         policy = wait if wait is not None else os.environ.get("MPISOLVE_WAIT", "auto")
         if policy not in WAIT_POLICIES:
@@ -290,8 +298,13 @@ class Communicator:
 
     @property
     def shares_cores(self) -> bool:
-        """Whether this machine runs more of this communicator's ranks than this rank has cores: they take turns."""
-        return self.host_size > self.cores
+        """Whether this machine runs more of this communicator's ranks than the cores they may use: they take turns."""
+        return self.host_size > self.host_cores
+
+    @property
+    def shares_cores_evenly(self) -> bool:
+        """Whether ranks :attr:`shares_cores` and none is bound to some of them: the kernel gives each an even share."""
+        return self.shares_cores and not self.pinned
 
     def waits_in_mpi(self) -> bool:
         """Whether a wait here may block in MPI's own wait (:meth:`wait_in_mpi`) rather than poll.

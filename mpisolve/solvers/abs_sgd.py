@@ -89,8 +89,8 @@ Trigger = Literal["collective", "window", "samples"]
 LRScaling = Literal["none", "linear", "sqrt"]
 MicroBatch = Literal["adaptive", "speed", "fixed"]
 
-#: Rounds of measured speeds the adaptive split follows: their per-rank medians, where that split would have
-#: shortened each of them (one slow round does not move it; nor do speeds that only scatter).
+#: Rounds of measured speeds the adaptive split is judged on: their per-rank medians, where that split would
+#: have made each of them shorter by a margin (one slow round does not move it: :func:`.speeds.resplit`).
 SPEED_ROUNDS = 3
 
 #: A bounded round's wait ends once the round has been in flight this many times the shortest of
@@ -263,7 +263,7 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         # This round's timed micro-batches: each from its first training forward to its step.
         self._timed_samples = 0
         self._timed_s = 0.0
-        self._clock = rank_clock(self.comm.shares_cores)
+        self._clock = rank_clock(self.comm.shares_cores_evenly and device.type == "cpu")
         #: The last rounds' speeds of every rank (samples/s), the same on every rank.
         self._speeds: deque[list[float]] = deque(maxlen=SPEED_ROUNDS)
         #: The last rounds' durations on this rank, from posting to applying (seconds).
@@ -477,6 +477,8 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         if min(speeds) <= 0:
             return  # a rank timed nothing this round
         self._speeds.append(speeds)
+        if len(self._speeds) < SPEED_ROUNDS:
+            return  # one round's speeds are its noise
         sizes = resplit(self.batch_sizes, self._speeds)
         if sizes != self.batch_sizes:
             if sizes[self.comm.rank] != self.batch_sizes[self.comm.rank]:

@@ -224,7 +224,7 @@ class Trainer:
 
         For solvers that size batches by speed.
         """
-        clock = rank_clock(self.comm.shares_cores)
+        clock = rank_clock(self.comm.shares_cores_evenly)
         start = clock()
         self.slowdown.stretch(self._compute_seconds(n), n)
         return clock() - start

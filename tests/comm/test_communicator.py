@@ -1,6 +1,7 @@
 """The communicator on real ranks: splits, zero-copy buffers, collectives, the watchdog."""
 
 import math
+import os
 import time
 
 import pytest
@@ -148,3 +149,26 @@ def test_the_first_communicator_gives_torch_its_share_of_the_cores(monkeypatch):
             assert torch.get_num_threads() == want
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
+def test_ranks_share_cores_when_they_outnumber_the_cores_they_may_use_together():
+    """Ranks bound one to a core do not share when there are cores enough; bound or not, more ranks than cores do."""
+    cpus = sorted(os.sched_getaffinity(0))
+    free = Communicator(MPI.COMM_WORLD.Dup())
+    assert not free.pinned and free.host_cores == len(cpus)
+    assert free.shares_cores == free.shares_cores_evenly == (free.host_size > len(cpus))
+    free.free()
+    os.sched_setaffinity(0, {cpus[free.rank % len(cpus)]})
+    try:
+        bound = Communicator(MPI.COMM_WORLD.Dup())
+    finally:
+        os.sched_setaffinity(0, set(cpus))
+    assert bound.cores == 1 and bound.host_cores == min(len(cpus), bound.host_size)
+    assert bound.pinned == (len(cpus) > 1)
+    assert bound.shares_cores == (bound.host_size > len(cpus))
+    if "MPISOLVE_WAIT" not in os.environ:
+        assert bound.wait_policy == ("yield" if bound.shares_cores else "spin")
+    assert not bound.shares_cores_evenly or len(cpus) == 1
+    bound.free()
