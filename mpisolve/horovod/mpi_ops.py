@@ -17,10 +17,11 @@ is refused.
 from __future__ import annotations
 
 import atexit
+import inspect
 import itertools
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
 import torch
 
@@ -229,28 +230,12 @@ def nccl_built() -> int:
     return 0
 
 
-def gloo_enabled() -> bool:
+def _not_built() -> bool:
+    """False: mpisolve has none of Horovod's other controllers (Gloo) or device builds (DDL, CCL, CUDA, ROCm)."""
     return False
 
 
-def gloo_built() -> bool:
-    return False
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
-
-
-def cuda_built() -> bool:
-    return False
-
-
-def rocm_built() -> bool:
-    return False
+gloo_enabled = gloo_built = ddl_built = ccl_built = cuda_built = rocm_built = _not_built
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
@@ -342,144 +327,116 @@ def _same(result: Any) -> Any:
     return result
 
 
+# -------------------------------------------------------------------------- forms
+# Horovod offers a collective in up to six forms: of a group of tensors or of one tensor,
+# starting (a handle for `synchronize`) or blocking, into new tensors or into the inputs.
+# Each collective's parameters are declared once, on its grouped start and on its
+# differentiable grouped form; the other forms are made from those here, with Horovod's
+# signatures for type checkers (the protocol, ParamSpec) and for `inspect.signature`.
+_P = ParamSpec("_P")
+_R = TypeVar("_R", covariant=True)
+_T = TypeVar("_T")
+
+
+class _OfOneTensor(Protocol[_P, _R]):
+    """A collective of one tensor: ``tensor``, then its grouped form's other parameters."""
+
+    def __call__(self, tensor: torch.Tensor, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
+
+
+def _as_horovods(form: Any, like: Callable[..., Any], name: str, doc: str, *, skip: int = 0, one: bool = False) -> Any:
+    """``form`` named ``name``, documented, with ``like``'s parameters after the first ``skip``.
+
+    ``one``: the first of them is ``tensor: torch.Tensor`` (a grouped form's ``tensors``).
+    """
+    signature = inspect.signature(like)
+    parameters = list(signature.parameters.values())[skip:]
+    if one:
+        parameters[0] = parameters[0].replace(name="tensor", annotation="torch.Tensor")
+    form.__signature__ = signature.replace(parameters=parameters)
+    form.__name__ = form.__qualname__ = name
+    form.__doc__ = doc
+    return form
+
+
+def _one_start(grouped: Callable[Concatenate[Sequence[torch.Tensor], _P], int], doc: str) -> _OfOneTensor[_P, int]:
+    """The start of one tensor: ``grouped`` of ``[tensor]``, whose handle gives the one result."""
+
+    def start(tensor: torch.Tensor, *args: _P.args, **kwargs: _P.kwargs) -> int:
+        handle = grouped([tensor], *args, **kwargs)
+        call, then = _handles[handle]
+        _handles[handle] = (call, lambda result: then(result)[0])
+        return handle
+
+    name = grouped.__name__.removeprefix("grouped_")
+    return cast(_OfOneTensor[_P, int], _as_horovods(start, grouped, name, doc, one=True))
+
+
+def _one_result(
+    grouped: Callable[Concatenate[Sequence[torch.Tensor], _P], list[torch.Tensor]], doc: str
+) -> _OfOneTensor[_P, torch.Tensor]:
+    """The collective of one tensor: ``grouped`` of ``[tensor]``, its one result."""
+
+    def collective(tensor: torch.Tensor, *args: _P.args, **kwargs: _P.kwargs) -> torch.Tensor:
+        return grouped([tensor], *args, **kwargs)[0]
+
+    name = grouped.__name__.removeprefix("grouped_")
+    return cast(_OfOneTensor[_P, torch.Tensor], _as_horovods(collective, grouped, name, doc, one=True))
+
+
+def _into(start: Callable[Concatenate[bool, _P], int], into_inputs: bool, doc: str) -> Callable[_P, int]:
+    """``start``, whose first parameter says whether its results go into its inputs, with that fixed."""
+
+    def form(*args: _P.args, **kwargs: _P.kwargs) -> int:
+        return start(into_inputs, *args, **kwargs)
+
+    name = start.__name__.removeprefix("_") + ("_" if into_inputs else "")
+    return cast(Callable[_P, int], _as_horovods(form, start, name, doc, skip=1))
+
+
+def _blocking(start: Callable[_P, int], result: type[_T], doc: str) -> Callable[_P, _T]:
+    """``start`` waited for: its result at once (of type ``result``, for type checkers)."""
+
+    def form(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        return cast(_T, synchronize(start(*args, **kwargs)))
+
+    return cast(Callable[_P, _T], _as_horovods(form, start, start.__name__.replace("_async", ""), doc))
+
+
 # ---------------------------------------------------------------------- allreduce
-def _allreduce_start(
+def _grouped_allreduce_async(
+    into_inputs: bool,
     tensors: Sequence[torch.Tensor],
-    then: Callable[[Any], Any],
-    average: bool | None,
-    name: str | None,
-    op: int | None,
-    scales: tuple[float, float],
-    process_set: ProcessSet,
-    out: Sequence[torch.Tensor] | None,
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
 ) -> int:
     reduction = _reduction(op, average)
     _check_adasum(reduction, process_set)
-    pre, post = scales
-    return _start(
-        "allreduce",
-        tensors,
-        process_set,
-        then,
-        op=_REDUCTIONS[reduction],
-        name=name,
-        prescale=pre,
-        postscale=post,
-        out=out,
-    )
+    out = list(tensors) if into_inputs else None
+    scales = {"prescale": prescale_factor, "postscale": postscale_factor}
+    return _start("allreduce", tensors, process_set, _same, op=_REDUCTIONS[reduction], name=name, out=out, **scales)
 
 
-def allreduce_async(
-    tensor: torch.Tensor,
-    average: bool | None = None,
-    name: str | None = None,
-    op: int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> int:
-    """Start reducing ``tensor`` (untouched) across the set; a handle for :func:`synchronize`."""
-    scales = (prescale_factor, postscale_factor)
-    return _allreduce_start([tensor], _first, average, name, op, scales, process_set, None)
-
-
-def allreduce_async_(
-    tensor: torch.Tensor,
-    average: bool | None = None,
-    name: str | None = None,
-    op: int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> int:
-    """:func:`allreduce_async` with the result written into ``tensor``."""
-    scales = (prescale_factor, postscale_factor)
-    return _allreduce_start([tensor], _first, average, name, op, scales, process_set, [tensor])
-
-
-class HorovodAllreduce(torch.autograd.Function):
-    """Allreduce; its gradient is the same allreduce of the gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, op: int, name: str | None, pre: float, post: float, ps: Any) -> Any:
-        ctx.args = (op, pre, post, ps)
-        return synchronize(allreduce_async(tensor, None, name, op, pre, post, ps))
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        op, pre, post, ps = ctx.args
-        return synchronize(allreduce_async(grads[0], None, None, op, pre, post, ps)), None, None, None, None, None
-
-
-def allreduce(
-    tensor: torch.Tensor,
-    average: bool | None = None,
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> torch.Tensor:
-    """The reduction of ``tensor`` across the set (``op``: Average by default), differentiable."""
-    compressed, ctx = compression.compress(tensor)
-    reduction = _reduction(op, average)
-    if compressed.requires_grad and torch.is_grad_enabled():
-        reduced = HorovodAllreduce.apply(compressed, reduction, name, prescale_factor, postscale_factor, process_set)
-    else:  # no graph to record: the collective alone, no handle
-        _check_adasum(reduction, process_set)
-        ops = process_set._ops()
-        try:  # at once where nothing else is in flight: onetensor's one call, no handle or call object
-            now = ops.allreduce_now(compressed, _REDUCTIONS[reduction], (prescale_factor, postscale_factor), name)
-        except TensorMismatchError as err:
-            raise HorovodInternalError(str(err)) from err
-        if now is not None:
-            return compression.decompress(now, ctx)
-        arguments = {"op": _REDUCTIONS[reduction], "name": name, "prescale": prescale_factor}
-        arguments["postscale"] = postscale_factor
-        reduced = _result(_begin("allreduce", [compressed], process_set, arguments))[0]
-    return compression.decompress(reduced, ctx)
-
-
-def allreduce_(
-    tensor: torch.Tensor,
-    average: bool | None = None,
-    name: str | None = None,
-    op: int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> torch.Tensor:
-    """:func:`allreduce` in place (not differentiable)."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
-
-
-def grouped_allreduce_async(
-    tensors: Sequence[torch.Tensor],
-    average: bool | None = None,
-    name: str | None = None,
-    op: int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> int:
-    """Start reducing ``tensors`` as one call (fused by dtype)."""
-    scales = (prescale_factor, postscale_factor)
-    return _allreduce_start(tensors, _same, average, name, op, scales, process_set, None)
-
-
-def grouped_allreduce_async_(
-    tensors: Sequence[torch.Tensor],
-    average: bool | None = None,
-    name: str | None = None,
-    op: int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> int:
-    """:func:`grouped_allreduce_async` with the results written into ``tensors``."""
-    scales = (prescale_factor, postscale_factor)
-    return _allreduce_start(tensors, _same, average, name, op, scales, process_set, list(tensors))
+grouped_allreduce_async = _into(
+    _grouped_allreduce_async, False, "Start reducing ``tensors`` as one call (fused by dtype)."
+)
+grouped_allreduce_async_ = _into(
+    _grouped_allreduce_async, True, ":func:`grouped_allreduce_async` with the results written into ``tensors``."
+)
+grouped_allreduce_ = _blocking(
+    grouped_allreduce_async_, list, ":func:`grouped_allreduce` in place (not differentiable)."
+)
+allreduce_async = _one_start(
+    grouped_allreduce_async, "Start reducing ``tensor`` (untouched) across the set; a handle for :func:`synchronize`."
+)
+allreduce_async_ = _one_start(
+    grouped_allreduce_async_, ":func:`allreduce_async` with the result written into ``tensor``."
+)
+allreduce_ = _one_result(grouped_allreduce_, ":func:`allreduce` in place (not differentiable).")
 
 
 class HorovodGroupedAllreduce(torch.autograd.Function):
@@ -507,27 +464,38 @@ def grouped_allreduce(
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
 ) -> list[torch.Tensor]:
-    """The reductions of ``tensors`` as one call, differentiable."""
+    """The reductions of ``tensors`` across the set as one call (``op``: Average by default), differentiable."""
     packed = [compression.compress(t) for t in tensors]
-    reduced = HorovodGroupedAllreduce.apply(
-        _reduction(op, average), name, prescale_factor, postscale_factor, process_set, *[t for t, _ in packed]
-    )
+    compressed = [t for t, _ in packed]
+    reduction = _reduction(op, average)
+    scales = (prescale_factor, postscale_factor)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in compressed):
+        reduced = HorovodGroupedAllreduce.apply(reduction, name, *scales, process_set, *compressed)
+    else:  # no graph to record: the collective alone, no handle
+        reduced = _reduced_now(compressed, reduction, name, scales, process_set)
     return [compression.decompress(t, ctx) for t, (_, ctx) in zip(reduced, packed)]
 
 
-def grouped_allreduce_(
-    tensors: Sequence[torch.Tensor],
-    average: bool | None = None,
-    name: str | None = None,
-    op: int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
+def _reduced_now(
+    tensors: list[torch.Tensor], reduction: int, name: str | None, scales: tuple[float, float], process_set: ProcessSet
 ) -> list[torch.Tensor]:
-    """:func:`grouped_allreduce` in place."""
-    return synchronize(
-        grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
-    )
+    """``tensors`` reduced at once; one tensor in onetensor's one call where nothing else is in flight."""
+    _check_adasum(reduction, process_set)
+    ops = process_set._ops()
+    if len(tensors) == 1:
+        try:
+            now = ops.allreduce_now(tensors[0], _REDUCTIONS[reduction], scales, name)
+        except TensorMismatchError as err:
+            raise HorovodInternalError(str(err)) from err
+        if now is not None:
+            return [now]
+    arguments = {"op": _REDUCTIONS[reduction], "name": name, "prescale": scales[0], "postscale": scales[1]}
+    return list(_result(_begin("allreduce", tensors, process_set, arguments)))
+
+
+allreduce = _one_result(
+    grouped_allreduce, "The reduction of ``tensor`` across the set (``op``: Average by default), differentiable."
+)
 
 
 def sparse_allreduce_async(
@@ -549,41 +517,10 @@ def sparse_allreduce_async(
 
 
 # ---------------------------------------------------------------------- allgather
-def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set) -> int:
-    """Start gathering ``tensor`` from every rank of the set (first dimensions may differ)."""
-    return _start("allgather", [tensor], process_set, _first, name=name)
-
-
-class HorovodAllgather(torch.autograd.Function):
-    """Allgather; its gradient is this rank's rows of the averaged gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, ps: Any) -> Any:
-        ctx.rows, ctx.ps = tensor.shape[0], ps
-        return synchronize(allgather_async(tensor, name, ps))
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        return _rows_of_average(grads[0], ctx.rows, ctx.ps), None, None
-
-
-def _rows_of_average(grad: torch.Tensor, rows: int, ps: ProcessSet) -> torch.Tensor:
-    reduced = synchronize(allreduce_async(grad, op=Average, process_set=ps))
-    counts = synchronize(allgather_async(torch.tensor([rows]), process_set=ps))
-    start = int(counts[: ps.rank()].sum())
-    return reduced.narrow(0, start, rows)
-
-
-def allgather(
-    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
-) -> torch.Tensor:
-    """Every rank's ``tensor`` concatenated along the first dimension, differentiable."""
-    return HorovodAllgather.apply(tensor, name, process_set)
-
-
 def grouped_allgather_async(
     tensors: Sequence[torch.Tensor], name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> int:
+    """Start gathering ``tensors`` from every rank of the set (first dimensions may differ)."""
     return _start("allgather", tensors, process_set, _same, name=name)
 
 
@@ -600,26 +537,46 @@ class HorovodGroupedAllgather(torch.autograd.Function):
         return (None, None, *[_rows_of_average(g, rows, ctx.ps) for g, rows in zip(grads, ctx.rows)])
 
 
+def _rows_of_average(grad: torch.Tensor, rows: int, ps: ProcessSet) -> torch.Tensor:
+    reduced = synchronize(allreduce_async(grad, op=Average, process_set=ps))
+    counts = synchronize(allgather_async(torch.tensor([rows]), process_set=ps))
+    start = int(counts[: ps.rank()].sum())
+    return reduced.narrow(0, start, rows)
+
+
 def grouped_allgather(
     tensors: Sequence[torch.Tensor], name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> list[torch.Tensor]:
+    """Every rank's ``tensors``, each concatenated along its first dimension, differentiable."""
     return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
+allgather_async = _one_start(
+    grouped_allgather_async, "Start gathering ``tensor`` from every rank of the set (first dimensions may differ)."
+)
+allgather = _one_result(
+    grouped_allgather, "Every rank's ``tensor`` concatenated along the first dimension, differentiable."
+)
+
+
 # ---------------------------------------------------------------------- broadcast
-def broadcast_async(
-    tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
+def _broadcast_async(
+    into_inputs: bool,
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
 ) -> int:
-    """Start giving every rank of the set ``root_rank``'s ``tensor`` (as a new tensor)."""
-    return _start("broadcast", [tensor], process_set, _first, root=_set_rank(root_rank, process_set), name=name)
-
-
-def broadcast_async_(
-    tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
-) -> int:
-    """:func:`broadcast_async` into ``tensor`` itself."""
     root = _set_rank(root_rank, process_set)
-    return _start("broadcast", [tensor], process_set, _first, root=root, name=name, out=[tensor])
+    out = [tensor] if into_inputs else None
+    return _start("broadcast", [tensor], process_set, _first, root=root, name=name, out=out)
+
+
+broadcast_async = _into(
+    _broadcast_async, False, "Start giving every rank of the set ``root_rank``'s ``tensor`` (as a new tensor)."
+)
+broadcast_async_ = _into(_broadcast_async, True, ":func:`broadcast_async` into ``tensor`` itself.")
+broadcast_ = _blocking(broadcast_async_, torch.Tensor, ":func:`broadcast` into ``tensor`` itself.")
 
 
 def _set_rank(root_rank: int, process_set: ProcessSet) -> int:
@@ -652,13 +609,6 @@ def broadcast(
 ) -> torch.Tensor:
     """``root_rank``'s ``tensor`` on every rank of the set (the input untouched), differentiable."""
     return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
-
-
-def broadcast_(
-    tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
-) -> torch.Tensor:
-    """:func:`broadcast` into ``tensor`` itself."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 # ----------------------------------------------------------------------- alltoall
@@ -712,18 +662,6 @@ def alltoall(
 
 
 # ------------------------------------------------------------------ reducescatter
-def reducescatter_async(
-    tensor: torch.Tensor,
-    name: str | None = None,
-    op: int = Average,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> int:
-    """Start reducing ``tensor`` and keeping this rank's share of the first dimension."""
-    return _reducescatter_start([tensor], _first, name, op, process_set, (prescale_factor, postscale_factor))
-
-
 def grouped_reducescatter_async(
     tensors: Sequence[torch.Tensor],
     name: str | None = None,
@@ -732,22 +670,12 @@ def grouped_reducescatter_async(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> int:
-    return _reducescatter_start(tensors, _same, name, op, process_set, (prescale_factor, postscale_factor))
-
-
-def _reducescatter_start(
-    tensors: Sequence[torch.Tensor],
-    then: Callable[[Any], Any],
-    name: str | None,
-    op: int,
-    process_set: ProcessSet,
-    scales: tuple[float, float],
-) -> int:
+    """Start reducing ``tensors`` and keeping this rank's share of each first dimension."""
     if op == Adasum:
         raise HorovodInternalError("reducescatter does not support Adasum")
     reduction = _REDUCTIONS[_reduction(op, None)]
-    pre, post = scales
-    return _start("reducescatter", tensors, process_set, then, op=reduction, name=name, prescale=pre, postscale=post)
+    scales = {"prescale": prescale_factor, "postscale": postscale_factor}
+    return _start("reducescatter", tensors, process_set, _same, op=reduction, name=name, **scales)
 
 
 def _scatter_grad(grads: Sequence[torch.Tensor], op: int, ps: ProcessSet, pre: float, post: float) -> list[Any]:
@@ -755,34 +683,6 @@ def _scatter_grad(grads: Sequence[torch.Tensor], op: int, ps: ProcessSet, pre: f
     factor = (ps.size() if op == Sum else 1) * pre * post
     scaled = [g * factor if factor != 1 else g for g in grads]
     return list(synchronize(grouped_allgather_async(scaled, process_set=ps)))
-
-
-class HorovodReducescatter(torch.autograd.Function):
-    """Reducescatter; its gradient is the gathered gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: int, ps: Any, pre: float, post: float) -> Any:
-        ctx.args = (op, ps, pre, post)
-        return synchronize(reducescatter_async(tensor, name, op, ps, pre, post))
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        return _scatter_grad(grads, *ctx.args)[0], None, None, None, None, None
-
-
-def reducescatter(
-    tensor: torch.Tensor,
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: int = Average,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> torch.Tensor:
-    """This rank's share of the reduction of ``tensor``, differentiable."""
-    compressed, ctx = compression.compress(tensor)
-    out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor, postscale_factor)
-    return compression.decompress(out, ctx)
 
 
 class HorovodGroupedReducescatter(torch.autograd.Function):
@@ -807,11 +707,18 @@ def grouped_reducescatter(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> list[torch.Tensor]:
+    """This rank's shares of the reductions of ``tensors``, differentiable."""
     packed = [compression.compress(t) for t in tensors]
     out = HorovodGroupedReducescatter.apply(
         name, op, process_set, prescale_factor, postscale_factor, *[t for t, _ in packed]
     )
     return [compression.decompress(t, ctx) for t, (_, ctx) in zip(out, packed)]
+
+
+reducescatter_async = _one_start(
+    grouped_reducescatter_async, "Start reducing ``tensor`` and keeping this rank's share of the first dimension."
+)
+reducescatter = _one_result(grouped_reducescatter, "This rank's share of the reduction of ``tensor``, differentiable.")
 
 
 # ------------------------------------------------------------------ join, barrier
