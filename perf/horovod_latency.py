@@ -5,8 +5,9 @@ Run under mpiexec (perf/horovod_step.sh). For each size, a float32 tensor averag
 :mod:`mpisolve.comm.onetensor`'s one MPI call with the signature check in it), timed in
 turn within each repeat (``interleaved_medians``, the slowest rank's); each timing is
 CALLS calls, reported per call. One JSON line per size. ``--others``: ``hvd.broadcast`` and
-``hvd.grouped_allreduce`` of one and of four such tensors too, timed in the same turns (they
-take the checked collectives' header round, not the one-tensor path).
+``hvd.grouped_allreduce`` of one and of four such tensors too, timed in the same turns (a
+group of one takes the one-tensor path; the broadcast and a group of four, the checked
+collectives' header round).
 """
 
 from __future__ import annotations

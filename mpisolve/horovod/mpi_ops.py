@@ -465,31 +465,28 @@ def grouped_allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> list[torch.Tensor]:
     """The reductions of ``tensors`` across the set as one call (``op``: Average by default), differentiable."""
-    packed = [compression.compress(t) for t in tensors]
-    compressed = [t for t, _ in packed]
     reduction = _reduction(op, average)
+    if compression is not Compression.none:
+        packed = [compression.compress(t) for t in tensors]
+        pre, post = prescale_factor, postscale_factor
+        reduced = grouped_allreduce(
+            [t for t, _ in packed], None, name, Compression.none, reduction, pre, post, process_set
+        )
+        return [compression.decompress(t, ctx) for t, (_, ctx) in zip(reduced, packed)]
     scales = (prescale_factor, postscale_factor)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in compressed):
-        reduced = HorovodGroupedAllreduce.apply(reduction, name, *scales, process_set, *compressed)
-    else:  # no graph to record: the collective alone, no handle
-        reduced = _reduced_now(compressed, reduction, name, scales, process_set)
-    return [compression.decompress(t, ctx) for t, (_, ctx) in zip(reduced, packed)]
-
-
-def _reduced_now(
-    tensors: list[torch.Tensor], reduction: int, name: str | None, scales: tuple[float, float], process_set: ProcessSet
-) -> list[torch.Tensor]:
-    """``tensors`` reduced at once; one tensor in onetensor's one call where nothing else is in flight."""
-    _check_adasum(reduction, process_set)
-    ops = process_set._ops()
-    if len(tensors) == 1:
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t.requires_grad:  # a graph to record
+                return list(HorovodGroupedAllreduce.apply(reduction, name, *scales, process_set, *tensors))
+    _check_adasum(reduction, process_set)  # the collective alone, no handle
+    if len(tensors) == 1:  # at once where nothing else is in flight: onetensor's one call
         try:
-            now = ops.allreduce_now(tensors[0], _REDUCTIONS[reduction], scales, name)
+            now = process_set._ops().allreduce_now(tensors[0], _REDUCTIONS[reduction], scales, name)
         except TensorMismatchError as err:
             raise HorovodInternalError(str(err)) from err
         if now is not None:
             return [now]
-    arguments = {"op": _REDUCTIONS[reduction], "name": name, "prescale": scales[0], "postscale": scales[1]}
+    arguments = {"op": _REDUCTIONS[reduction], "name": name, "prescale": prescale_factor, "postscale": postscale_factor}
     return list(_result(_begin("allreduce", tensors, process_set, arguments)))
 
 
