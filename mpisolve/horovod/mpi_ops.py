@@ -474,10 +474,9 @@ def grouped_allreduce(
         )
         return [compression.decompress(t, ctx) for t, (_, ctx) in zip(reduced, packed)]
     scales = (prescale_factor, postscale_factor)
-    if torch.is_grad_enabled():
-        for t in tensors:
-            if t.requires_grad:  # a graph to record
-                return list(HorovodGroupedAllreduce.apply(reduction, name, *scales, process_set, *tensors))
+    for t in tensors:
+        if t.requires_grad and torch.is_grad_enabled():  # a graph to record
+            return list(HorovodGroupedAllreduce.apply(reduction, name, *scales, process_set, *tensors))
     _check_adasum(reduction, process_set)  # the collective alone, no handle
     if len(tensors) == 1:  # at once where nothing else is in flight: onetensor's one call
         try:
