@@ -5,7 +5,7 @@
 # /tmp (so no other tree shadows it). Per round, alternating: perf/horovod_latency.py, 4-byte
 # hvd.allreduce against mpisolve.allreduce at 2 ranks; then the same forms' per-call time at 1 rank in
 # one process (no peer: the Python around the call, which is what the patch changes). Every run under the
-# CPU lock, `uptime` before each.
+# CPU lock, `uptime` before each. BASE, TRY, ROUNDS and LATENCY_ARGS (horovod_latency.py's) may be set.
 #   git worktree add --detach /tmp/wt30g-base 9a01134; git worktree add --detach /tmp/wt30g-try 9a01134
 #   git -C /tmp/wt30g-try apply $PWD/perf/results/issue30_solver_contract/2026-11-28-horovod-forms.patch
 #   ln -s ../kernels /tmp/wt30g-base/mpisolve/kernels; ln -s ../kernels /tmp/wt30g-try/mpisolve/kernels
@@ -17,6 +17,7 @@ MPIEXEC=$ROOT/.venv/bin/mpiexec
 LOCK=${LOCK:-/tmp/mpisolve-cpu.lock}
 BASE=${BASE:-/tmp/wt30g-base}
 TRY=${TRY:-/tmp/wt30g-try}
+LATENCY_ARGS=${LATENCY_ARGS:-"--sizes 4 --calls 200 --repeats 30"}
 ONE_RANK='
 import sys, timeit, torch, mpisolve, mpisolve.horovod as hvd
 hvd.init()
@@ -30,7 +31,7 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
   for side in BASE TRY; do
     tree=${!side}
     echo "# $side $(git -C "$tree" rev-parse --short HEAD) ($(git -C "$tree" diff --stat | tail -1)), round $round, uptime: $(uptime)"
-    PYTHONPATH=$tree flock "$LOCK" "$MPIEXEC" -n 2 "$PY" "$tree/perf/horovod_latency.py" --sizes 4 --calls 200 --repeats 30
+    PYTHONPATH=$tree flock "$LOCK" "$MPIEXEC" -n 2 "$PY" "$tree/perf/horovod_latency.py" $LATENCY_ARGS
     echo "# $side one rank, uptime: $(uptime)"
     PYTHONPATH=$tree flock "$LOCK" "$PY" -c "$ONE_RANK"
   done
