@@ -1014,11 +1014,9 @@ def allreduce(
     """
     if isinstance(tensors, torch.Tensor) and tensors.is_cpu and op in ("sum", "average"):
         if tensors.is_floating_point():
-            comm = as_communicator(comm)
-            if comm.size > 1:
-                summed = one_tensor(comm).allreduce(tensors, op)
-                if summed is not None:
-                    return summed
+            summed = one_tensor(as_communicator(comm)).allreduce(tensors, op)
+            if summed is not None:
+                return summed
     given, single = _one_or_list(tensors)
     if op not in REDUCTIONS:
         raise ValueError(f"op must be one of {', '.join(map(repr, REDUCTIONS))}; got {op!r}")

@@ -192,6 +192,20 @@ def test_one_tensor_below_the_one_shot_crossover_goes_with_its_check_in_one_mess
     comm.free()
 
 
+def test_one_tensor_at_one_rank_takes_the_one_call_path_too():
+    """A one-rank job's sum or average of one tensor is its own values, in a new tensor, through the
+    same one MPI call as at several ranks (not the general path's fusing and polled rounds)."""
+    comm = Communicator(MPI.COMM_SELF.Dup())
+    tensor = torch.arange(6, dtype=torch.float32).view(2, 3)
+    for op in ("sum", "average"):
+        result = mpisolve.allreduce(tensor, op=op, comm=comm)
+        np.testing.assert_array_equal(result.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
+        assert result.data_ptr() != tensor.data_ptr()
+        assert onetensor.one_tensor(comm).agreed == ((torch.float32, (2, 3), op, 1.0, 1.0), onetensor.INLINE, 6)
+    assert torch.equal(tensor, torch.arange(6, dtype=torch.float32).view(2, 3))
+    comm.free()
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
 def test_a_communicator_whose_waits_drive_other_work_keeps_the_general_path(monkeypatch):
