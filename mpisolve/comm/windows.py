@@ -40,12 +40,8 @@ Two modes, chosen by the solver:
 update lost, whatever the mode.
 
 Progress: a passive-target operation must not wait for its target to enter MPI. With
-``progress="thread"`` (default) the inter-node path runs a thread that drives MPI's
-progress engine: where this machine's ranks share cores (:attr:`Communicator.shares_cores`)
-it waits inside a blocking ``MPI_Recv`` that only closing ends, so MPI progresses without
-Python's GIL, which a timer's wake-up must take from the owner's training, and without the
-wake-ups' turns on a shared core; with a core a rank, a :class:`.progress.ProgressThread`
-probes every 0.5 ms; ``"mpich"`` relies on MPICH's own progress thread,
+``progress="thread"`` (default) the inter-node path runs a :class:`.progress.ProgressThread`
+that pokes MPI's progress engine; ``"mpich"`` relies on MPICH's own progress thread,
 which the job must be launched with (``MPICH_ASYNC_PROGRESS=1``); ``"none"`` relies on
 the library (e.g. RDMA hardware). The shared path's loads and stores need none, but a
 locked window's ``Win_lock`` is granted by the owner's progress engine (MPICH), so a
@@ -59,7 +55,6 @@ both are watchdogged and count as time blocked in MPI.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -106,42 +101,18 @@ def shard_bounds(numel: int, size: int, layout: str, itemsize: int) -> list[tupl
     return [(min(r * per, numel), min((r + 1) * per, numel)) for r in range(size)]
 
 
-#: How the window's progress thread drives MPI: waiting inside a blocking receive, or probing on a timer.
-ProgressWait = Literal["block", "poll"]
-
-
 class _ProgressThread:
-    """Drives MPI's progress engine so that passive-target operations aimed at this rank complete.
+    """Pokes MPI's progress engine so that passive-target operations aimed at this rank complete."""
 
-    ``"block"``: the thread waits in ``MPI_Recv`` on a private communicator until :meth:`stop`
-    sends it its one message; MPI progresses all the while, with Python's GIL released and no
-    timer to wake it. ``"poll"``: a :class:`.progress.ProgressThread` probes every 0.5 ms, each
-    probe taking the GIL from the rank's training.
-    """
-
-    def __init__(self, comm: MPI.Comm, wait: ProgressWait) -> None:
-        self._comm = comm.Dup()  # a private communicator: nothing of the job's can match its messages
-        self.wait: ProgressWait = wait
-        self._poller: ProgressThread | None = None
-        self._blocked: threading.Thread | None = None
-        if wait == "poll":
-            self._poller = ProgressThread(self._probe, name="mpisolve-rma-progress")
-        else:
-            self._blocked = threading.Thread(target=self._receive_stop, name="mpisolve-rma-progress", daemon=True)
-            self._blocked.start()
+    def __init__(self, comm: MPI.Comm) -> None:
+        self._comm = comm.Dup()  # a private communicator: the probe can never match a real message
+        self._thread = ProgressThread(self._probe, name="mpisolve-rma-progress")
 
     def _probe(self) -> None:
         self._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
 
-    def _receive_stop(self) -> None:
-        self._comm.Recv(bytearray(1), source=self._comm.Get_rank(), tag=0)
-
     def stop(self) -> None:
-        if self._poller is not None:
-            self._poller.stop()
-        elif self._blocked is not None:
-            self._comm.Send(bytearray(1), dest=self._comm.Get_rank(), tag=0)  # ends the thread's receive
-            self._blocked.join()
+        self._thread.stop()
         self._comm.Free()
 
 
@@ -229,11 +200,7 @@ class SharedVector:
         self._scratch_by_target = self._by_target(self._scratch) if self._scratch is not None else {}
         self._pending: list[MPI.Request] = []
         needs_progress = rma or locked  # locks are granted by the owner
-        #: How this rank's progress thread drives MPI (None: no thread): blocked in MPI where ranks share cores.
-        self.progress_wait: ProgressWait | None = None
-        if needs_progress and progress == "thread":
-            self.progress_wait = "block" if comm.shares_cores else "poll"
-        self._progress = _ProgressThread(comm.comm, self.progress_wait) if self.progress_wait is not None else None
+        self._progress = _ProgressThread(comm.comm) if needs_progress and progress == "thread" else None
         if not locked:
             with comm.blocking("MPI_Win_lock_all"):
                 self.win.Lock_all(MPI.MODE_NOCHECK)  # nobody ever takes an exclusive lock on a wild window

@@ -1,13 +1,10 @@
 """SharedVector: exact concurrent accumulates on both paths, locked updates, progress, clean close."""
 
-import os
-import sys
 import threading
 import time
 
 import pytest
 import torch
-from mpi4py import MPI
 
 from mpisolve.comm.communicator import Communicator
 from mpisolve.comm.windows import SharedVector
@@ -113,66 +110,6 @@ def test_locked_shared_memory_updates_complete_while_the_owner_stays_out_of_mpi(
 
 def progress_threads():
     return [t for t in threading.enumerate() if t.name == "mpisolve-rma-progress"]
-
-
-def ranks_outnumber_cores():
-    """The oracle, from the kernel: more ranks on this machine than the union of their CPU affinities."""
-    with open("/proc/sys/kernel/random/boot_id") as f:
-        here = f.read()
-    gathered = MPI.COMM_WORLD.allgather((here, frozenset(os.sched_getaffinity(0))))
-    mine = [cpus for machine, cpus in gathered if machine == here]
-    return len(mine) > len(frozenset().union(*mine))
-
-
-@pytest.mark.mpi(min_size=2)
-@pytest.mark.ranks(2, 3, 4, 5, 8)
-@pytest.mark.parametrize("force_internode", [False, True])
-def test_progress_thread_blocks_in_mpi_where_ranks_share_cores(force_internode):
-    comm = Communicator()
-    expected = "block" if ranks_outnumber_cores() else "poll"
-    with SharedVector(comm, 100, torch.float32, locked=True, force_internode=force_internode) as v:
-        assert v.progress_wait == expected
-        assert [t for t in progress_threads() if t.is_alive()], "a locked window runs the thread"
-    assert not progress_threads()
-    with SharedVector(comm, 100, torch.float32, locked=True, progress="none") as v:
-        assert v.progress_wait is None and not progress_threads()
-
-
-@pytest.mark.mpi(min_size=2)
-@pytest.mark.ranks(3, 4, 5, 8)
-def test_locks_are_granted_while_the_owner_holds_the_gil():
-    """Where ranks share cores, rank 0's thread grants its window's locks while its training never lets go of the GIL.
-
-    Rank 0 spins in Python with a 60 s switch interval, so no other thread of its process may
-    run Python meanwhile; a thread that has to wake up in Python to poke MPI grants nothing.
-    """
-    if not ranks_outnumber_cores():
-        pytest.skip("the ranks have a core each here: the thread polls")
-    comm = Communicator()
-    rounds = 5
-    total = rounds * sum(contribution(r).double() for r in range(1, comm.size))
-    with SharedVector(comm, N, torch.float64, layout="server", locked=True) as v:
-        v.store_(torch.zeros(N, dtype=torch.float64))
-        if comm.rank == 0:
-            assert v.view is not None
-            first, last = v.view.numpy(), float(total[-1])
-            switch = sys.getswitchinterval()
-            sys.setswitchinterval(60.0)
-            try:
-                deadline = time.monotonic() + 20.0  # a lock never granted: fail, not hang
-                while float(first[-1]) != last and time.monotonic() < deadline:
-                    pass  # Python holding the GIL, as a training step's Python does between kernels
-            finally:
-                sys.setswitchinterval(switch)
-            assert float(first[-1]) == last, "the others' locked updates did not land while rank 0 held the GIL"
-        else:
-            mine = contribution(comm.rank).double()
-            for _ in range(rounds):
-                v.update(lambda center, start, stop: center.add_(mine[start:stop]))
-        v.quiesce()
-        seen = torch.empty(N, dtype=torch.float64)
-        v.read(seen)
-        assert torch.equal(seen, total)
 
 
 @pytest.mark.mpi(min_size=2)
