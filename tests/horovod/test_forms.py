@@ -11,18 +11,19 @@ import mpisolve.horovod as hvd
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.ranks(2, 3)]
 
-_REDUCE = "average name op prescale_factor postscale_factor process_set"
-_SCATTER = "name op process_set prescale_factor postscale_factor"
+_SCALES = "prescale_factor postscale_factor"
+_AFTER_NAME = f"op {_SCALES} process_set"  # allreduce's parameters after name (and compression)
+_SCATTER_AFTER_NAME = f"op process_set {_SCALES}"  # reducescatter's
 #: Horovod 0.28.1's parameters (horovod/torch/mpi_ops.py), in order.
 HOROVODS = {
-    "allreduce": f"tensor average name compression {_REDUCE.split(maxsplit=2)[2]}",
-    "allreduce_async": f"tensor {_REDUCE}",
-    "allreduce_async_": f"tensor {_REDUCE}",
-    "allreduce_": f"tensor {_REDUCE}",
-    "grouped_allreduce": f"tensors average name compression {_REDUCE.split(maxsplit=2)[2]}",
-    "grouped_allreduce_async": f"tensors {_REDUCE}",
-    "grouped_allreduce_async_": f"tensors {_REDUCE}",
-    "grouped_allreduce_": f"tensors {_REDUCE}",
+    "allreduce": f"tensor average name compression {_AFTER_NAME}",
+    "allreduce_async": f"tensor average name {_AFTER_NAME}",
+    "allreduce_async_": f"tensor average name {_AFTER_NAME}",
+    "allreduce_": f"tensor average name {_AFTER_NAME}",
+    "grouped_allreduce": f"tensors average name compression {_AFTER_NAME}",
+    "grouped_allreduce_async": f"tensors average name {_AFTER_NAME}",
+    "grouped_allreduce_async_": f"tensors average name {_AFTER_NAME}",
+    "grouped_allreduce_": f"tensors average name {_AFTER_NAME}",
     "allgather": "tensor name process_set",
     "allgather_async": "tensor name process_set",
     "grouped_allgather": "tensors name process_set",
@@ -31,10 +32,10 @@ HOROVODS = {
     "broadcast_async": "tensor root_rank name process_set",
     "broadcast_async_": "tensor root_rank name process_set",
     "broadcast_": "tensor root_rank name process_set",
-    "reducescatter": f"tensor name compression {_SCATTER.split(maxsplit=1)[1]}",
-    "reducescatter_async": f"tensor {_SCATTER}",
-    "grouped_reducescatter": f"tensors name compression {_SCATTER.split(maxsplit=1)[1]}",
-    "grouped_reducescatter_async": f"tensors {_SCATTER}",
+    "reducescatter": f"tensor name compression {_SCATTER_AFTER_NAME}",
+    "reducescatter_async": f"tensor name {_SCATTER_AFTER_NAME}",
+    "grouped_reducescatter": f"tensors name compression {_SCATTER_AFTER_NAME}",
+    "grouped_reducescatter_async": f"tensors name {_SCATTER_AFTER_NAME}",
 }
 
 
