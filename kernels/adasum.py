@@ -7,10 +7,12 @@ such buffers ``a`` and ``b`` of one layout:
 - :func:`segment_stats` writes ``out[t] = (a_t . b_t, |a_t|^2, |b_t|^2)`` for every
   segment ``t``, accumulated in float64 whatever the input dtype, in one pass;
 - :func:`segment_combine` reads summed statistics and writes, per segment,
-  ``out_t = c_a a_t + c_b b_t`` with ``c_a = 1 - dot / (2 |a|^2)`` and
-  ``c_b = 1 - dot / (2 |b|^2)``; a coefficient whose squared norm is below
-  :data:`TINY` (Horovod's guard, sqrt(DBL_MIN)) stays 1, so a zero tensor adds plainly.
-  ``out`` may be ``a`` or ``b``.
+  ``out_t = c_a a_t + c_b b_t`` with ``c_a = 1 - s dot / |a|^2`` and
+  ``c_b = 1 - (1 - s) dot / |b|^2``, where ``s`` is ``a``'s share of the ranks the pair
+  stands for (1/2, Adasum's own rule, for two alike sides; parallel operands then give
+  their mean weighted by ranks); a coefficient whose squared norm is below :data:`TINY`
+  (Horovod's guard, sqrt(DBL_MIN)) stays 1, so a zero tensor adds plainly. ``out`` may be
+  ``a`` or ``b``.
 
 The CPU twins are serial Numba loops: mpisolve runs a rank per core, so a rank has no
 idle core to parallelise over (``python -m mpisolve bench kernels`` compares them with
@@ -57,20 +59,22 @@ def _segment_stats(a: np.ndarray, b: np.ndarray, bounds: np.ndarray, out: np.nda
 
 
 @numba.njit(cache=CACHE, inline="always")
-def pair_coefficient(dot: float, norm_sq: float) -> float:
-    """One operand's Adasum coefficient from the pair's dot product and its squared norm."""
+def pair_coefficient(dot: float, norm_sq: float, share: float) -> float:
+    """One operand's Adasum coefficient from the pair's dot product, its squared norm and its share of the ranks."""
     if norm_sq >= TINY:
-        return 1.0 - dot / (2.0 * norm_sq)
+        return 1.0 - share * dot / norm_sq
     return 1.0
 
 
 @numba.njit(cache=CACHE, fastmath=_FAST)
-def _segment_combine(a: np.ndarray, b: np.ndarray, bounds: np.ndarray, stats: np.ndarray, out: np.ndarray) -> None:
+def _segment_combine(
+    a: np.ndarray, b: np.ndarray, bounds: np.ndarray, stats: np.ndarray, out: np.ndarray, share: float
+) -> None:
     for t in range(bounds.shape[0] - 1):
         # In the buffer's dtype: float32 arithmetic runs twice as wide (and vectorises
         # in place), one rounding of a float64 coefficient apart.
-        ca = a.dtype.type(pair_coefficient(stats[t, 0], stats[t, 1]))
-        cb = a.dtype.type(pair_coefficient(stats[t, 0], stats[t, 2]))
+        ca = a.dtype.type(pair_coefficient(stats[t, 0], stats[t, 1], share))
+        cb = a.dtype.type(pair_coefficient(stats[t, 0], stats[t, 2], 1.0 - share))
         sa = a[bounds[t] : bounds[t + 1]]
         sb = b[bounds[t] : bounds[t + 1]]
         so = out[bounds[t] : bounds[t + 1]]
@@ -78,7 +82,7 @@ def _segment_combine(a: np.ndarray, b: np.ndarray, bounds: np.ndarray, stats: np
             so[i] = ca * sa[i] + cb * sb[i]
 
 
-def _check(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor) -> None:
+def _check(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor, share: float = 0.5) -> None:
     if a.shape != b.shape or a.dim() != 1 or a.dtype != b.dtype:
         raise ValueError(
             f"a and b must be flat tensors of one shape and dtype, got {a.shape} {a.dtype} and {b.shape} {b.dtype}"
@@ -89,6 +93,8 @@ def _check(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.
         raise ValueError(
             f"stats must be float64 of shape ({bounds.numel() - 1}, 3), got {stats.dtype} {tuple(stats.shape)}"
         )
+    if not 0.0 < share < 1.0:
+        raise ValueError(f"share must lie strictly between 0 and 1, got {share}")
 
 
 def segment_stats_cpu(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -99,13 +105,16 @@ def segment_stats_cpu(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, ou
 
 
 def segment_combine_cpu(
-    a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor, out: torch.Tensor
+    a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor, out: torch.Tensor, share: float = 0.5
 ) -> torch.Tensor:
-    """Per-segment Adasum ``c_a a + c_b b`` from summed ``stats`` into ``out``; returns ``out``."""
-    _check(a, b, bounds, stats)
+    """Per-segment Adasum ``c_a a + c_b b`` from summed ``stats`` into ``out``; returns ``out``.
+
+    ``share``: ``a``'s share of the ranks the pair stands for (``b``'s is ``1 - share``).
+    """
+    _check(a, b, bounds, stats, share)
     if out.shape != a.shape or out.dtype != a.dtype:
         raise ValueError("out must have a's shape and dtype")
-    _segment_combine(host_array(a), host_array(b), host_array(bounds), host_array(stats), host_array(out))
+    _segment_combine(host_array(a), host_array(b), host_array(bounds), host_array(stats), host_array(out), share)
     return out
 
 
@@ -124,7 +133,7 @@ def warm_up_cpu(dtype: torch.dtype) -> None:
     bounds = torch.tensor([0, 1])
     stats = torch.zeros(1, 3, dtype=torch.float64)
     segment_stats_cpu(a, a, bounds, stats)
-    segment_combine_cpu(a, a, bounds, stats, a)
+    segment_combine_cpu(a, a, bounds, stats, a, 0.5)
 
 
 # ----------------------------------------------------------- torch equivalents
@@ -140,13 +149,13 @@ def torch_segment_stats(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, 
 
 
 def torch_segment_combine(
-    a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor, out: torch.Tensor
+    a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor, out: torch.Tensor, share: float = 0.5
 ) -> torch.Tensor:
     """The plain torch equivalent of :func:`segment_combine`: one fused add per segment."""
     edges = bounds.tolist()
     for (lo, hi), (dot, na, nb) in zip(zip(edges[:-1], edges[1:]), stats.tolist()):
-        ca = 1 - dot / (2 * na) if na >= TINY else 1.0
-        cb = 1 - dot / (2 * nb) if nb >= TINY else 1.0
+        ca = 1 - share * dot / na if na >= TINY else 1.0
+        cb = 1 - (1 - share) * dot / nb if nb >= TINY else 1.0
         torch.add(a[lo:hi] * ca, b[lo:hi], alpha=cb, out=out[lo:hi])
     return out
 

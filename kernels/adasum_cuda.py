@@ -80,21 +80,21 @@ def _stats_kernel(a: DeviceNDArray, b: DeviceNDArray, bounds: DeviceNDArray, out
 
 
 @cuda.jit(device=True, inline=True)
-def _coefficient(dot: float, norm_sq: float) -> float:
+def _coefficient(dot: float, norm_sq: float, share: float) -> float:
     if norm_sq >= TINY:
-        return 1.0 - dot / (2.0 * norm_sq)
+        return 1.0 - share * dot / norm_sq
     return 1.0
 
 
 @cuda.jit
 def _combine_kernel(
-    a: DeviceNDArray, b: DeviceNDArray, bounds: DeviceNDArray, stats: DeviceNDArray, out: DeviceNDArray
+    a: DeviceNDArray, b: DeviceNDArray, bounds: DeviceNDArray, stats: DeviceNDArray, out: DeviceNDArray, share: float
 ) -> None:
     start, stride = cuda.grid(1), cuda.gridsize(1)  # type: ignore[call-arg, var-annotated]  # numba types the intrinsic's call with its typing context
     for i in range(start, a.shape[0], stride):
         t = _segment_of(bounds, i)
-        ca = _coefficient(stats[t, 0], stats[t, 1])
-        cb = _coefficient(stats[t, 0], stats[t, 2])
+        ca = _coefficient(stats[t, 0], stats[t, 1], share)
+        cb = _coefficient(stats[t, 0], stats[t, 2], 1.0 - share)
         out[i] = ca * a[i] + cb * b[i]
 
 
@@ -113,13 +113,14 @@ def combine_arrays(
     bounds: DeviceNDArray,
     stats: DeviceNDArray,
     out: DeviceNDArray,
+    share: float = 0.5,
     *,
     stream: Any = 0,
 ) -> None:
     """:func:`segment_combine` on numba device arrays."""
     n = a.shape[0]
     if n:
-        _combine_kernel[min(math.ceil(n / THREADS), 4096), THREADS, stream](a, b, bounds, stats, out)
+        _combine_kernel[min(math.ceil(n / THREADS), 4096), THREADS, stream](a, b, bounds, stats, out, share)
 
 
 def segment_stats(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -133,11 +134,11 @@ def segment_stats(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: t
 
 
 def segment_combine(
-    a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor, out: torch.Tensor
+    a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor, out: torch.Tensor, share: float = 0.5
 ) -> torch.Tensor:
     """GPU twin of :func:`mpisolve.kernels.adasum.segment_combine`, on torch's current stream."""
-    _check(a, b, bounds, stats)
+    _check(a, b, bounds, stats, share)
     with on_device(a):
-        arrays = [device_array(t) for t in (a, b, bounds, stats, out)]
-        combine_arrays(*arrays, stream=launch_stream(a))
+        d_a, d_b, d_bounds, d_stats, d_out = (device_array(t) for t in (a, b, bounds, stats, out))
+        combine_arrays(d_a, d_b, d_bounds, d_stats, d_out, share, stream=launch_stream(a))
     return out

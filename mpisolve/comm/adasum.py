@@ -13,6 +13,14 @@ results together with ranks 2r..P-1 (k operands, in rank order) form a complete 
 tree of adjacent pairs. For P a power of two this is ((g0+g1)+(g2+g3))+...; for P = 3
 it is (g0+g1)+g2; for P = 6 it is ((g0+g1)+(g2+g3))+(g4+g5).
 
+**Weights.** Where the two sides of a pair stand for unlike numbers of ranks, m under
+``a`` and n under ``b`` (only when P is not a power of two), the rule's halves become the
+sides' shares: ``a``'s coefficient is ``1 - m/(m+n) a.b/|a|^2`` and ``b``'s
+``1 - n/(m+n) a.b/|b|^2``. Parallel operands then give their mean weighted by ranks, so
+parallel inputs give their mean at every P, as the unweighted tree does only for P a
+power of two (at P = 3 it would weigh g2 twice as much as g0 and g1); orthogonal inputs
+still give their sum, identical ones the input.
+
 **Communication.** An odd rank among the first 2r sends its buffer to its even
 neighbour, which combines the pair locally and joins the k "active" ranks. These run
 VHDD: at level L = 1, 2, ..., k/2 each keeps half of its current piece, swaps the other
@@ -87,6 +95,8 @@ class AdasumTopology:
         self.virtual = rank // 2 if rank < 2 * extra else rank - extra
         #: (L, partner world rank, lower side?, sub-communicator of the 2L block) per level.
         self.levels: list[tuple[int, int, bool, Communicator]] = []
+        #: Per level, the lower side's share of the ranks its block stands for (a folded pair counts two).
+        self.shares: list[float] = []
         level = 1
         while level < self.active:
             color = None if self.folded_out else self.virtual // (2 * level)
@@ -95,6 +105,9 @@ class AdasumTopology:
                 assert sub is not None  # a rank that is not folded out has a color at every level
                 partner = self.virtual ^ level
                 self.levels.append((level, self._world_rank(partner, extra), self.virtual & level == 0, sub))
+                base = self.virtual - self.virtual % (2 * level)
+                lower, upper = (self._ranks_under(base + i * level, level, extra) for i in (0, 1))
+                self.shares.append(lower / (lower + upper))
             level *= 2
         #: The node-shared path's node (None: every step passes messages, as without it).
         self.group: NodeGroup | None = node_group(comm)
@@ -113,6 +126,11 @@ class AdasumTopology:
     @staticmethod
     def _world_rank(virtual: int, extra: int) -> int:
         return 2 * virtual if virtual < extra else virtual + extra
+
+    @staticmethod
+    def _ranks_under(first: int, count: int, extra: int) -> int:
+        """How many ranks the active ranks ``first`` .. ``first + count - 1`` stand for (the first ``extra``: two)."""
+        return count + max(0, min(first + count, extra) - first)
 
     def local_rank(self, world: int) -> int | None:
         """``world``'s rank on this rank's node where the node path applies, else None (another node, or none)."""
@@ -375,13 +393,13 @@ class AdasumReduction:
             if local is None:
                 recv = self._receive(self.scratch[:n], _slice(self._scratch_twin, 0, n), topo.fold_partner)
                 combine = self._combiner(
-                    0, n, True, self.scratch[:n], bounds, stats, local=True, first=self.node is not None
+                    0, n, True, self.scratch[:n], bounds, stats, 0.5, local=True, first=self.node is not None
                 )
                 self.stages.append(_Stage(name, [recv], self._then(combine, topo.FOLDED)))
             else:
                 assert self.node is not None  # a node-local partner exists only on the node path
                 combine = self._combiner(
-                    0, n, True, self.node.slots[local], bounds, stats, local=True, first=self.node is not None
+                    0, n, True, self.node.slots[local], bounds, stats, 0.5, local=True, first=self.node is not None
                 )
                 arrived = _Progress(self, local, topo.ARRIVED)
                 self.stages.append(_Stage(name, [arrived], self._then(combine, topo.FOLDED)))
@@ -425,7 +443,10 @@ class AdasumReduction:
                 _Stage(
                     f"level {level} allreduce of statistics over {sub.size} ranks",
                     [sub.persistent_allreduce(stats)],
-                    self._then(self._combiner(*keep, lower, other, bounds, stats, first=first), topo.combined(index)),
+                    self._then(
+                        self._combiner(*keep, lower, other, bounds, stats, topo.shares[index], first=first),
+                        topo.combined(index),
+                    ),
                 )
             )
             lo, hi = keep
@@ -575,9 +596,12 @@ class AdasumReduction:
         other: torch.Tensor,
         bounds: torch.Tensor,
         stats: torch.Tensor,
+        share: float,
         local: bool = False,
         first: bool = False,
     ) -> Callable[[], None]:
+        """The combine of the pair's piece ``lo:hi`` into this rank's buffer; ``share``: the lower
+        side's share of the ranks the pair stands for (0.5 for the fold's two ranks)."""
         operands = self._operands(lo, hi, lower, other, first)
         out = self.buffer[lo:hi]
         statistics = self._statistics((lo, hi), lower, other, bounds, stats, first) if local else None
@@ -586,7 +610,7 @@ class AdasumReduction:
             if statistics is not None:  # the fold: whole tensors are here, no sum needed
                 statistics()
             a, b = operands()
-            segment_combine(a, b, bounds, stats, out)
+            segment_combine(a, b, bounds, stats, out, share)
 
         return combine
 

@@ -71,14 +71,17 @@ def test_orthogonal_inputs_give_their_sum(dtype):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.ranks(2, 4)
-def test_parallel_inputs_give_their_mean():
+@pytest.mark.ranks(2, 3, 4, 5, 8)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_parallel_inputs_give_their_mean_at_any_rank_count(dtype):
     comm = Communicator()
     a = torch.randn(37, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    scales = [0.5 + r for r in range(comm.size)]
-    (out,) = mpisolve.allreduce([a * scales[comm.rank]], op="adasum", comm=comm)
-    # Two ranks: adasum(a, c a) = (a + c a) / 2. A power-of-two tree of means is the mean.
-    torch.testing.assert_close(out, a * sum(scales) / comm.size, rtol=1e-12, atol=1e-12)
+    # Parallel and anti-parallel, of unlike norms (as Horovod's stability tests take them).
+    scales = [(-1) ** r * (0.5 + 3 * r) for r in range(comm.size)]
+    (out,) = mpisolve.allreduce([(a * scales[comm.rank]).to(dtype)], op="adasum", comm=comm)
+    # Each pair weighs its sides by the ranks under them, so every rank counts alike: numpy's mean.
+    expected = np.mean([(a * s).to(dtype).double().numpy() for s in scales], axis=0)
+    assert_matches(out, expected, dtype)
 
 
 @pytest.mark.mpi(min_size=2)

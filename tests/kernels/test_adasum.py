@@ -22,23 +22,26 @@ def reference_stats(a, b, bounds):
     ).reshape(-1, 3)
 
 
-def reference_combine(a, b, bounds, stats):
+def reference_combine(a, b, bounds, stats, share=0.5):
     a, b = a.double().numpy(), b.double().numpy()
     out = np.empty_like(a)
     edges = bounds.tolist()
     for (lo, hi), (dot, na, nb) in zip(zip(edges, edges[1:]), stats.tolist()):
-        ca = 1 - dot / (2 * na) if na >= TINY else 1.0
-        cb = 1 - dot / (2 * nb) if nb >= TINY else 1.0
+        ca = 1 - share * dot / na if na >= TINY else 1.0
+        cb = 1 - (1 - share) * dot / nb if nb >= TINY else 1.0
         out[lo:hi] = ca * a[lo:hi] + cb * b[lo:hi]
     return out
 
 
 LENGTHS = [[], [0], [1], [5, 0, 3], [0, 0, 7, 1, 0], [1000, 1, 2, 333, 0, 4097]]
+#: a's share of the ranks: Adasum's own pair, and the lower side of uneven trees (3 and 5 ranks).
+SHARES = [0.5, 2 / 3, 3 / 5]
 
 
+@pytest.mark.parametrize("share", SHARES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("lengths", LENGTHS)
-def test_cpu_kernels_match_numpy(lengths, dtype):
+def test_cpu_kernels_match_numpy(lengths, dtype, share):
     g = torch.Generator().manual_seed(len(lengths))
     bounds = layout(lengths)
     n = int(bounds[-1])
@@ -47,9 +50,20 @@ def test_cpu_kernels_match_numpy(lengths, dtype):
     adasum.segment_stats(a, b, bounds, stats)
     np.testing.assert_allclose(stats.numpy(), reference_stats(a, b, bounds), rtol=1e-12, atol=1e-12)
     out = torch.empty_like(a)
-    adasum.segment_combine(a, b, bounds, stats, out)
+    adasum.segment_combine(a, b, bounds, stats, out, share)
     rtol = 1e-6 if dtype == torch.float32 else 1e-12
-    np.testing.assert_allclose(out.double().numpy(), reference_combine(a, b, bounds, stats), rtol=rtol, atol=rtol)
+    expected = reference_combine(a, b, bounds, stats, share)
+    np.testing.assert_allclose(out.double().numpy(), expected, rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("share", SHARES)
+def test_parallel_segments_give_their_mean_weighted_by_share(share):
+    bounds = layout([5, 3])
+    a = torch.tensor([1.0, -2, 3, 0.5, 4, 1, 1, 1], dtype=torch.float64)
+    b = torch.cat((-3.0 * a[:5], 0.25 * a[5:]))
+    stats = adasum.segment_stats(a, b, bounds, torch.empty(2, 3, dtype=torch.float64))
+    out = adasum.segment_combine(a, b, bounds, stats, torch.empty_like(a), share)
+    np.testing.assert_allclose(out.numpy(), (share * a + (1 - share) * b).numpy(), rtol=1e-14, atol=1e-14)
 
 
 def test_combine_guard_and_in_place():
@@ -82,6 +96,8 @@ def test_bad_arguments_are_named():
         adasum.segment_stats(
             a, torch.zeros(4, dtype=torch.float64), layout([4]), torch.zeros(1, 3, dtype=torch.float64)
         )
+    with pytest.raises(ValueError, match="share must lie strictly between 0 and 1, got 1.0"):
+        adasum.segment_combine(a, a, layout([4]), torch.zeros(1, 3, dtype=torch.float64), a, 1.0)
 
 
 def test_bench_cases_run():
@@ -104,21 +120,22 @@ TILE = adasum_cuda.THREADS * adasum_cuda.ITEMS
     ids=lambda lengths: f"{len(lengths)}seg-{sum(lengths)}",
 )
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_cuda_twins_match_cpu(lengths, dtype):
+@pytest.mark.parametrize("share", [0.5, 2 / 3])
+def test_cuda_twins_match_cpu(lengths, dtype, share):
     rng = np.random.default_rng(sum(lengths) + len(lengths))
     bounds = layout(lengths)
     n = int(bounds[-1])
     a = torch.from_numpy(rng.standard_normal(n).astype(dtype))
     b = torch.from_numpy(rng.standard_normal(n).astype(dtype))
     stats = adasum.segment_stats(a, b, bounds, torch.empty(len(lengths), 3, dtype=torch.float64))
-    out = adasum.segment_combine(a, b, bounds, stats, torch.empty_like(a))
+    out = adasum.segment_combine(a, b, bounds, stats, torch.empty_like(a), share)
 
     d_a, d_b, d_bounds = cuda.to_device(a.numpy()), cuda.to_device(b.numpy()), cuda.to_device(bounds.numpy())
     d_stats = cuda.to_device(np.zeros((len(lengths), 3)))
     adasum_cuda.stats_arrays(d_a, d_b, d_bounds, d_stats)
     np.testing.assert_allclose(d_stats.copy_to_host(), stats.numpy(), rtol=1e-12, atol=1e-12)
     d_out = cuda.to_device(np.zeros(n, dtype=dtype))
-    adasum_cuda.combine_arrays(d_a, d_b, d_bounds, cuda.to_device(stats.numpy()), d_out)
+    adasum_cuda.combine_arrays(d_a, d_b, d_bounds, cuda.to_device(stats.numpy()), d_out, share)
     rtol = 1e-6 if dtype == np.float32 else 1e-13
     np.testing.assert_allclose(d_out.copy_to_host(), out.numpy(), rtol=rtol, atol=rtol)
 
@@ -130,11 +147,11 @@ def test_torch_facing_twins_match_the_cpu_twins(dtype):
     a, b = (torch.randn(sum(lengths), generator=gen, dtype=dtype) for _ in range(2))
     bounds = layout(lengths)
     stats = adasum.segment_stats_cpu(a, b, bounds, torch.empty(len(lengths), 3, dtype=torch.float64))
-    out = adasum.segment_combine_cpu(a, b, bounds, stats, torch.empty_like(a))
+    out = adasum.segment_combine_cpu(a, b, bounds, stats, torch.empty_like(a), 2 / 3)
     d_a, d_b, d_bounds = a.to(DEVICE), b.to(DEVICE), bounds.to(DEVICE)
     with side_stream():
         d_stats = adasum_cuda.segment_stats(d_a * 1, d_b * 1, d_bounds, torch.full_like(stats, 7.0, device=DEVICE))
-        d_out = adasum_cuda.segment_combine(d_a, d_b, d_bounds, d_stats, d_a)  # in place, as Adasum combines
+        d_out = adasum_cuda.segment_combine(d_a, d_b, d_bounds, d_stats, d_a, 2 / 3)  # in place, as Adasum combines
     np.testing.assert_allclose(d_stats.cpu().numpy(), stats.numpy(), rtol=1e-12, atol=1e-12)
     rtol = 1e-6 if dtype == torch.float32 else 1e-13
     np.testing.assert_allclose(d_out.cpu().numpy(), out.numpy(), rtol=rtol, atol=rtol)
