@@ -8,11 +8,17 @@ such buffers ``a`` and ``b`` of one layout:
   segment ``t``, accumulated in float64 whatever the input dtype, in one pass;
 - :func:`segment_combine` reads summed statistics and writes, per segment,
   ``out_t = c_a a_t + c_b b_t`` with ``c_a = 1 - s dot / |a|^2`` and
-  ``c_b = 1 - (1 - s) dot / |b|^2``, where ``s`` is ``a``'s share of the ranks the pair
-  stands for (1/2, Adasum's own rule, for two alike sides; parallel operands then give
-  their mean weighted by ranks); a coefficient whose squared norm is below :data:`TINY`
-  (Horovod's guard, sqrt(DBL_MIN)) stays 1, so a zero tensor adds plainly. ``out`` may be
-  ``a`` or ``b``.
+  ``c_b = 1 - (1 - s) dot / |b|^2``, where ``s`` is ``a``'s share of the nonzero inputs
+  under the pair (1/2, Adasum's own rule, for two single inputs; parallel operands then
+  give their mean weighted by inputs); a coefficient whose squared norm is below
+  :data:`TINY` (Horovod's guard, sqrt(DBL_MIN)) stays 1, so a zero tensor adds plainly.
+  ``out`` may be ``a`` or ``b``.
+
+How many nonzero inputs each side stands for comes per segment in ``counts`` (T x 2,
+float64), coded so that the ranks of a tree can sum them: a side that is a single input
+is coded 0 and counts 1 if its squared norm is at least :data:`TINY`, else 0; a side
+that combines several is coded as its count plus one (:func:`side_count`).
+:func:`combined_codes` gives each segment's code of the pair's result, for the pair above.
 
 The CPU twins are serial Numba loops: mpisolve runs a rank per core, so a rank has no
 idle core to parallelise over (``python -m mpisolve bench kernels`` compares them with
@@ -60,17 +66,34 @@ def _segment_stats(a: np.ndarray, b: np.ndarray, bounds: np.ndarray, out: np.nda
 
 @numba.njit(cache=CACHE, inline="always")
 def pair_coefficient(dot: float, norm_sq: float, share: float) -> float:
-    """One operand's Adasum coefficient from the pair's dot product, its squared norm and its share of the ranks."""
+    """One operand's Adasum coefficient from the pair's dot product, its squared norm and its share of the inputs."""
     if norm_sq >= TINY:
         return 1.0 - share * dot / norm_sq
     return 1.0
 
 
+@numba.njit(cache=CACHE, inline="always")
+def side_count(code: float, norm_sq: float) -> float:
+    """How many nonzero inputs a side stands for, from its code (module docstring) and its squared norm."""
+    if code > 0.0:
+        return code - 1.0
+    return 1.0 if norm_sq >= TINY else 0.0
+
+
+@numba.njit(cache=CACHE, inline="always")
+def lower_share(count_a: float, count_b: float) -> float:
+    """``a``'s share of a pair's nonzero inputs (1/2 where a side has none: its coefficients are then 1)."""
+    if count_a > 0.0 and count_b > 0.0:
+        return count_a / (count_a + count_b)
+    return 0.5
+
+
 @numba.njit(cache=CACHE, fastmath=_FAST)
 def _segment_combine(
-    a: np.ndarray, b: np.ndarray, bounds: np.ndarray, stats: np.ndarray, out: np.ndarray, share: float
+    a: np.ndarray, b: np.ndarray, bounds: np.ndarray, stats: np.ndarray, counts: np.ndarray, out: np.ndarray
 ) -> None:
     for t in range(bounds.shape[0] - 1):
+        share = lower_share(side_count(counts[t, 0], stats[t, 1]), side_count(counts[t, 1], stats[t, 2]))
         # In the buffer's dtype: float32 arithmetic runs twice as wide (and vectorises
         # in place), one rounding of a float64 coefficient apart.
         ca = a.dtype.type(pair_coefficient(stats[t, 0], stats[t, 1], share))
@@ -82,7 +105,13 @@ def _segment_combine(
             so[i] = ca * sa[i] + cb * sb[i]
 
 
-def _check(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor, share: float = 0.5) -> None:
+@numba.njit(cache=CACHE)
+def _combined_codes(stats: np.ndarray, counts: np.ndarray, out: np.ndarray) -> None:
+    for t in range(stats.shape[0]):
+        out[t] = side_count(counts[t, 0], stats[t, 1]) + side_count(counts[t, 1], stats[t, 2]) + 1.0
+
+
+def _check(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor) -> None:
     if a.shape != b.shape or a.dim() != 1 or a.dtype != b.dtype:
         raise ValueError(
             f"a and b must be flat tensors of one shape and dtype, got {a.shape} {a.dtype} and {b.shape} {b.dtype}"
@@ -93,8 +122,19 @@ def _check(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.
         raise ValueError(
             f"stats must be float64 of shape ({bounds.numel() - 1}, 3), got {stats.dtype} {tuple(stats.shape)}"
         )
-    if not 0.0 < share < 1.0:
-        raise ValueError(f"share must lie strictly between 0 and 1, got {share}")
+
+
+def _check_counts(stats: torch.Tensor, counts: torch.Tensor) -> None:
+    if counts.dtype != torch.float64 or tuple(counts.shape) != (stats.shape[0], 2):
+        raise ValueError(
+            f"counts must be float64 of shape ({stats.shape[0]}, 2), got {counts.dtype} {tuple(counts.shape)}"
+        )
+
+
+def _check_codes(stats: torch.Tensor, counts: torch.Tensor, out: torch.Tensor) -> None:
+    _check_counts(stats, counts)
+    if out.dtype != torch.float64 or tuple(out.shape) != (stats.shape[0],):
+        raise ValueError(f"out must be float64 of shape ({stats.shape[0]},), got {out.dtype} {tuple(out.shape)}")
 
 
 def segment_stats_cpu(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -105,21 +145,31 @@ def segment_stats_cpu(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, ou
 
 
 def segment_combine_cpu(
-    a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor, out: torch.Tensor, share: float = 0.5
+    a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor, counts: torch.Tensor, out: torch.Tensor
 ) -> torch.Tensor:
-    """Per-segment Adasum ``c_a a + c_b b`` from summed ``stats`` into ``out``; returns ``out``.
-
-    ``share``: ``a``'s share of the ranks the pair stands for (``b``'s is ``1 - share``).
-    """
-    _check(a, b, bounds, stats, share)
+    """Per-segment Adasum ``c_a a + c_b b`` from summed ``stats`` and the sides' coded ``counts``
+    (module docstring) into ``out``; returns ``out``."""
+    _check(a, b, bounds, stats)
+    _check_counts(stats, counts)
     if out.shape != a.shape or out.dtype != a.dtype:
         raise ValueError("out must have a's shape and dtype")
-    _segment_combine(host_array(a), host_array(b), host_array(bounds), host_array(stats), host_array(out), share)
+    _segment_combine(
+        host_array(a), host_array(b), host_array(bounds), host_array(stats), host_array(counts), host_array(out)
+    )
+    return out
+
+
+def combined_codes_cpu(stats: torch.Tensor, counts: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Each segment's code (module docstring) of the pair that ``stats`` and ``counts`` describe
+    combined, for every segment, into ``out`` (T); returns ``out``."""
+    _check_codes(stats, counts, out)
+    _combined_codes(host_array(stats), host_array(counts), host_array(out))
     return out
 
 
 segment_stats = by_device(segment_stats_cpu, "mpisolve.kernels.adasum_cuda:segment_stats")
 segment_combine = by_device(segment_combine_cpu, "mpisolve.kernels.adasum_cuda:segment_combine")
+combined_codes = by_device(combined_codes_cpu, "mpisolve.kernels.adasum_cuda:combined_codes")
 
 
 def warm_up_cpu(dtype: torch.dtype) -> None:
@@ -133,7 +183,9 @@ def warm_up_cpu(dtype: torch.dtype) -> None:
     bounds = torch.tensor([0, 1])
     stats = torch.zeros(1, 3, dtype=torch.float64)
     segment_stats_cpu(a, a, bounds, stats)
-    segment_combine_cpu(a, a, bounds, stats, a, 0.5)
+    counts = torch.zeros(1, 2, dtype=torch.float64)
+    segment_combine_cpu(a, a, bounds, stats, counts, a)
+    combined_codes_cpu(stats, counts, torch.zeros(1, dtype=torch.float64))
 
 
 # ----------------------------------------------------------- torch equivalents
@@ -149,13 +201,13 @@ def torch_segment_stats(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, 
 
 
 def torch_segment_combine(
-    a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor, out: torch.Tensor, share: float = 0.5
+    a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor, out: torch.Tensor
 ) -> torch.Tensor:
-    """The plain torch equivalent of :func:`segment_combine`: one fused add per segment."""
+    """The plain torch equivalent of :func:`segment_combine` of single inputs: one fused add per segment."""
     edges = bounds.tolist()
     for (lo, hi), (dot, na, nb) in zip(zip(edges[:-1], edges[1:]), stats.tolist()):
-        ca = 1 - share * dot / na if na >= TINY else 1.0
-        cb = 1 - (1 - share) * dot / nb if nb >= TINY else 1.0
+        ca = 1 - dot / (2 * na) if na >= TINY else 1.0
+        cb = 1 - dot / (2 * nb) if nb >= TINY else 1.0
         torch.add(a[lo:hi] * ca, b[lo:hi], alpha=cb, out=out[lo:hi])
     return out
 
@@ -172,6 +224,7 @@ def bench_cases(numel: int, device: str | torch.device = "cpu") -> list[BenchCas
     b = torch.randn(numel, generator=generator).to(device)
     stats = torch.zeros(len(lengths), 3, dtype=torch.float64, device=device)
     segment_stats(a, b, bounds, stats)
+    counts = torch.zeros(len(lengths), 2, dtype=torch.float64, device=device)  # single inputs
     out = torch.empty_like(a)
     return [
         BenchCase(
@@ -181,7 +234,7 @@ def bench_cases(numel: int, device: str | torch.device = "cpu") -> list[BenchCas
         ),
         BenchCase(
             "adasum.segment_combine",
-            kernel=lambda: segment_combine(a, b, bounds, stats, out),
+            kernel=lambda: segment_combine(a, b, bounds, stats, counts, out),
             reference=lambda: torch_segment_combine(a, b, bounds, stats, out),
         ),
     ]

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from numba import cuda
 
-from .adasum import TINY, _check
+from .adasum import _check, _check_codes, _check_counts, lower_share, pair_coefficient, side_count
 from .dispatch import device_array, launch_stream, on_device
 
 if TYPE_CHECKING:
@@ -79,23 +79,35 @@ def _stats_kernel(a: DeviceNDArray, b: DeviceNDArray, bounds: DeviceNDArray, out
     _flush(out, segment, dot, na, nb)
 
 
-@cuda.jit(device=True, inline=True)
-def _coefficient(dot: float, norm_sq: float, share: float) -> float:
-    if norm_sq >= TINY:
-        return 1.0 - share * dot / norm_sq
-    return 1.0
+# The CPU kernels' per-segment rules, compiled for the device from the same Python.
+_coefficient = cuda.jit(device=True, inline=True)(pair_coefficient.py_func)
+_side_count = cuda.jit(device=True, inline=True)(side_count.py_func)
+_lower_share = cuda.jit(device=True, inline=True)(lower_share.py_func)
 
 
 @cuda.jit
 def _combine_kernel(
-    a: DeviceNDArray, b: DeviceNDArray, bounds: DeviceNDArray, stats: DeviceNDArray, out: DeviceNDArray, share: float
+    a: DeviceNDArray,
+    b: DeviceNDArray,
+    bounds: DeviceNDArray,
+    stats: DeviceNDArray,
+    counts: DeviceNDArray,
+    out: DeviceNDArray,
 ) -> None:
     start, stride = cuda.grid(1), cuda.gridsize(1)  # type: ignore[call-arg, var-annotated]  # numba types the intrinsic's call with its typing context
     for i in range(start, a.shape[0], stride):
         t = _segment_of(bounds, i)
+        share = _lower_share(_side_count(counts[t, 0], stats[t, 1]), _side_count(counts[t, 1], stats[t, 2]))
         ca = _coefficient(stats[t, 0], stats[t, 1], share)
         cb = _coefficient(stats[t, 0], stats[t, 2], 1.0 - share)
         out[i] = ca * a[i] + cb * b[i]
+
+
+@cuda.jit
+def _codes_kernel(stats: DeviceNDArray, counts: DeviceNDArray, out: DeviceNDArray) -> None:
+    start, stride = cuda.grid(1), cuda.gridsize(1)  # type: ignore[call-arg, var-annotated]  # numba types the intrinsic's call with its typing context
+    for t in range(start, stats.shape[0], stride):
+        out[t] = _side_count(counts[t, 0], stats[t, 1]) + _side_count(counts[t, 1], stats[t, 2]) + 1.0
 
 
 def stats_arrays(
@@ -112,15 +124,15 @@ def combine_arrays(
     b: DeviceNDArray,
     bounds: DeviceNDArray,
     stats: DeviceNDArray,
+    counts: DeviceNDArray,
     out: DeviceNDArray,
-    share: float = 0.5,
     *,
     stream: Any = 0,
 ) -> None:
     """:func:`segment_combine` on numba device arrays."""
     n = a.shape[0]
     if n:
-        _combine_kernel[min(math.ceil(n / THREADS), 4096), THREADS, stream](a, b, bounds, stats, out, share)
+        _combine_kernel[min(math.ceil(n / THREADS), 4096), THREADS, stream](a, b, bounds, stats, counts, out)
 
 
 def segment_stats(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -134,11 +146,23 @@ def segment_stats(a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, out: t
 
 
 def segment_combine(
-    a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor, out: torch.Tensor, share: float = 0.5
+    a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, stats: torch.Tensor, counts: torch.Tensor, out: torch.Tensor
 ) -> torch.Tensor:
     """GPU twin of :func:`mpisolve.kernels.adasum.segment_combine`, on torch's current stream."""
-    _check(a, b, bounds, stats, share)
+    _check(a, b, bounds, stats)
+    _check_counts(stats, counts)
     with on_device(a):
-        d_a, d_b, d_bounds, d_stats, d_out = (device_array(t) for t in (a, b, bounds, stats, out))
-        combine_arrays(d_a, d_b, d_bounds, d_stats, d_out, share, stream=launch_stream(a))
+        arrays = [device_array(t) for t in (a, b, bounds, stats, counts, out)]
+        combine_arrays(*arrays, stream=launch_stream(a))
+    return out
+
+
+def combined_codes(stats: torch.Tensor, counts: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """GPU twin of :func:`mpisolve.kernels.adasum.combined_codes`, on torch's current stream."""
+    _check_codes(stats, counts, out)
+    with on_device(stats):
+        arrays = [device_array(t) for t in (stats, counts, out)]
+        n = stats.shape[0]
+        if n:
+            _codes_kernel[math.ceil(n / THREADS), THREADS, launch_stream(stats)](*arrays)
     return out

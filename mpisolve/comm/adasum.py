@@ -13,20 +13,22 @@ results together with ranks 2r..P-1 (k operands, in rank order) form a complete 
 tree of adjacent pairs. For P a power of two this is ((g0+g1)+(g2+g3))+...; for P = 3
 it is (g0+g1)+g2; for P = 6 it is ((g0+g1)+(g2+g3))+(g4+g5).
 
-**Weights.** Where the two sides of a pair stand for unlike numbers of ranks, m under
-``a`` and n under ``b`` (only when P is not a power of two), the rule's halves become the
-sides' shares: ``a``'s coefficient is ``1 - m/(m+n) a.b/|a|^2`` and ``b``'s
-``1 - n/(m+n) a.b/|b|^2``. Parallel operands then give their mean weighted by ranks, so
-parallel inputs give their mean at every P, as the unweighted tree does only for P a
-power of two (at P = 3 it would weigh g2 twice as much as g0 and g1); orthogonal inputs
-still give their sum, identical ones the input.
+**Weights.** Where the two sides of a pair stand for unlike numbers of nonzero inputs, m
+under ``a`` and n under ``b`` (an uneven tree when P is not a power of two; a zero input:
+a rank under ``join()``, a tensor no loss reached), the rule's halves become the sides'
+shares: ``a``'s coefficient is ``1 - m/(m+n) a.b/|a|^2`` and ``b``'s
+``1 - n/(m+n) a.b/|b|^2``. Parallel inputs then give the mean of the nonzero ones at every
+P, as the plain rule does only for P a power of two and no zeros (at P = 3 it would weigh
+g2 twice as much as g0 and g1); orthogonal inputs still give their sum, identical ones the
+input. The counts travel per tensor with each level's statistics (one rank a side adds its
+operand's code, :mod:`mpisolve.kernels.adasum`), so every rank of a block weighs alike.
 
 **Communication.** An odd rank among the first 2r sends its buffer to its even
 neighbour, which combines the pair locally and joins the k "active" ranks. These run
 VHDD: at level L = 1, 2, ..., k/2 each keeps half of its current piece, swaps the other
 half with the active rank at distance L, computes per-tensor partial [dot, |a|^2, |b|^2]
-on its half, sums them over the block of 2L active ranks (a small allreduce on a
-sub-communicator made once), and combines its half; the halves are then gathered back
+on its half, sums them (with the sides' codes) over the block of 2L active ranks (a small
+allreduce on a sub-communicator made once), and combines its half; the halves are then gathered back
 in reverse, and the pair partners get the result. Data volume is that of a ring
 allreduce (plus, for P not a power of two, the fold in and out, as MPICH's own
 allreduce does for such P).
@@ -66,7 +68,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..kernels.adasum import segment_combine, segment_stats, warm_up_cpu
+from ..kernels.adasum import combined_codes, segment_combine, segment_stats, warm_up_cpu
 from .buckets import Bucket
 from .communicator import Communicator, Posting, mpi_buffer
 from .device import Stager
@@ -95,8 +97,6 @@ class AdasumTopology:
         self.virtual = rank // 2 if rank < 2 * extra else rank - extra
         #: (L, partner world rank, lower side?, sub-communicator of the 2L block) per level.
         self.levels: list[tuple[int, int, bool, Communicator]] = []
-        #: Per level, the lower side's share of the ranks its block stands for (a folded pair counts two).
-        self.shares: list[float] = []
         level = 1
         while level < self.active:
             color = None if self.folded_out else self.virtual // (2 * level)
@@ -105,9 +105,6 @@ class AdasumTopology:
                 assert sub is not None  # a rank that is not folded out has a color at every level
                 partner = self.virtual ^ level
                 self.levels.append((level, self._world_rank(partner, extra), self.virtual & level == 0, sub))
-                base = self.virtual - self.virtual % (2 * level)
-                lower, upper = (self._ranks_under(base + i * level, level, extra) for i in (0, 1))
-                self.shares.append(lower / (lower + upper))
             level *= 2
         #: The node-shared path's node (None: every step passes messages, as without it).
         self.group: NodeGroup | None = node_group(comm)
@@ -126,11 +123,6 @@ class AdasumTopology:
     @staticmethod
     def _world_rank(virtual: int, extra: int) -> int:
         return 2 * virtual if virtual < extra else virtual + extra
-
-    @staticmethod
-    def _ranks_under(first: int, count: int, extra: int) -> int:
-        """How many ranks the active ranks ``first`` .. ``first + count - 1`` stand for (the first ``extra``: two)."""
-        return count + max(0, min(first + count, extra) - first)
 
     def local_rank(self, world: int) -> int | None:
         """``world``'s rank on this rank's node where the node path applies, else None (another node, or none)."""
@@ -283,6 +275,22 @@ class _Stage:
             self.then()
 
 
+@dataclass
+class _PairStatistics:
+    """A pair's per-segment statistics and its sides' codes, in one buffer a level's allreduce sums."""
+
+    block: torch.Tensor
+    #: (segments, 3): dot product and the two squared norms.
+    stats: torch.Tensor
+    #: (segments, 2): the lower and upper sides' codes (mpisolve.kernels.adasum: nonzero inputs under each).
+    counts: torch.Tensor
+
+    @classmethod
+    def zeros(cls, segments: int, device: torch.device) -> _PairStatistics:
+        block = torch.zeros(5 * segments, dtype=torch.float64, device=device)
+        return cls(block, block[: 3 * segments].view(segments, 3), block[3 * segments :].view(segments, 2))
+
+
 def _slice(twin: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor | None:
     return None if twin is None else twin[lo:hi]
 
@@ -385,21 +393,24 @@ class AdasumReduction:
         scratch_len = n if topo.fold_partner is not None else (n - n // 2 if topo.levels else 0)
         self.scratch = torch.empty(scratch_len, dtype=flat.dtype, device=device)
         self._scratch_twin = comm.host_twin(self.scratch)
+        #: The code (mpisolve.kernels.adasum) of this rank's operand per segment: how many nonzero inputs
+        #: it stands for, after the fold or a level (each rank of a side holds the same).
+        self._code = torch.zeros(segments, dtype=torch.float64, device=device)
         if topo.fold_partner is not None:
-            stats = torch.zeros(segments, 3, dtype=torch.float64, device=device)
+            stats = _PairStatistics.zeros(segments, device)  # two single inputs: their codes stay 0
             bounds = _bounds(edges, 0, n, device)
             local = self._local(topo.fold_partner)
             name = f"fold: data from rank {topo.fold_partner}"
             if local is None:
                 recv = self._receive(self.scratch[:n], _slice(self._scratch_twin, 0, n), topo.fold_partner)
                 combine = self._combiner(
-                    0, n, True, self.scratch[:n], bounds, stats, 0.5, local=True, first=self.node is not None
+                    0, n, True, self.scratch[:n], bounds, stats, local=True, first=self.node is not None
                 )
                 self.stages.append(_Stage(name, [recv], self._then(combine, topo.FOLDED)))
             else:
                 assert self.node is not None  # a node-local partner exists only on the node path
                 combine = self._combiner(
-                    0, n, True, self.node.slots[local], bounds, stats, 0.5, local=True, first=self.node is not None
+                    0, n, True, self.node.slots[local], bounds, stats, local=True, first=self.node is not None
                 )
                 arrived = _Progress(self, local, topo.ARRIVED)
                 self.stages.append(_Stage(name, [arrived], self._then(combine, topo.FOLDED)))
@@ -410,7 +421,11 @@ class AdasumReduction:
             keep, send = ((lo, lo + half), (lo + half, hi)) if lower else ((lo + half, hi), (lo, lo + half))
             keep_len = keep[1] - keep[0]
             bounds = _bounds(edges, *keep, device)
-            stats = torch.zeros(segments, 3, dtype=torch.float64, device=device)
+            stats = _PairStatistics.zeros(segments, device)
+            # One rank a side (the first of its L) sends its operand's code with the statistics; at the
+            # first level, where no rank folded, every operand is a single input, coded 0.
+            composite = index > 0 or topo.fold_partner is not None
+            column = (0 if lower else 1) if composite and topo.virtual % level == 0 else None
             local = self._local(partner)
             first = self.node is not None and index == 0 and topo.fold_partner is None
             exchange_name = f"level {level} exchange with rank {partner}"
@@ -437,16 +452,13 @@ class AdasumReduction:
                 # No fold partner reads this slot's result: the last gather lands in ``flat`` itself.
                 copy = self._then(self._copier(local, send, keep if first else None), topo.gathered(index))
                 gathers.append(_Stage(gather_name, [_Progress(self, local, topo.gathered(index + 1))], copy))
-            statistics = self._statistics(keep, lower, other, bounds, stats, first=first)
+            statistics = self._statistics(keep, lower, other, bounds, stats, first=first, summed=True, column=column)
             self.stages.append(_Stage(exchange_name, exchange, statistics))
             self.stages.append(
                 _Stage(
                     f"level {level} allreduce of statistics over {sub.size} ranks",
-                    [sub.persistent_allreduce(stats)],
-                    self._then(
-                        self._combiner(*keep, lower, other, bounds, stats, topo.shares[index], first=first),
-                        topo.combined(index),
-                    ),
+                    [sub.persistent_allreduce(stats.block)],
+                    self._then(self._combiner(*keep, lower, other, bounds, stats, first=first), topo.combined(index)),
                 )
             )
             lo, hi = keep
@@ -574,9 +586,13 @@ class AdasumReduction:
         lower: bool,
         other: torch.Tensor,
         bounds: torch.Tensor,
-        stats: torch.Tensor,
+        stats: _PairStatistics,
         first: bool = False,
+        summed: bool = False,
+        column: int | None = None,
     ) -> Callable[[], None]:
+        """This rank's part of the pair's statistics; ``summed``: a level's, to be summed over its block,
+        with this rank's operand's code in ``column`` of the codes (None: it sends none)."""
         operands = self._operands(*keep, lower, other, first)
         tensors = self._stats_tensors
         # The summed tail is left out: its row of statistics stays zero.
@@ -584,7 +600,11 @@ class AdasumReduction:
 
         def compute() -> None:
             a, b = operands()
-            segment_stats(a[:end], b[:end], bounds[: tensors + 1], stats[:tensors])
+            segment_stats(a[:end], b[:end], bounds[: tensors + 1], stats.stats[:tensors])
+            if summed:
+                stats.counts.zero_()
+                if column is not None:
+                    stats.counts[:, column].copy_(self._code)
 
         return compute
 
@@ -595,13 +615,11 @@ class AdasumReduction:
         lower: bool,
         other: torch.Tensor,
         bounds: torch.Tensor,
-        stats: torch.Tensor,
-        share: float,
+        stats: _PairStatistics,
         local: bool = False,
         first: bool = False,
     ) -> Callable[[], None]:
-        """The combine of the pair's piece ``lo:hi`` into this rank's buffer; ``share``: the lower
-        side's share of the ranks the pair stands for (0.5 for the fold's two ranks)."""
+        """The combine of the pair's piece ``lo:hi`` into this rank's buffer, then its result's code."""
         operands = self._operands(lo, hi, lower, other, first)
         out = self.buffer[lo:hi]
         statistics = self._statistics((lo, hi), lower, other, bounds, stats, first) if local else None
@@ -610,7 +628,8 @@ class AdasumReduction:
             if statistics is not None:  # the fold: whole tensors are here, no sum needed
                 statistics()
             a, b = operands()
-            segment_combine(a, b, bounds, stats, out, share)
+            segment_combine(a, b, bounds, stats.stats, stats.counts, out)
+            combined_codes(stats.stats, stats.counts, self._code)
 
         return combine
 

@@ -85,6 +85,24 @@ def test_parallel_inputs_give_their_mean_at_any_rank_count(dtype):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3, 4, 5, 8)
+@pytest.mark.parametrize("engine", ["mpi", "gloo"])
+def test_zero_inputs_leave_the_mean_of_the_others(engine):
+    comm = Communicator(engine=engine)
+    a = torch.randn(29, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    scales = [(-1) ** r * (0.5 + 3 * r) for r in range(comm.size)]
+    # Tensor i is zero on the ranks r with (r + i) % 3 == 0 (a rank under join(), a layer no loss
+    # reached there), somewhere below, beside and above the pairs a fold makes.
+    present = [[(r + i) % 3 != 0 for r in range(comm.size)] for i in range(3)]
+    mine = [a * scales[comm.rank] * present[i][comm.rank] for i in range(3)]
+    out = mpisolve.allreduce(mine, op="adasum", comm=comm)
+    for i, got in enumerate(out):
+        alike = [a.numpy() * s for s, here in zip(scales, present[i]) if here]
+        expected = np.mean(alike, axis=0) if alike else np.zeros(29)
+        assert_matches(got, expected, torch.float64)
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3, 4, 5)
 def test_scaling_all_inputs_scales_the_result():
     comm = Communicator()
