@@ -23,6 +23,8 @@ from .dispatch import device_array, launch_stream, on_device
 if TYPE_CHECKING:
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
+    _Array = DeviceNDArray
+
 #: Threads per block and elements per thread in the statistics pass.
 THREADS = 128
 ITEMS = 8
@@ -86,14 +88,7 @@ _lower_share = cuda.jit(device=True, inline=True)(lower_share.py_func)
 
 
 @cuda.jit
-def _combine_kernel(
-    a: DeviceNDArray,
-    b: DeviceNDArray,
-    bounds: DeviceNDArray,
-    stats: DeviceNDArray,
-    counts: DeviceNDArray,
-    out: DeviceNDArray,
-) -> None:
+def _combine_kernel(a: _Array, b: _Array, bounds: _Array, stats: _Array, counts: _Array, out: _Array) -> None:
     start, stride = cuda.grid(1), cuda.gridsize(1)  # type: ignore[call-arg, var-annotated]  # numba types the intrinsic's call with its typing context
     for i in range(start, a.shape[0], stride):
         t = _segment_of(bounds, i)
