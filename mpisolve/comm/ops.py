@@ -8,13 +8,14 @@ followed by :meth:`Pending.wait`; the Horovod layer (:mod:`mpisolve.horovod`) st
 without waiting.
 
 **The check.** Every call first gathers a fixed-size header from every rank (one
-``MPI_Iallgather`` of 88 int64s on a communicator of its own): the operation, its
+``MPI_Iallgather`` of 86 int64s on a communicator of its own): the operation, its
 reduction, root, dtype, device, the shapes (a hash of all of them, the first 8 dimensions
 of the first in clear), the name, and the per-rank sizes a gather or an all-to-all needs
 (first dimensions, splits). Every rank sees every header, so every rank decides alike:
 if they disagree, each raises :class:`TensorMismatchError` naming the ranks and what
 differs, and no data round is posted (nothing hangs). Otherwise the data round runs on a
-second communicator. Headers are posted in call order; data rounds are posted in the same
+second communicator; a small CPU allreduce or broadcast has none: its values ride in the
+headers (an allreduce's in every rank's, a broadcast's in the root's). Headers are posted in call order; data rounds are posted in the same
 order (a call's data round waits for every earlier call's), so calls may overlap freely.
 
 **One tensor.** An allreduce of one tensor skips the header round: it is a
