@@ -15,8 +15,9 @@ of the first in clear), the name, and the per-rank sizes a gather or an all-to-a
 if they disagree, each raises :class:`TensorMismatchError` naming the ranks and what
 differs, and no data round is posted (nothing hangs). Otherwise the data round runs on a
 second communicator; a small CPU allreduce or broadcast has none: its values ride in the
-headers (an allreduce's in every rank's, a broadcast's in the root's). Headers are posted in call order; data rounds are posted in the same
-order (a call's data round waits for every earlier call's), so calls may overlap freely.
+headers (an allreduce's in every rank's, a broadcast's in the root's). Headers are posted
+in call order; data rounds are posted in the same order (a call's data round waits for
+every earlier call's), so calls may overlap freely.
 
 **One tensor.** An allreduce of one tensor skips the header round: it is a
 :class:`OneCall`, which :mod:`.onetensor` checks by the signature the ranks agreed once
