@@ -198,6 +198,8 @@ def test_process_sets_reduce_among_their_ranks(world):
     assert (evens is None) == (world.rank % 2 == 1) and mine is not None
     got = mpisolve.allreduce(torch.tensor([world.rank]), op="sum", comm=mine)
     assert got.item() == sum(range(world.rank % 2, world.size, 2))
+    last = mpisolve.broadcast(torch.tensor([world.rank]), root=mine.size - 1, comm=mine)  # in the header
+    assert last.item() == list(range(world.rank % 2, world.size, 2))[-1]
     mine.free()
     with pytest.raises(ValueError, match="distinct ranks"):
         mpisolve.process_set([0, 0])
@@ -225,6 +227,17 @@ def test_a_grouped_broadcast_of_every_dtype_is_the_roots_values(world, numel):
         assert all(a is b for a, b in zip(same, into))
         for g, want in zip(into, group(root)):
             np.testing.assert_array_equal(g.float().numpy(), want.float().numpy())
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+def test_started_broadcasts_in_the_header_complete_in_any_order(world):
+    ops = tensor_ops()
+    started = [ops.start("broadcast", [torch.full((2,), 10 * world.rank + i)], root=i % world.size) for i in range(4)]
+    summed = ops.start("allreduce", [torch.ones(3, dtype=torch.int64)] * 2, op="sum")
+    assert [t.tolist() for t in summed.wait()] == [[world.size] * 3] * 2
+    for i, pending in reversed(list(enumerate(started))):
+        assert pending.wait()[0].tolist() == [10 * (i % world.size) + i] * 2
 
 
 @pytest.mark.mpi(min_size=2)
