@@ -4,10 +4,10 @@ Run under mpiexec (perf/horovod_step.sh). For each size, a float32 tensor averag
 ``mpisolve.allreduce`` and by ``hvd.allreduce`` (both, below the node-shared crossover,
 :mod:`mpisolve.comm.onetensor`'s one MPI call with the signature check in it), timed in
 turn within each repeat (``interleaved_medians``, the slowest rank's); each timing is
-CALLS calls, reported per call. One JSON line per size. ``--others``: ``hvd.broadcast`` and
-``hvd.grouped_allreduce`` of one and of four such tensors too, timed in the same turns (a
-group of one takes the one-tensor path; the broadcast and a group of four, the checked
-collectives' header round).
+CALLS calls, reported per call. One JSON line per size. ``--others``: ``hvd.broadcast``,
+``mpisolve.broadcast``, ``hvd.allgather`` and ``hvd.grouped_allreduce`` of one and of four
+such tensors too, timed in the same turns (a group of one takes the one-tensor path; the
+others, the checked collectives' header round).
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="4,4096,65536,1048576", help="bytes, comma-separated")
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--others", action="store_true", help="also hvd.broadcast and hvd.grouped_allreduce")
+    parser.add_argument(
+        "--others", action="store_true", help="also broadcasts, hvd.allgather and hvd.grouped_allreduce"
+    )
     args = parser.parse_args()
     comm = mpisolve.init()
     hvd.init()
@@ -48,6 +50,8 @@ def main() -> None:
         }
         if args.others:
             fns["hvd_broadcast"] = functools.partial(repeat, lambda t=t: hvd.broadcast(t, 0), calls)
+            fns["mpisolve_broadcast"] = functools.partial(repeat, lambda t=t: mpisolve.broadcast(t, 0), calls)
+            fns["hvd_allgather"] = functools.partial(repeat, lambda t=t: hvd.allgather(t), calls)
             fns["hvd_grouped_allreduce_1"] = functools.partial(repeat, lambda t=t: hvd.grouped_allreduce([t]), calls)
             fns["hvd_grouped_allreduce_4"] = functools.partial(
                 repeat, lambda t=t: hvd.grouped_allreduce([t] * 4), calls
@@ -61,7 +65,7 @@ def main() -> None:
                 "hvd_allreduce_us": timings["horovod"] / calls * 1e6,
                 "hvd_over_mpisolve": timings["horovod"] / timings["native"],
             }
-            row.update({f"{name}_us": timings[name] / calls * 1e6 for name in fns if name.startswith("hvd_")})
+            row.update({f"{name}_us": timings[name] / calls * 1e6 for name in fns if name not in ("native", "horovod")})
             print(json.dumps(row), flush=True)
 
 

@@ -87,15 +87,18 @@ def _packed(
     tensors: list[torch.Tensor], dtype: torch.dtype, device: torch.device, flat: torch.Tensor | None
 ) -> torch.Tensor:
     """``tensors`` end to end in ``flat`` (as many elements; else a new tensor) of ``dtype`` on
-    ``device``: one small tensor by one copy (and cast), else by a :class:`FusedBuffer`'s pack
-    (whose fused kernel copies large buffers faster)."""
-    if len(tensors) > 1 or tensors[0].numel() * tensors[0].element_size() >= ONE_COPY_BYTES:
+    ``device``: under :data:`ONE_COPY_BYTES` in all by one torch copy (and cast), else by a
+    :class:`FusedBuffer`'s pack (whose fused kernel copies large buffers faster)."""
+    if sum(t.numel() for t in tensors) * dtype.itemsize >= ONE_COPY_BYTES:
         buf = FusedBuffer([t.shape for t in tensors], dtype, device, flat=flat)
         buf.pack(tensors)
         return buf.flat
     if flat is None:
-        flat = torch.empty(tensors[0].numel(), dtype=dtype, device=device)
-    flat.view(tensors[0].shape).copy_(tensors[0])
+        flat = torch.empty(sum(t.numel() for t in tensors), dtype=dtype, device=device)
+    if len(tensors) == 1:
+        flat.view(tensors[0].shape).copy_(tensors[0])
+    else:
+        torch.cat([t.reshape(-1) for t in tensors], out=flat)
     return flat
 
 

@@ -8,14 +8,16 @@ followed by :meth:`Pending.wait`; the Horovod layer (:mod:`mpisolve.horovod`) st
 without waiting.
 
 **The check.** Every call first gathers a fixed-size header from every rank (one
-``MPI_Iallgather`` of 88 int64s on a communicator of its own): the operation, its
+``MPI_Iallgather`` of 86 int64s on a communicator of its own): the operation, its
 reduction, root, dtype, device, the shapes (a hash of all of them, the first 8 dimensions
 of the first in clear), the name, and the per-rank sizes a gather or an all-to-all needs
 (first dimensions, splits). Every rank sees every header, so every rank decides alike:
 if they disagree, each raises :class:`TensorMismatchError` naming the ranks and what
 differs, and no data round is posted (nothing hangs). Otherwise the data round runs on a
-second communicator. Headers are posted in call order; data rounds are posted in the same
-order (a call's data round waits for every earlier call's), so calls may overlap freely.
+second communicator; a small CPU allreduce or broadcast has none: its values ride in the
+headers (an allreduce's in every rank's, a broadcast's in the root's). Headers are posted
+in call order; data rounds are posted in the same order (a call's data round waits for
+every earlier call's), so calls may overlap freely.
 
 **One tensor.** An allreduce of one tensor skips the header round: it is a
 :class:`OneCall`, which :mod:`.onetensor` checks by the signature the ranks agreed once
@@ -33,6 +35,7 @@ the others. It returns the rank that joined last.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import itertools
@@ -89,8 +92,10 @@ _MPI_TYPE = {
     torch.float64: MPI.DOUBLE,
 }
 
-# Header layout (int64 slots), then META slots of per-rank sizes.
-_KIND, _OP, _DTYPE, _DEVICE, _ROOT, _JOINED, _JOIN_ROUND, _COUNT, _NUMEL, _SIG, _NAME, _META, _NDIM, _INLINE = range(14)
+# Header layout (int64 slots), then META slots of per-rank sizes. The slots up to _JOINED come
+# first, together: ranks that agree and have not joined have them equal (one comparison).
+_KIND, _OP, _ROOT, _DEVICE, _COUNT, _DTYPE, _SIG, _META, _INLINE, _NAME, _JOINED = range(11)
+_JOIN_ROUND, _NUMEL, _NDIM = range(11, 14)
 _DIMS = 14
 #: Dimensions of the first tensor a header carries in clear (for error messages).
 CLEAR_DIMS = 8
@@ -105,6 +110,12 @@ def _hash(value: object) -> int:
     """A stable 63-bit hash (the same on every rank, unlike ``hash`` of a string)."""
     digest = hashlib.blake2b(repr(value).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+@functools.lru_cache(maxsize=4096)
+def _name_hash(name: str) -> int:
+    """A call's name as a header slot (names recur call after call: hashed once)."""
+    return _hash(name)
 
 
 class Pending:
@@ -126,6 +137,9 @@ class Pending:
         self.sizes: Posting | None = None
         self.all_sizes = np.empty(0, dtype=np.int64)
         self.meta: list[int] = []
+        #: Where values ride in the header (an allreduce's wire groups, a broadcast's tensors):
+        #: ``(dtype, members, first byte, bytes)`` each; empty where they take a data round.
+        self.layout: list[tuple[torch.dtype, list[int], int, int]] = []
         #: Set by the negotiation: the data round's postings and what completes the result.
         self.data: list[Posting] = []
         self.finish: Callable[[], Any] = lambda: None
@@ -324,33 +338,39 @@ class TensorOps:
         out: Sequence[torch.Tensor] | None,
     ) -> Pending:
         """A checked call of the general path (its header round not yet started)."""
-        meta = self._meta(kind, tensors, op, splits)
+        groups = _wire_groups(tensors) if kind == "allreduce" and op != "adasum" else None
+        meta = self._meta(kind, tensors, groups, splits)
         header = np.zeros(RECORD, dtype=np.int64)
         first = tensors[0]
-        dims = list(first.shape)[:CLEAR_DIMS]
-        header[: _DIMS + len(dims)] = [
+        dims = first.shape[:CLEAR_DIMS]
+        header[: _DIMS + len(dims)] = (
             KINDS.index(kind),
             REDUCTIONS.index(op),
-            DTYPES.index(first.dtype),
-            int(first.device.type == "cuda"),
             root,
+            first.device.type == "cuda",
+            len(tensors),
+            DTYPES.index(first.dtype),
+            _signature(kind in ("allgather", "alltoall"), tensors),
+            len(meta),
+            0,  # no values inline (yet)
+            0 if name is None else _name_hash(name),
             0,  # not joined
             0,
-            len(tensors),
             sum(t.numel() for t in tensors),
-            _signature(kind in ("allgather", "alltoall"), tensors),
-            0 if name is None else _hash(name),
-            len(meta),
             first.dim(),
-            0,  # no values inline (yet)
             *dims,
-        ]
+        )
         pending = Pending(self, kind, name, header)
         pending.meta = meta
         if len(meta) <= META:
             header[_HEADER : _HEADER + len(meta)] = meta
-            if kind == "allreduce" and op != "adasum" and first.device.type == "cpu":
-                _inline(header, len(meta), tensors, prescale)
+            if first.device.type == "cpu" and (groups is not None or kind == "broadcast"):
+                runs = list(groups.items()) if groups is not None else [(t.dtype, [i]) for i, t in enumerate(tensors)]
+                pending.layout = _inline_layout(tensors, runs, len(meta))
+            if pending.layout and (kind == "allreduce" or self.comm.rank == root):
+                _inline(header, len(meta), tensors, pending.layout, prescale)
+            if pending.layout:
+                header[_INLINE] = pending.layout[-1][2] + pending.layout[-1][3]
 
         def plan(sizes: list[list[int]]) -> None:
             self._plan(pending, sizes, tensors, op, root, prescale, postscale, out)
@@ -366,18 +386,20 @@ class TensorOps:
             observe(call, "negotiating")
 
     @staticmethod
-    def _meta(kind: str, tensors: list[torch.Tensor], op: str, splits: Sequence[int] | None) -> list[int]:
+    def _meta(
+        kind: str,
+        tensors: list[torch.Tensor],
+        groups: dict[torch.dtype, list[int]] | None,
+        splits: Sequence[int] | None,
+    ) -> list[int]:
         """The per-rank sizes the others need.
 
-        An allreduce's wire groups (for a joined rank), a gather's first dimensions, an
+        An allreduce's wire ``groups`` (for a joined rank), a gather's first dimensions, an
         all-to-all's splits.
         """
-        if kind == "allreduce" and op != "adasum":
-            groups: dict[torch.dtype, int] = {}
-            for t in tensors:
-                wire = _WIRE.get(t.dtype, t.dtype)
-                groups[wire] = groups.get(wire, 0) + t.numel()
-            return [v for wire, n in groups.items() for v in (DTYPES.index(wire), n)]
+        if groups is not None:
+            numels = [sum(tensors[i].numel() for i in members) for members in groups.values()]
+            return [v for wire, n in zip(groups, numels) for v in (DTYPES.index(wire), n)]
         if kind == "allgather":
             return [t.shape[0] for t in tensors]
         if kind == "alltoall":
@@ -473,8 +495,10 @@ class TensorOps:
     ) -> None:
         """Post the data round of a negotiated call and set how its result completes."""
         kind = pending.kind
-        if kind == "allreduce" and pending.header[_INLINE]:
+        if kind == "allreduce" and pending.layout:
             pending.finish = self._inline_allreduce(pending, tensors, op, postscale, out)
+        elif kind == "broadcast" and pending.layout:
+            pending.finish = self._inline_broadcast(pending, tensors, root, out)
         elif kind == "allreduce" and op == "adasum":
             flats = [t.detach().reshape(-1).to(_WIRE.get(t.dtype, t.dtype), copy=True) for t in tensors]
             _adasum(flats, [[f.numel()] for f in flats], self.data)
@@ -535,9 +559,7 @@ class TensorOps:
             for (_, stager), flat, group in zip(posted, flats, members):
                 stager.from_mpi()
                 _finish_reduction(flat, op, postscale, size, tensors[group[0]].dtype)
-                pieces = flat.split([tensors[i].numel() for i in group])
-                for i, piece in zip(group, pieces):
-                    results[i] = piece.view(tensors[i].shape)
+                _pieces(flat, group, tensors, results)
             return _write_out(tensors, results, out)
 
         return [p for p, _ in posted], finish
@@ -556,11 +578,8 @@ class TensorOps:
             headers = headers[[r for r in range(self.comm.size) if not headers[r, _JOINED]]]
         payloads = headers[:, _HEADER + len(pending.meta) :].view(np.uint8)
         results: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
-        offset = 0
-        for wire, members in _wire_groups(tensors).items():
-            nbytes = sum(tensors[i].numel() for i in members) * wire.itemsize
-            stacked = payloads[:, offset : offset + nbytes].view(_NUMPY[wire])
-            offset += nbytes
+        for wire, members, start, nbytes in pending.layout:
+            stacked = payloads[:, start : start + nbytes].view(_NUMPY[wire])
             if op in ("sum", "average"):
                 reduced = stacked.sum(axis=0, dtype=stacked.dtype)
             elif op == "product":
@@ -569,12 +588,20 @@ class TensorOps:
                 reduced = stacked.min(axis=0) if op == "min" else stacked.max(axis=0)
             flat = torch.from_numpy(reduced)
             _finish_reduction(flat, op, postscale, self.comm.size, tensors[members[0]].dtype)
-            if len(members) == 1:
-                results[members[0]] = flat.view(tensors[members[0]].shape)
-                continue
-            for i, piece in zip(members, flat.split([tensors[i].numel() for i in members])):
-                results[i] = piece.view(tensors[i].shape)
-        return lambda: _write_out(tensors, results, out)
+            _pieces(flat, members, tensors, results)
+        return functools.partial(_write_out, tensors, results, out)
+
+    def _inline_broadcast(
+        self, pending: Pending, tensors: list[torch.Tensor], root: int, out: Sequence[torch.Tensor] | None
+    ) -> Callable[[], Any]:
+        """A broadcast whose values came in the root's header: copied out of that row."""
+        base = pending.gathered.ctypes.data + (root * RECORD + _HEADER + len(pending.meta)) * 8
+        results = []
+        for dtype, members, start, nbytes in pending.layout:
+            result = torch.empty(tensors[members[0]].shape, dtype=dtype)
+            ctypes.memmove(result.data_ptr(), base + start, nbytes)
+            results.append(result)
+        return functools.partial(_write_out, tensors, results, out)
 
     def _allgather(
         self, tensors: list[torch.Tensor], firsts: list[list[int]]
@@ -604,9 +631,15 @@ class TensorOps:
     def _broadcast(
         self, tensors: list[torch.Tensor], root: int, out: Sequence[torch.Tensor] | None
     ) -> tuple[list[Posting], Callable[[], Any]]:
-        targets = (
-            list(out) if out is not None else [t.detach().clone(memory_format=torch.contiguous_format) for t in tensors]
-        )
+        if out is None:
+            targets = [t.detach().clone(memory_format=torch.contiguous_format) for t in tensors]
+        else:
+            targets = list(out)
+            if self.comm.rank == root:  # the root sends its inputs, wherever its results go
+                with torch.no_grad():
+                    for target, t in zip(targets, tensors):
+                        if target is not t:
+                            target.copy_(t)
         bufs = [t if t.is_contiguous() else t.contiguous() for t in targets]
         posted = [self._post([b], lambda s: self.data.comm.Ibcast(_bytes(s), root=root)) for b in bufs]
 
@@ -819,11 +852,9 @@ def _disagreement(headers: np.ndarray[Any, Any]) -> str | None:
 
     The working (not joined) ranks must agree; a joined rank answers an allreduce only.
     """
-    if not headers[:, _JOINED].any():  # the common case, in two array operations
-        agreed = headers[:, _AGREED]
-        named = headers[:, _NAME]
-        if (agreed == agreed[0]).all() and (named == named[0]).all():
-            return None
+    checked = headers[:, : _JOINED + 1]
+    if not checked[0, _JOINED] and (checked == checked[0]).all():  # the common case: no rank joined, all agree
+        return None
     working = [r for r in range(len(headers)) if not headers[r, _JOINED]]
     if not working:
         return None
@@ -855,8 +886,6 @@ def _disagreement(headers: np.ndarray[Any, Any]) -> str | None:
     return None
 
 
-#: Header slots the working ranks must agree on, and how each is named in an error.
-_AGREED = np.array([_KIND, _OP, _ROOT, _DEVICE, _COUNT, _DTYPE, _SIG, _META, _INLINE])
 _SIGNATURES: dict[tuple[bool, tuple[tuple[torch.dtype, torch.Size], ...]], int] = {}
 
 
@@ -906,31 +935,66 @@ def _wire_flats(
     tensors: list[torch.Tensor], groups: dict[torch.dtype, list[int]], prescale: float
 ) -> list[torch.Tensor]:
     """Each wire group packed into one flat buffer of its wire dtype, prescaled."""
-    flats = []
-    for wire, members in groups.items():
-        flat = _packed([tensors[i].detach() for i in members], wire, tensors[members[0]].device, None)
-        if prescale != 1.0:
-            _scale(flat, prescale, tensors[members[0]].dtype)
-        flats.append(flat)
-    return flats
+    return [_wire_flat(tensors, members, wire, prescale, None) for wire, members in groups.items()]
 
 
-def _inline(header: np.ndarray[Any, Any], used: int, tensors: list[torch.Tensor], prescale: float) -> None:
-    """Put an allreduce's (prescaled, wire-dtype) values in the header if they fit.
+def _wire_flat(
+    tensors: list[torch.Tensor], members: list[int], wire: torch.dtype, prescale: float, flat: torch.Tensor | None
+) -> torch.Tensor:
+    """``members`` of ``tensors`` packed end to end into ``flat`` (else a new buffer) of dtype ``wire``, prescaled."""
+    flat = _packed([tensors[i].detach() for i in members], wire, tensors[members[0]].device, flat)
+    if prescale != 1.0:
+        _scale(flat, prescale, tensors[members[0]].dtype)
+    return flat
 
-    They go after its ``used`` sizes; ``header[_INLINE]`` says how many bytes (0: they
-    travel in a data round).
+
+def _inline_layout(
+    tensors: list[torch.Tensor], runs: list[tuple[torch.dtype, list[int]]], used: int
+) -> list[tuple[torch.dtype, list[int], int, int]]:
+    """Where each run of tensors (``dtype``, members) goes in a header's free slots after ``used`` sizes.
+
+    ``(dtype, members, first byte, bytes)`` each, every run 8-byte aligned (viewed there as
+    its dtype); empty where they do not fit.
     """
-    groups = _wire_groups(tensors)
-    if sum(tensors[i].numel() * wire.itemsize for wire, members in groups.items() for i in members) > (META - used) * 8:
+    layout, end = [], 0
+    for dtype, members in runs:
+        nbytes = sum(tensors[i].numel() for i in members) * dtype.itemsize
+        layout.append((dtype, members, end, nbytes))
+        end += -(-nbytes // 8) * 8
+    return layout if end <= (META - used) * 8 else []
+
+
+def _inline(
+    header: np.ndarray[Any, Any],
+    used: int,
+    tensors: list[torch.Tensor],
+    layout: list[tuple[torch.dtype, list[int], int, int]],
+    prescale: float,
+) -> None:
+    """Write the tensors' (wire-dtype, prescaled) values into the header's free slots, as ``layout`` says.
+
+    Contiguous tensors already of the run's dtype, unscaled, are copied in as bytes (no
+    torch call: the small calls' cost); others are cast and scaled by torch.
+    """
+    base = header.ctypes.data + (_HEADER + used) * 8
+    for dtype, members, start, nbytes in layout:
+        if prescale == 1.0 and all(tensors[i].dtype == dtype and tensors[i].is_contiguous() for i in members):
+            at = base + start
+            for i in members:
+                ctypes.memmove(at, tensors[i].data_ptr(), tensors[i].nbytes)
+                at += tensors[i].nbytes
+            continue
+        payload = torch.from_numpy(header[_HEADER + used :]).view(torch.uint8)
+        _wire_flat(tensors, members, dtype, prescale, payload[start : start + nbytes].view(dtype))
+
+
+def _pieces(flat: torch.Tensor, members: list[int], tensors: list[torch.Tensor], results: list[torch.Tensor]) -> None:
+    """``results[i]`` for i in ``members``: the piece of ``flat`` holding ``tensors[i]``, viewed in its shape."""
+    if len(members) == 1:
+        results[members[0]] = flat.view(tensors[members[0]].shape)
         return
-    payload = header[_HEADER + used :].view(np.uint8)
-    offset = 0
-    for flat in _wire_flats(tensors, groups, prescale):
-        raw = flat.view(torch.uint8).numpy()
-        payload[offset : offset + raw.size] = raw
-        offset += raw.size
-    header[_INLINE] = offset
+    for i, piece in zip(members, flat.split([tensors[i].numel() for i in members])):
+        results[i] = piece.view(tensors[i].shape)
 
 
 def _scale(flat: torch.Tensor, factor: float, dtype: torch.dtype) -> None:

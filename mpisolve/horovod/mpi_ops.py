@@ -604,7 +604,9 @@ def broadcast(
     tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> torch.Tensor:
     """``root_rank``'s ``tensor`` on every rank of the set (the input untouched), differentiable."""
-    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+    if tensor.requires_grad and torch.is_grad_enabled():  # a graph to record
+        return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
 # ----------------------------------------------------------------------- alltoall

@@ -198,6 +198,91 @@ def test_process_sets_reduce_among_their_ranks(world):
     assert (evens is None) == (world.rank % 2 == 1) and mine is not None
     got = mpisolve.allreduce(torch.tensor([world.rank]), op="sum", comm=mine)
     assert got.item() == sum(range(world.rank % 2, world.size, 2))
+    last = mpisolve.broadcast(torch.tensor([world.rank]), root=mine.size - 1, comm=mine)  # in the header
+    assert last.item() == list(range(world.rank % 2, world.size, 2))[-1]
     mine.free()
     with pytest.raises(ValueError, match="distinct ranks"):
         mpisolve.process_set([0, 0])
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("numel", [5, META * 8], ids=["in-the-header", "data-round"])
+def test_a_grouped_broadcast_of_every_dtype_is_the_roots_values(world, numel):
+    dtypes = [*INTS, torch.bool, torch.float16, torch.bfloat16, torch.float32, torch.float64]
+    shapes = [(numel,), (), (0, 3), (2, 3)]
+    for root in range(world.size):
+
+        def group(rank):
+            made = [values(rank, shapes[i % len(shapes)], dtype, 0, 2) for i, dtype in enumerate(dtypes)]
+            made.append(values(rank, (3, 4), torch.float32).t())  # not contiguous
+            return made
+
+        got = mpisolve.broadcast(group(world.rank), root=root)
+        for g, want in zip(got, group(root)):
+            assert g.dtype == want.dtype and g.shape == want.shape
+            np.testing.assert_array_equal(g.float().numpy(), want.float().numpy())
+        into = [torch.zeros_like(t) for t in group(world.rank)]
+        same = tensor_ops().start("broadcast", group(world.rank), root=root, out=into).wait()
+        assert all(a is b for a, b in zip(same, into))
+        for g, want in zip(into, group(root)):
+            np.testing.assert_array_equal(g.float().numpy(), want.float().numpy())
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+def test_started_broadcasts_in_the_header_complete_in_any_order(world):
+    ops = tensor_ops()
+    started = [ops.start("broadcast", [torch.full((2,), 10 * world.rank + i)], root=i % world.size) for i in range(4)]
+    summed = ops.start("allreduce", [torch.ones(3, dtype=torch.int64)] * 2, op="sum")
+    assert [t.tolist() for t in summed.wait()] == [[world.size] * 3] * 2
+    for i, pending in reversed(list(enumerate(started))):
+        assert pending.wait()[0].tolist() == [10 * (i % world.size) + i] * 2
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+def test_a_small_broadcast_mismatch_raises_on_every_rank_and_a_joined_rank_is_refused(world):
+    rank = world.rank
+    cases = [
+        lambda: mpisolve.broadcast(torch.zeros(2 + rank), root=1),  # shape
+        lambda: mpisolve.broadcast(torch.zeros(2, dtype=torch.float16 if rank else torch.bfloat16), root=1),  # dtype
+        lambda: mpisolve.broadcast([torch.zeros(2)] * (1 + rank), root=1),  # tensor count
+    ]
+    for case in cases:
+        with pytest.raises(mpisolve.TensorMismatchError, match="differ"):
+            case()
+    ops = tensor_ops()
+    if rank == 0:
+        last = ops.join()
+    else:
+        with pytest.raises(mpisolve.TensorMismatchError, match="rank\\(s\\) 0 have joined"):
+            ops.start("broadcast", [torch.ones(3, dtype=torch.int8)], root=1).wait()
+        last = ops.join()
+    assert last == world.size - 1
+    assert mpisolve.broadcast(torch.full((3,), rank, dtype=torch.int8), root=1).tolist() == [1, 1, 1]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("prescale", [1.0, 0.5])
+def test_a_grouped_allreduce_in_the_header_of_mixed_layouts_is_numpys(world, prescale):
+    def group(rank):
+        return [
+            values(rank, (3,), torch.int32),
+            values(rank, (2, 3), torch.float64).t(),  # not contiguous
+            values(rank, (), torch.float16),
+            values(rank, (5,), torch.uint8, 0, 4),
+            values(rank, (4,), torch.float32),
+            values(rank, (0,), torch.int8),
+        ]
+
+    got = tensor_ops().start("allreduce", group(world.rank), op="sum", prescale=prescale).wait()
+    for i, g in enumerate(got):
+        mine = group(world.rank)[i]
+        scaled = [group(r)[i].double() * prescale for r in range(world.size)]
+        if not mine.dtype.is_floating_point:
+            scaled = [s.trunc() for s in scaled]  # an integer's prescale truncates, as its dtype would
+        want = torch.stack(scaled).sum(0).to(mine.dtype)
+        assert g.dtype == mine.dtype and g.shape == mine.shape
+        np.testing.assert_allclose(g.double().numpy(), want.double().numpy(), rtol=1e-3)
