@@ -10,6 +10,14 @@ full memory barrier on the CPU), here without a call into MPI: on x86 both compi
 plain moves the compiler may not reorder, on Arm to ``stlr`` / ``ldar``.
 
 Counters are one int64 each, at any stride (one per cache line), aligned to 8 bytes.
+
+The same words serve as reader-writer locks between processes (:func:`try_lock_shared`,
+:func:`try_lock_exclusive`, :func:`unlock_shared`, :func:`unlock_exclusive`: the locked
+shared vectors of :mod:`mpisolve.comm.windows`), taken with an atomic compare-and-swap and
+released with an atomic add, so no process's progress is needed to grant them. A word holds
+its readers in the low 32 bits, :data:`WRITER` while a writer holds it, and
+:data:`WAITING` per writer waiting for it: readers are not let in while a writer waits, so
+readers that overlap one another cannot keep a writer out.
 """
 
 from __future__ import annotations
@@ -78,7 +86,32 @@ def _spin_hint_typing(typingctx: Any) -> Any:  # noqa: ARG001
     return types.void(), codegen
 
 
+def _compare_exchange_typing(typingctx: Any, words: Any, index: Any, expected: Any, desired: Any) -> Any:  # noqa: ARG001
+    """Set ``words[index]`` to ``desired`` if it is ``expected``, atomically; the value found (acquire-release)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        pointer = _item_pointer(context, builder, signature.args[0], args[0], signature.args[1], args[1])
+        old = context.cast(builder, args[2], signature.args[2], types.int64)
+        new = context.cast(builder, args[3], signature.args[3], types.int64)
+        return builder.extract_value(builder.cmpxchg(pointer, old, new, "acq_rel", "acquire"), 0)
+
+    return types.int64(words, index, expected, desired), codegen
+
+
+def _fetch_add_typing(typingctx: Any, words: Any, index: Any, delta: Any) -> Any:  # noqa: ARG001
+    """Add ``delta`` to ``words[index]``, atomically; the value before (acquire-release)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        pointer = _item_pointer(context, builder, signature.args[0], args[0], signature.args[1], args[1])
+        added = context.cast(builder, args[2], signature.args[2], types.int64)
+        return builder.atomic_rmw("add", pointer, added, "acq_rel")
+
+    return types.int64(words, index, delta), codegen
+
+
 _load_acquire: Any = intrinsic(_load_acquire_typing)
+_compare_exchange: Any = intrinsic(_compare_exchange_typing)
+_fetch_add: Any = intrinsic(_fetch_add_typing)
 _store_release: Any = intrinsic(_store_release_typing)
 _spin_hint: Any = intrinsic(_spin_hint_typing)
 
@@ -112,3 +145,51 @@ def reached_within(counters: np.ndarray, value: int, polls: int) -> bool:
             return True
         _spin_hint()
     return reached(counters, value)
+
+
+#: A lock word's value while a writer holds it (on top of the waiting writers' count).
+WRITER = 1 << 32
+#: What each writer waiting for a lock adds to its word.
+WAITING = 1 << 40
+
+
+@njit(nogil=True, cache=CACHE)
+def compare_exchange(words: np.ndarray, index: int, expected: int, desired: int) -> int:
+    """Set ``words[index]`` to ``desired`` if it holds ``expected``, atomically; the value it held."""
+    return _compare_exchange(words, index, expected, desired)
+
+
+@njit(nogil=True, cache=CACHE)
+def fetch_add(words: np.ndarray, index: int, delta: int) -> int:
+    """Add ``delta`` to ``words[index]``, atomically; the value it held."""
+    return _fetch_add(words, index, delta)
+
+
+@njit(nogil=True, cache=CACHE)
+def try_lock_shared(words: np.ndarray, index: int) -> bool:
+    """Join the readers of lock ``index`` unless a writer holds it or waits for it; whether this did."""
+    seen = _load_acquire(words, index)
+    return seen < WRITER and _compare_exchange(words, index, seen, seen + 1) == seen
+
+
+@njit(nogil=True, cache=CACHE)
+def try_lock_exclusive(words: np.ndarray, index: int, waiting: bool) -> bool:
+    """Take lock ``index`` alone if nobody holds it; whether this did. ``waiting``: this writer
+    was counted as waiting (:func:`fetch_add` of :data:`WAITING`), which taking it uncounts."""
+    seen = _load_acquire(words, index)
+    if seen % WAITING != 0:
+        return False
+    taken = seen + WRITER - (WAITING if waiting else 0)
+    return _compare_exchange(words, index, seen, taken) == seen
+
+
+@njit(nogil=True, cache=CACHE)
+def unlock_shared(words: np.ndarray, index: int) -> None:
+    """Leave the readers of lock ``index`` after every access this thread made under it."""
+    _fetch_add(words, index, -1)
+
+
+@njit(nogil=True, cache=CACHE)
+def unlock_exclusive(words: np.ndarray, index: int) -> None:
+    """Release lock ``index``, held alone, after every access this thread made under it."""
+    _fetch_add(words, index, -WRITER)

@@ -73,7 +73,8 @@ from .buckets import Bucket
 from .communicator import Communicator, Posting, mpi_buffer
 from .device import Stager
 from .engine import TorchMessage
-from .shm import CACHE_LINE, NodeCounters, NodeGroup, free_window, node_group, padded, shared_window, takes
+from .shm import CACHE_LINE, NodeCounters, NodeGroup, node_group, padded, takes
+from .windows import free_window, shared_window
 
 
 class AdasumTopology:
@@ -212,7 +213,7 @@ class _NodeBuffers:
         ranks = group.local_size
         row = padded(numel * torch.empty(0, dtype=dtype).element_size())
         flags = ranks * CACHE_LINE
-        self.win, memory = shared_window(group, flags + ranks * row, flags, "node-shared Adasum buffers")
+        self.win, memory = shared_window(group.comm, flags + ranks * row, flags, "node-shared Adasum buffers")
         #: Every local rank's progress counter.
         self.progress = NodeCounters(memory[:flags], group.local_rank)
         rows = memory[flags:].view(dtype).view(ranks, -1)

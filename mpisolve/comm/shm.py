@@ -75,7 +75,7 @@ from ..kernels import counters
 from ..kernels.slots import SlotRound, arrival, host_rows, round_sum
 from .communicator import Communicator, mpi_buffer
 from .engine import InFlight
-from .windows import CACHE_LINE, shard_bounds
+from .windows import CACHE_LINE, free_window, shard_bounds, shared_window
 
 if TYPE_CHECKING:
     from .buckets import Bucket
@@ -108,32 +108,6 @@ _GROUPS: weakref.WeakKeyDictionary[Communicator, NodeGroup | None] = weakref.Wea
 def padded(nbytes: int) -> int:
     """``nbytes`` rounded up to whole cache lines (a window's regions never share one)."""
     return -(-nbytes // CACHE_LINE) * CACHE_LINE
-
-
-def shared_window(group: NodeGroup, total: int, zeroed: int, what: str) -> tuple[MPI.Win, torch.Tensor]:
-    """A node-shared window of ``total`` bytes (collective over the node), its first ``zeroed``
-    bytes zeroed before any rank reads them, locked for load/store access; and its bytes."""
-    comm = group.comm
-    comm.flush(what)  # no rank may block here while another waits for an operation it has not posted
-    with comm.blocking("MPI_Win_allocate_shared"):
-        win = MPI.Win.Allocate_shared(total if group.local_rank == 0 else 0, 1, comm=group.node)
-    memory = torch.frombuffer(MPI.buffer.fromaddress(win.Shared_query(0)[0].address, total), dtype=torch.uint8)
-    if group.local_rank == 0:
-        memory[:zeroed].zero_()
-    comm.wait(group.node.Ibarrier(), f"{what} setup")
-    with comm.blocking("MPI_Win_lock_all"):
-        win.Lock_all(MPI.MODE_NOCHECK)
-    return win, memory
-
-
-def free_window(comm: Communicator, win: MPI.Win) -> None:
-    """Release a window of :func:`shared_window` (collective over the node)."""
-    if win == MPI.WIN_NULL:
-        return
-    with comm.blocking("MPI_Win_unlock_all"):
-        win.Unlock_all()
-    with comm.blocking("MPI_Win_free"):
-        win.Free()
 
 
 class NodeCounters:
@@ -353,7 +327,7 @@ class NodeAllreduce:
         result_bytes = 0 if self.latency else row + (padded(numel * 4) if self.half else 0)
         slots_end = flags_bytes + ranks * copies * row
         tally_end = slots_end + ranks * copies * tally_row
-        self.win, memory = shared_window(group, tally_end + result_bytes, flags_bytes, "node-shared window")
+        self.win, memory = shared_window(group.comm, tally_end + result_bytes, flags_bytes, "node-shared window")
         self._arrived = NodeCounters(memory[:counters_bytes], group.local_rank)
         self._done = None if self.latency else NodeCounters(memory[counters_bytes:flags_bytes], group.local_rank)
         self._me = group.local_rank
@@ -609,7 +583,7 @@ class NodeRelease:
     def __init__(self, group: NodeGroup) -> None:
         self.comm = group.comm
         nbytes = group.local_size * CACHE_LINE
-        self.win, memory = shared_window(group, nbytes, nbytes, "node-shared release counters")
+        self.win, memory = shared_window(group.comm, nbytes, nbytes, "node-shared release counters")
         self._counters = NodeCounters(memory, group.local_rank)
         self._seq = 0
 

@@ -32,9 +32,11 @@ Two modes, chosen by the solver:
   memory itself (Hogwild: concurrent read-modify-writes may overwrite each other); on the
   inter-node path it reads, applies the function to a copy and accumulates the difference
   (element-wise atomic).
-- ``locked=True``: :meth:`update` holds an exclusive lock on each shard's owner while it
-  reads and writes that shard, so the exchange is atomic per shard, as a parameter server
-  serving one worker at a time would make it.
+- ``locked=True``: :meth:`update` holds an exclusive lock on each shard while it reads
+  and writes that shard, and :meth:`read` a shared one, so the exchange is atomic per
+  shard, as a parameter server serving one worker at a time would make it. On the shared
+  path the locks are words in node-shared memory (:class:`ShardLocks`, taken with an
+  atomic compare-and-swap); elsewhere they are ``MPI_Win_lock`` on the shard's owner.
 
 :meth:`accumulate` adds with ``MPI_Accumulate`` on both paths: element-wise atomic, no
 update lost, whatever the mode.
@@ -43,11 +45,12 @@ Progress: a passive-target operation must not wait for its target to enter MPI. 
 ``progress="thread"`` (default) the inter-node path runs a :class:`.progress.ProgressThread`
 that pokes MPI's progress engine; ``"mpich"`` relies on MPICH's own progress thread,
 which the job must be launched with (``MPICH_ASYNC_PROGRESS=1``); ``"none"`` relies on
-the library (e.g. RDMA hardware). The shared path's loads and stores need none, but a
-locked window's ``Win_lock`` is granted by the owner's progress engine (MPICH), so a
-locked shared-path window runs the thread too.
+the library (e.g. RDMA hardware); a locked window's ``Win_lock`` is granted by the owner's
+progress engine too (MPICH). The shared path needs none, locked or not: its loads, stores
+and node-shared locks involve no other rank's progress.
 
-Every wait on an operation's completion goes through :meth:`Communicator.wait`, and every
+Every wait on an operation's completion or a node-shared lock goes through
+:meth:`Communicator.wait` / :meth:`Communicator.wait_for`, and every
 call MPI offers only as blocking (window creation, ``Win_lock``/``Win_unlock``, the
 ``lock_all`` epoch, ``Win_flush_all``, ``Win_free``) through :meth:`Communicator.blocking`:
 both are watchdogged and count as time blocked in MPI.
@@ -57,11 +60,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from mpi4py import MPI
 
+from ..kernels import counters
 from ..options import require_choice
 from .communicator import MPI_TYPES, Communicator, mpi_buffer
 from .device import Stager
@@ -99,6 +103,82 @@ def shard_bounds(numel: int, size: int, layout: str, itemsize: int) -> list[tupl
     per = -(-numel // size)
     per = -(-per // align) * align
     return [(min(r * per, numel), min((r + 1) * per, numel)) for r in range(size)]
+
+
+def shared_window(comm: Communicator, total: int, zeroed: int, what: str) -> tuple[MPI.Win, torch.Tensor]:
+    """A node-shared window of ``total`` bytes (collective over ``comm``'s node), its first ``zeroed``
+    bytes zeroed before any rank reads them, locked for load/store access; and its bytes."""
+    node = cast(MPI.Intracomm, comm.node)  # Split_type gives an intracommunicator
+    comm.flush(what)  # no rank may block here while another waits for an operation it has not posted
+    with comm.blocking("MPI_Win_allocate_shared"):
+        win = MPI.Win.Allocate_shared(total if comm.local_rank == 0 else 0, 1, comm=node)
+    memory = torch.frombuffer(MPI.buffer.fromaddress(win.Shared_query(0)[0].address, total), dtype=torch.uint8)
+    if comm.local_rank == 0:
+        memory[:zeroed].zero_()
+    comm.wait(node.Ibarrier(), f"{what} setup")
+    with comm.blocking("MPI_Win_lock_all"):
+        win.Lock_all(MPI.MODE_NOCHECK)
+    return win, memory
+
+
+def free_window(comm: Communicator, win: MPI.Win) -> None:
+    """Release a window of :func:`shared_window` (collective over the node)."""
+    if win == MPI.WIN_NULL:
+        return
+    with comm.blocking("MPI_Win_unlock_all"):
+        win.Unlock_all()
+    with comm.blocking("MPI_Win_free"):
+        win.Free()
+
+
+class ShardLocks:
+    """A reader-writer lock per shard, one int64 word a cache line in node-shared memory (the shared path's).
+
+    Taken with an atomic compare-and-swap (:mod:`mpisolve.kernels.counters`), so a lock is
+    granted by no other rank's progress engine (MPICH's ``Win_lock`` is granted by its
+    owner's, which made a locked window run a progress thread in every rank). Collective over
+    ``comm``, whose ranks share a node. A wait goes through :meth:`Communicator.wait_for`:
+    watchdogged, and yielding the core where ranks share cores.
+    """
+
+    def __init__(self, comm: Communicator) -> None:
+        self.comm = comm
+        nbytes = comm.size * CACHE_LINE
+        self.win, memory = shared_window(comm, nbytes, nbytes, "shared-vector locks")
+        self.words = memory.view(torch.int64).numpy()[:: CACHE_LINE // 8]
+
+    def shared(self, shard: int) -> None:
+        """Take ``shard``'s lock shared with other readers (no writer holds it or waits for it)."""
+        words = self.words
+        if not counters.try_lock_shared(words, shard):
+            self.comm.wait_for(lambda: bool(counters.try_lock_shared(words, shard)), self._what("shared", shard))
+
+    def exclusive(self, shard: int) -> None:
+        """Take ``shard``'s lock alone; while this waits, new readers wait too."""
+        words = self.words
+        if counters.try_lock_exclusive(words, shard, False):
+            return
+        counters.fetch_add(words, shard, counters.WAITING)
+        try:
+            self.comm.wait_for(
+                lambda: bool(counters.try_lock_exclusive(words, shard, True)), self._what("exclusive", shard)
+            )
+        except BaseException:
+            counters.fetch_add(words, shard, -counters.WAITING)  # no longer waiting: readers may come in
+            raise
+
+    def unlock_shared(self, shard: int) -> None:
+        counters.unlock_shared(self.words, shard)
+
+    def unlock_exclusive(self, shard: int) -> None:
+        counters.unlock_exclusive(self.words, shard)
+
+    def _what(self, kind: str, shard: int) -> str:
+        return f"taking the {kind} lock on rank {shard}'s shard of a shared vector (node-shared)"
+
+    def free(self) -> None:
+        """Collective: release the lock words' window."""
+        free_window(self.comm, self.win)
 
 
 class _ProgressThread:
@@ -199,11 +279,15 @@ class SharedVector:
         self._scratch_specs = self._specs(self._scratch) if self._scratch is not None else []
         self._scratch_by_target = self._by_target(self._scratch) if self._scratch is not None else {}
         self._pending: list[MPI.Request] = []
-        needs_progress = rma or locked  # locks are granted by the owner
-        self._progress = _ProgressThread(comm.comm) if needs_progress and progress == "thread" else None
-        if not locked:
+        # RMA, and its Win_lock, completes by the target's progress engine; the shared path needs nobody's.
+        self._progress = _ProgressThread(comm.comm) if rma and progress == "thread" else None
+        #: The shared path's locks (None elsewhere: MPI's locks on the shard's owner).
+        self._locks = ShardLocks(comm) if locked and not rma else None
+        # One shared epoch for the window's life where nobody takes MPI's exclusive lock on it.
+        self._lock_all = not locked or self._locks is not None
+        if self._lock_all:
             with comm.blocking("MPI_Win_lock_all"):
-                self.win.Lock_all(MPI.MODE_NOCHECK)  # nobody ever takes an exclusive lock on a wild window
+                self.win.Lock_all(MPI.MODE_NOCHECK)
         self.closed = False
 
     def _map_whole(self, itemsize: int) -> torch.Tensor:
@@ -235,7 +319,7 @@ class SharedVector:
             for target in self._shard_order:
                 self._lock(target, MPI.LOCK_SHARED)
                 self._read_shard(target, out, by_target.get(target, []))
-                self._unlock(target)
+                self._unlock(target, MPI.LOCK_SHARED)
         elif self.view is not None:
             self.win.Sync()
             out.copy_(self.view)
@@ -258,9 +342,9 @@ class SharedVector:
     def update(self, fn: UpdateFn) -> None:
         """Apply ``fn(center_slice, start, stop)`` to the vector, in place, shard by shard.
 
-        Locked: each shard's owner is locked exclusively for the read, ``fn`` and the
-        write. Wild, shared path: ``fn`` runs on the window memory itself, racing other
-        ranks. Wild, inter-node: ``fn`` runs on a fresh read and the difference is
+        Locked: each shard is locked exclusively for the read, ``fn`` and the write.
+        Wild, shared path: ``fn`` runs on the window memory itself, racing other ranks.
+        Wild, inter-node: ``fn`` runs on a fresh read and the difference is
         accumulated (element-wise atomic), completing by the next call.
         """
         self._check_open()
@@ -280,7 +364,7 @@ class SharedVector:
                     self._settle()
                     puts = [self.win.Rput(s, p.target, self._target(p)) for p, s in pairs]
                     self.comm.wait(puts, "shared-vector write")
-                self._unlock(target)
+                self._unlock(target, MPI.LOCK_EXCLUSIVE)
         elif self.view is not None:
             self.win.Sync()
             fn(self.view, 0, self.numel)
@@ -295,12 +379,24 @@ class SharedVector:
             self._start_accumulate(self._scratch_specs)
 
     def _lock(self, target: int, lock_type: int) -> None:
-        with self.comm.blocking("MPI_Win_lock", target):
-            self.win.Lock(target, lock_type)
+        """Lock ``target``'s shard (``MPI.LOCK_SHARED`` or ``MPI.LOCK_EXCLUSIVE``)."""
+        if self._locks is None:
+            with self.comm.blocking("MPI_Win_lock", target):
+                self.win.Lock(target, lock_type)
+        elif lock_type == MPI.LOCK_EXCLUSIVE:
+            self._locks.exclusive(target)
+        else:
+            self._locks.shared(target)
 
-    def _unlock(self, target: int) -> None:
-        with self.comm.blocking("MPI_Win_unlock", target):
-            self.win.Unlock(target)
+    def _unlock(self, target: int, lock_type: int) -> None:
+        """Release what :meth:`_lock` took."""
+        if self._locks is None:
+            with self.comm.blocking("MPI_Win_unlock", target):
+                self.win.Unlock(target)
+        elif lock_type == MPI.LOCK_EXCLUSIVE:
+            self._locks.unlock_exclusive(target)
+        else:
+            self._locks.unlock_shared(target)
 
     def _by_target(self, tensor: torch.Tensor) -> dict[int, list[tuple[Piece, list]]]:
         """:attr:`pieces` with the buffer specs of ``tensor``'s matching slices, grouped by target."""
@@ -356,7 +452,7 @@ class SharedVector:
         self._settle()  # others may read the shard as soon as the barrier below is passed
         self.win.Sync()
         if self.locked:
-            self._unlock(self.comm.rank)
+            self._unlock(self.comm.rank, MPI.LOCK_EXCLUSIVE)
         self.comm.barrier("shared-vector store")
 
     def quiesce(self) -> None:
@@ -373,11 +469,13 @@ class SharedVector:
         if self.closed:
             return
         self.quiesce()
-        if not self.locked:
+        if self._lock_all:
             with self.comm.blocking("MPI_Win_unlock_all"):
                 self.win.Unlock_all()
         if self._progress is not None:
             self._progress.stop()
+        if self._locks is not None:
+            self._locks.free()
         self.view = None
         with self.comm.blocking("MPI_Win_free"):
             self.win.Free()

@@ -1,5 +1,6 @@
 """SharedVector: exact concurrent accumulates on both paths, locked updates, progress, clean close."""
 
+import os
 import threading
 import time
 
@@ -85,10 +86,11 @@ def test_updates_complete_while_the_owner_stays_out_of_mpi(locked):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 4)
 def test_locked_shared_memory_updates_complete_while_the_owner_stays_out_of_mpi():
-    """Win_lock on a shared-memory window is granted by its owner's progress engine.
+    """The shared path's locks are granted without their owner.
 
     Rank 0 owns the vector and, outside MPI, waits to see the others' locked updates
-    land in its memory: only the progress thread can grant their locks meanwhile.
+    land in its memory: node-shared locks need nobody's progress engine (MPI's
+    ``Win_lock`` needed the owner's, and a progress thread).
     """
     comm = Communicator()
     rounds = 5
@@ -113,11 +115,12 @@ def progress_threads():
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("locked", [False, True])
 @pytest.mark.parametrize("force_internode", [False, True])
-def test_close_frees_the_window_and_stops_the_progress_thread(force_internode):
+def test_close_frees_the_window_and_stops_the_progress_thread(force_internode, locked):
     comm = Communicator()
-    v = SharedVector(comm, 100, torch.float32, force_internode=force_internode)
-    assert len(progress_threads()) == (1 if force_internode else 0)  # the shared path needs none
+    v = SharedVector(comm, 100, torch.float32, force_internode=force_internode, locked=locked)
+    assert len(progress_threads()) == (1 if force_internode else 0)  # the shared path needs none, locked or not
     v.accumulate(torch.ones(100))
     v.close()
     v.close()  # idempotent
@@ -149,3 +152,60 @@ def test_time_waiting_for_a_window_lock_counts_as_blocked(force_internode):
             waited = time.perf_counter() - start
             assert waited >= hold_s / 2  # the lock really was held across the read
             assert comm.blocked_s - before >= 0.9 * waited  # ... and the wait counts as blocked in MPI
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3, 4)
+@pytest.mark.parametrize("layout", ["sharded", "server"])
+def test_node_shared_locks_exclude_writers_under_contention(layout):
+    """Every rank bumps every element by a read, a yield of the core and a write: a lost update shows a broken lock."""
+    comm = Communicator()
+    rounds, n = 150, 64
+    with SharedVector(comm, n, torch.float64, layout=layout, locked=True) as v:
+        assert v.path == "shared" and not progress_threads()
+        v.store_(torch.zeros(n, dtype=torch.float64))
+
+        def bump(center, start, stop):
+            seen = center.clone()
+            os.sched_yield()  # let another rank in, if the lock would
+            center.copy_(seen + 1)
+
+        for _ in range(rounds):
+            v.update(bump)
+        v.quiesce()
+        out = torch.empty(n, dtype=torch.float64)
+        v.read(out)
+        assert torch.equal(out, torch.full((n,), float(rounds * comm.size), dtype=torch.float64))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3, 4)
+def test_readers_of_node_shared_locks_never_see_a_half_written_shard():
+    """Rank 0 writes each shard in two halves with a pause between; every read finds each shard uniform."""
+    comm = Communicator()
+    rounds, n = 100, 4096
+    torn: list[str] = []
+    out = torch.empty(n, dtype=torch.float64)
+    with SharedVector(comm, n, torch.float64, locked=True) as v:
+        v.store_(torch.zeros(n, dtype=torch.float64))
+        if comm.rank == 0:
+            for k in range(1, rounds + 1):
+
+                def write(center, start, stop, k=k):
+                    half = (stop - start) // 2
+                    center[:half].fill_(k)
+                    time.sleep(2e-3)
+                    center[half:].fill_(k)
+
+                v.update(write)
+        else:
+            deadline = time.monotonic() + 60.0  # the writer never done: fail, not hang
+            while not torn and time.monotonic() < deadline:
+                v.read(out)
+                torn += [f"{lo}:{hi}" for lo, hi in v.bounds if not bool((out[lo:hi] == out[lo]).all())]
+                if bool((out == rounds).all()):
+                    break
+        v.quiesce()  # a reader that saw a torn shard stops reading; the collective calls still match
+        v.read(out)
+    assert not torn, f"shards {torn} read half written"
+    assert bool((out == rounds).all())

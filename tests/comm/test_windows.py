@@ -75,23 +75,32 @@ if comm.rank == 1:
     v.update(stall)
 comm.barrier()
 print(f"reading at {time.time()}", file=sys.stderr, flush=True)
-v.read(torch.empty(1000))  # waits for rank 1's lock
+if sys.argv[3] == "read":
+    v.read(torch.empty(1000))  # waits for rank 1's lock
+else:
+    v.update(lambda center, start, stop: None)
 """
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", ["shared", "internode"])
-def test_a_rank_stalled_in_a_window_lock_ends_the_job(path):
-    """The watchdog catches a wait in a blocking window call (which cannot be polled) and aborts the job."""
+@pytest.mark.parametrize(
+    ("path", "op", "wait"),
+    [
+        ("shared", "read", "taking the shared lock on rank 1's shard of a shared vector (node-shared)"),
+        ("shared", "update", "taking the exclusive lock on rank 1's shard of a shared vector (node-shared)"),
+        ("internode", "read", "MPI_Win_lock (target rank 1)"),
+    ],
+)
+def test_a_rank_stalled_in_a_window_lock_ends_the_job(path, op, wait):
+    """The watchdog ends a wait for a lock another rank holds: a node-shared lock's polled wait raises,
+    a blocking ``Win_lock`` (which cannot be polled) is caught by the watchdog thread; the job aborts."""
     bin_dir = Path(sys.executable).parent
-    cmd = [str(bin_dir / "mpiexec"), "-n", "2", sys.executable, "-m", "mpi4py", "-c", STALL_IN_LOCK, "2", path]
+    cmd = [str(bin_dir / "mpiexec"), "-n", "2", sys.executable, "-m", "mpi4py", "-c", STALL_IN_LOCK, "2", path, op]
     env = dict(os.environ, MPIEXEC_TIMEOUT="90")
     job = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     ended = time.time()
     assert job.returncode != 0, job.stderr
-    assert (
-        "CommTimeout: mpisolve: MPI_Win_lock (target rank 1) did not complete within 2 s on rank 0 of 2" in job.stderr
-    )
+    assert f"CommTimeout: mpisolve: {wait} did not complete within 2 s on rank 0 of 2" in job.stderr
     reading_at = float(next(line for line in job.stderr.splitlines() if line.startswith("reading at")).split()[-1])
     print(f"{path}: exit {job.returncode}, ended {ended - reading_at:.1f} s after the wait began")
     assert ended - reading_at < 30  # the issue's bound for a failing rank

@@ -79,3 +79,35 @@ def test_mismatched_arguments_are_named():
         SlotRound(c, np.zeros((2, 5), np.float32), 0, 5, np.zeros(5, np.float32), np.zeros((2, 1)), np.zeros(2))
     with pytest.raises(ValueError, match="outside rows"):
         SlotRound(c, np.zeros((2, 5), np.float32), 0, 6, np.zeros(5, np.float32), np.zeros((2, 0)), np.zeros(0))
+
+
+def test_compare_exchange_sets_only_the_expected_value_and_fetch_add_adds():
+    c = strided([4, 4])
+    assert counters.compare_exchange(c, 1, 3, 9) == 4 and c.tolist() == [4, 4]  # not 3: unchanged
+    assert counters.compare_exchange(c, 1, 4, 9) == 4 and c.tolist() == [4, 9]
+    assert counters.fetch_add(c, 0, -5) == 4 and c.tolist() == [-1, 9]
+    assert c.base[1:STRIDE].tolist() == [0] * (STRIDE - 1)  # the word's own cache line, nothing else
+
+
+def test_a_lock_word_admits_readers_together_and_a_writer_alone():
+    c = strided([0, 0])
+    assert counters.try_lock_shared(c, 0) and counters.try_lock_shared(c, 0) and c.tolist() == [2, 0]
+    assert not counters.try_lock_exclusive(c, 0, False)  # readers hold it
+    assert counters.try_lock_exclusive(c, 1, False) and c.tolist() == [2, counters.WRITER]  # the other word is free
+    assert not counters.try_lock_shared(c, 1) and not counters.try_lock_exclusive(c, 1, False)
+    counters.unlock_exclusive(c, 1)
+    counters.unlock_shared(c, 0)
+    counters.unlock_shared(c, 0)
+    assert c.tolist() == [0, 0]
+
+
+def test_a_waiting_writer_keeps_new_readers_out_and_is_uncounted_when_it_takes_the_lock():
+    c = strided([0])
+    assert counters.try_lock_shared(c, 0)
+    counters.fetch_add(c, 0, counters.WAITING)  # a writer waits for the reader
+    assert not counters.try_lock_shared(c, 0)  # a second reader may not overtake it
+    assert not counters.try_lock_exclusive(c, 0, True)
+    counters.unlock_shared(c, 0)
+    assert counters.try_lock_exclusive(c, 0, True) and c.tolist() == [counters.WRITER]
+    counters.unlock_exclusive(c, 0)
+    assert c.tolist() == [0] and counters.try_lock_shared(c, 0)
