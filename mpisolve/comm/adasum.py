@@ -395,7 +395,7 @@ class AdasumReduction:
         self.scratch = torch.empty(scratch_len, dtype=flat.dtype, device=device)
         self._scratch_twin = comm.host_twin(self.scratch)
         #: The code (mpisolve.kernels.adasum) of this rank's operand per segment: how many nonzero inputs
-        #: it stands for, after the fold or a level (each rank of a side holds the same).
+        #: it stands for, after the fold or a level; kept only where this rank sends it at the next level.
         self._code = torch.zeros(segments, dtype=torch.float64, device=device)
         if topo.fold_partner is not None:
             stats = _PairStatistics.zeros(segments, device)  # two single inputs: their codes stay 0
@@ -405,13 +405,29 @@ class AdasumReduction:
             if local is None:
                 recv = self._receive(self.scratch[:n], _slice(self._scratch_twin, 0, n), topo.fold_partner)
                 combine = self._combiner(
-                    0, n, True, self.scratch[:n], bounds, stats, local=True, first=self.node is not None
+                    0,
+                    n,
+                    True,
+                    self.scratch[:n],
+                    bounds,
+                    stats,
+                    bool(topo.levels),
+                    local=True,
+                    first=self.node is not None,
                 )
                 self.stages.append(_Stage(name, [recv], self._then(combine, topo.FOLDED)))
             else:
                 assert self.node is not None  # a node-local partner exists only on the node path
                 combine = self._combiner(
-                    0, n, True, self.node.slots[local], bounds, stats, local=True, first=self.node is not None
+                    0,
+                    n,
+                    True,
+                    self.node.slots[local],
+                    bounds,
+                    stats,
+                    bool(topo.levels),
+                    local=True,
+                    first=self.node is not None,
                 )
                 arrived = _Progress(self, local, topo.ARRIVED)
                 self.stages.append(_Stage(name, [arrived], self._then(combine, topo.FOLDED)))
@@ -427,6 +443,7 @@ class AdasumReduction:
             # first level, where no rank folded, every operand is a single input, coded 0.
             composite = index > 0 or topo.fold_partner is not None
             column = (0 if lower else 1) if composite and topo.virtual % level == 0 else None
+            coded = index + 1 < len(topo.levels) and topo.virtual % (2 * level) == 0
             local = self._local(partner)
             first = self.node is not None and index == 0 and topo.fold_partner is None
             exchange_name = f"level {level} exchange with rank {partner}"
@@ -459,7 +476,9 @@ class AdasumReduction:
                 _Stage(
                     f"level {level} allreduce of statistics over {sub.size} ranks",
                     [sub.persistent_allreduce(stats.block)],
-                    self._then(self._combiner(*keep, lower, other, bounds, stats, first=first), topo.combined(index)),
+                    self._then(
+                        self._combiner(*keep, lower, other, bounds, stats, coded, first=first), topo.combined(index)
+                    ),
                 )
             )
             lo, hi = keep
@@ -617,10 +636,12 @@ class AdasumReduction:
         other: torch.Tensor,
         bounds: torch.Tensor,
         stats: _PairStatistics,
+        coded: bool,
         local: bool = False,
         first: bool = False,
     ) -> Callable[[], None]:
-        """The combine of the pair's piece ``lo:hi`` into this rank's buffer, then its result's code."""
+        """The combine of the pair's piece ``lo:hi`` into this rank's buffer; ``coded``: then its result's
+        code too, which this rank sends at the next level (its side's first rank there)."""
         operands = self._operands(lo, hi, lower, other, first)
         out = self.buffer[lo:hi]
         statistics = self._statistics((lo, hi), lower, other, bounds, stats, first) if local else None
@@ -630,7 +651,8 @@ class AdasumReduction:
                 statistics()
             a, b = operands()
             segment_combine(a, b, bounds, stats.stats, stats.counts, out)
-            combined_codes(stats.stats, stats.counts, self._code)
+            if coded:
+                combined_codes(stats.stats, stats.counts, self._code)
 
         return combine
 
