@@ -5,13 +5,15 @@
 #   rank) and CNN (24);
 # - an emulated device per rank (--device-ms): the MLP, where communication matters, one
 #   solver of each kind (16 micro-batches per rank: sleep-paced, so steady).
-# -> perf/results/scaling/ (scaling.csv, table.md, scaling_<model>[_emulated].png, device.json, one directory per run)
+# -> OUT, default perf/results/scaling/ (scaling.csv, table.md, scaling_<model>[_emulated].png, device.json, one
+#    directory per run). A study's repeats run this script with OUT set, so they run the study's own commands.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-"${PYTHON:-python}" perf/scaling.py --models mlp --ranks 1 2 4 8 --series real
+OUT=${OUT:-perf/results/scaling}
+"${PYTHON:-python}" perf/scaling.py --models mlp --ranks 1 2 4 8 --series real --out "$OUT"
 # abs-sgd's CNN rounds are long (many micro-batches at 8 ranks): a record per round, so a run has at least 2.
 "${PYTHON:-python}" perf/scaling.py --models cnn --ranks 1 2 4 8 --series real --batches 24 --log-every 3 \
-    --solvers allreduce,adasum,lb-bsp,local-sgd,kfac,easgd,async-sgd,async-msgd,hogwild-sgd,async-easgd,async-measgd,ea-wild
-"${PYTHON:-python}" perf/scaling.py --models cnn --ranks 1 2 4 8 --series real --batches 24 --log-every 1 --solvers abs-sgd
+    --solvers allreduce,adasum,lb-bsp,local-sgd,kfac,easgd,async-sgd,async-msgd,hogwild-sgd,async-easgd,async-measgd,ea-wild --out "$OUT"
+"${PYTHON:-python}" perf/scaling.py --models cnn --ranks 1 2 4 8 --series real --batches 24 --log-every 1 --solvers abs-sgd --out "$OUT"
 "${PYTHON:-python}" perf/scaling.py --models mlp --ranks 1 2 4 8 --series emulated --batches 16 --log-every 2 \
-    --solvers allreduce,adasum,easgd,local-sgd,async-easgd,ea-wild,hogwild-sgd
+    --solvers allreduce,adasum,easgd,local-sgd,async-easgd,ea-wild,hogwild-sgd --out "$OUT"
