@@ -18,13 +18,13 @@ Write-up, figures and provenance: docs/studies/performance-model.md.
      against the benchmarks' price; every exchange below is priced so;
    - abs-sgd's round bookkeeping a micro-batch, per gradient byte and fixed, fitted to its
      runs in the same tables (``fit_rounds``; ``sharing.json``'s ``abs_sgd_rounds``);
-   - each study workload's compute contention (:mod:`mpisolve.perfmodel.sharing`) fitted
-     to P one-rank trainings at once (``compute.csv`` and its repeats, ``compute-<K>.csv``,
+   - each study workload's compute contention and crowding (:mod:`mpisolve.perfmodel.sharing`)
+     fitted to P one-rank trainings at once (``compute.csv`` and its repeats, ``compute-<K>.csv``,
      fitted together);
    - the machine's cost of a blocking exchange and of a lock acquisition per extra rank a
      core, per rank count above the cores, fitted to what the synthetic workload's runs
      (``sync_<numel>/scaling.csv``: ``allreduce``, ``async-sgd``) leave over their compute
-     (its contention fitted to its ``hogwild-sgd`` runs, which neither block nor lock) and
+     (its contention and crowding fitted to its ``hogwild-sgd`` runs, which neither block nor lock) and
      their exchanges' price; none at as many ranks as cores or fewer.
 
 2. Validation: for each series, model and solver of the scaling study (its repeats at the
@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -97,9 +98,12 @@ PROBE_LATENCY_S = 1e-4
 
 def in_loop(net: Network, factor: float, latency_s: float = 0.0) -> Network:
     """``net`` with every term ``factor`` times dearer and ``latency_s`` more per latency
-    term (each alpha, each counter wait): an exchange as a training step pays it."""
+    term (each alpha, each counter wait): an exchange as a training step pays it. A factor of
+    0 (a fit that found the bytes free in the loop) leaves the latency terms alone."""
     memory = net.memory and replace(
-        net.memory, node_Bps=net.memory.node_Bps / factor, sync_s=net.memory.sync_s * factor + latency_s
+        net.memory,
+        node_Bps=net.memory.node_Bps / factor if factor > 0 else math.inf,
+        sync_s=net.memory.sync_s * factor + latency_s,
     )
     intra = None if net.intra_beta is None else net.intra_beta * factor
     return replace(
@@ -118,7 +122,7 @@ class Calibration:
     gamma, the fit's median error and the window networks (as the benchmarks measured them);
     per exchange (``allreduce``, ``locked``, ``wild``) how much dearer a training step pays
     it, a factor and a latency (:func:`in_loop`; :meth:`network`, :meth:`window_networks`);
-    the cores; per (series, model) the compute contention; per rank count the cost of a
+    the cores; per (series, model) the compute contention and crowding; per rank count the cost of a
     wait and of a lock per extra rank a core; abs-sgd's round bookkeeping a micro-batch,
     per gradient byte and fixed (None: not measured)."""
 
@@ -126,7 +130,7 @@ class Calibration:
     windows: dict[int, dict[str, Network]]
     cores: int
     in_loop: dict[str, tuple[float, float]]
-    contention: dict[tuple[str, str], float]
+    contention: dict[tuple[str, str], tuple[float, float]]
     wait_s: dict[int, float]
     lock_s: dict[int, float]
     rounds: tuple[float, float] | None = None
@@ -206,7 +210,7 @@ def free_cores(cores: int, row: dict[str, str]) -> float:
 def calibrate(directory: Path) -> Calibration:
     cores = int(json.loads((directory / "machine.json").read_text())["cores"])
     nets, windows = calibrate_networks(directory), calibrate_windows(directory)
-    fits: dict[tuple[str, str], list[float]] = {}
+    fits: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for path in sorted(directory.glob("compute*.csv")):  # a repeat each, with its own 1-rank rows
         rows = read_rows(path)
         for key in dict.fromkeys((r["series"], r["model"]) for r in rows):
@@ -220,12 +224,13 @@ def calibrate(directory: Path) -> Calibration:
                 if (r["series"], r["model"]) == key
             ]
             fits.setdefault(key, []).append(
-                fit_contention(mine, cores) if any(r["ranks"] > cores for r in mine) else 0.0
+                fit_contention(mine, cores) if any(r["ranks"] > cores for r in mine) else (0.0, 0.0)
             )
     contention = {}
     for (series, model), values in fits.items():
-        contention[(series, model)] = statistics.median(values)
-        print(f"contention of {model} ({series}): {contention[(series, model)]:.3f} per extra rank a core")
+        first, further = (statistics.median(v) for v in zip(*values))
+        contention[(series, model)] = first, further
+        print(f"{model} ({series}): contention {first:.3f}, crowding {further:.3f} per further rank a core")
     syncs = [
         (
             Workload("synthetic", int(json.loads((sync.parent / "workload.json").read_text())["numel"]), 3, ()),
@@ -257,19 +262,19 @@ def calibrate(directory: Path) -> Calibration:
             }
             for p in [1, *ranks]
         ]
-        synthetic = fit_contention(hogwild, cores)
+        first, further = fit_contention(hogwild, cores)
         for solver, into in (("allreduce", waits), ("async-sgd", locks)):
             one = float(rows[(solver, 1)]["iteration_s"])
             for p in shared:
                 row = rows[(solver, p)]
-                plain = SharedCores(cores=free_cores(cores, row), contention=synthetic)
+                plain = SharedCores(cores=free_cores(cores, row), contention=first, crowding=further)
                 net, gamma = cal.network(p)
                 compute = Compute(step_s=one, batch=32, sharing=plain)
                 case = Case(load, net, compute, p, WIRE_BYTES, gamma, cal.window_networks(p))
                 left = float(row["iteration_s"]) - iteration(solver, case).total
                 count = 1.0 if solver == "allreduce" else 2.0 * (p - 1)  # blocking exchanges, lock acquisitions
                 into.setdefault(p, []).append((count * plain.extra(p), left))
-        print(f"synthetic workload, {load.params} parameters: contention {synthetic:.3f}")
+        print(f"synthetic workload, {load.params} parameters: contention {first:.3f}, crowding {further:.3f}")
     wait_s = {p: fit_through_origin(points) for p, points in waits.items()}
     lock_s = {p: fit_through_origin(points) for p, points in locks.items()}
     for p in wait_s:
@@ -379,14 +384,15 @@ def sharing_for(cal: Calibration, row: dict[str, str], one: dict[str, str]) -> t
     shares the cores; the exchanges wake the ranks together, so their host work runs at
     the same time and every rank counts.
     """
-    p, contention = int(row["ranks"]), cal.contention.get(("real", row["model"]), 0.0)
+    p, (contention, crowding) = int(row["ranks"]), cal.contention.get(("real", row["model"]), (0.0, 0.0))
     device = device_s(row)
     single = float(one["iteration_s"])
     host = max(single - device_s(one), 1e-6)
-    at_one = SharedCores(cores=free_cores(cal.cores, one), contention=contention)
+    at_one = SharedCores(cores=free_cores(cal.cores, one), contention=contention, crowding=crowding)
     sharing = SharedCores(
         cores=free_cores(cal.cores, row),
         contention=contention,
+        crowding=crowding,
         wait_s=cal.wait_s.get(p, 0.0),
         lock_s=cal.lock_s.get(p, 0.0),
     )
@@ -685,7 +691,8 @@ def main() -> int:
             {
                 "cores": cal.cores,
                 "in_loop": {exchange: {"factor": f, "latency_s": s} for exchange, (f, s) in cal.in_loop.items()},
-                "contention": {f"{series} {model}": c for (series, model), c in cal.contention.items()},
+                "contention": {f"{series} {model}": c[0] for (series, model), c in cal.contention.items()},
+                "crowding": {f"{series} {model}": c[1] for (series, model), c in cal.contention.items()},
                 "wait_s": cal.wait_s,
                 "lock_s": cal.lock_s,
                 "abs_sgd_rounds": cal.rounds and {"s_per_byte": cal.rounds[0], "s": cal.rounds[1]},
@@ -730,8 +737,9 @@ def main() -> int:
             else []
         ),
         *(
-            f"| contention, {model} ({series}) | {c:.3f} per extra rank a core |"
-            for (series, model), c in cal.contention.items()
+            f"| contention, {model} ({series}) | {first:.3f} at two ranks a core, crowding {further:.3f} per "
+            "further rank a core |"
+            for (series, model), (first, further) in cal.contention.items()
         ),
         *(
             f"| at {p} ranks: a blocking exchange, a lock acquisition | {cal.wait_s[p] * 1e3:.2f} ms, "

@@ -17,7 +17,7 @@ and beta, per mode (locked, wild), to the measured exchanges of ``bench windows`
 node-shared sums (:mod:`.node`), all ranks on one node.
 
 Ranks sharing cores (:mod:`.sharing`): :func:`fit_contention` fits a workload's compute
-contention to its steps with several ranks computing at once, and
+contention and crowding to its steps with several ranks computing at once, and
 :func:`fit_through_origin` the per-extra-rank costs of waits and locks to what runs on a
 synthetic workload left over, and :func:`fit_scale_and_latency` how much dearer a training
 step pays an exchange than a benchmark (perf/scaling_model.py does that part).
@@ -209,26 +209,29 @@ def _extra(p: int, cores: float, outside: float) -> float:
     return SharedCores(cores=max(cores - outside, MIN_FREE_CORES)).extra(p)
 
 
-def fit_contention(rows: Sequence[Mapping[str, float]], cores: float) -> float:
-    """A workload's ``contention`` (:mod:`.sharing`) from its steps at several rank counts.
+def fit_contention(rows: Sequence[Mapping[str, float]], cores: float) -> tuple[float, float]:
+    """A workload's ``contention`` and ``crowding`` (:mod:`.sharing`) from its steps at several rank counts.
 
     ``rows``: ``ranks``, ``seconds`` (a rank's step, every rank computing at once, none
     communicating) and ``outside_cores`` (what other processes used meanwhile); the
-    one-rank row is the step alone. The least-squares slope of ``t_p / (t_1 (1 + x)) - 1``
-    against ``x`` (ranks a core beyond the first), through 0, bounded at 0.
+    one-rank row is the step alone. Least squares of ``t_p / (t_1 (1 + x)) - 1`` on
+    ``min(x, 1)`` and ``max(x - 1, 0)`` (``x``: ranks a core beyond the first), both
+    bounded at 0; ``crowding`` is 0 where no row has more than two ranks a core.
     """
     alone = [r for r in rows if int(r["ranks"]) == 1]
     if len(alone) != 1:
         raise InputError(f"a contention fit needs one 1-rank row, got {len(alone)}")
     one = float(alone[0]["seconds"]) / (1 + _extra(1, cores, float(alone[0]["outside_cores"])))
     points = [
-        (x, float(r["seconds"]) / (one * (1 + x)) - 1)
+        (min(x, 1.0), max(x - 1.0, 0.0), float(r["seconds"]) / (one * (1 + x)) - 1)
         for r in rows
         if (x := _extra(int(r["ranks"]), cores, float(r["outside_cores"]))) > 0
     ]
     if not points:
         raise InputError("no row has more ranks than free cores: nothing to fit the contention to")
-    return max(0.0, sum(x * y for x, y in points) / sum(x * x for x, _ in points))
+    columns = np.array([(first, further) for first, further, _ in points])
+    contention, crowding = _nonnegative_lstsq(columns, np.array([y for *_, y in points]))
+    return float(contention), float(crowding)
 
 
 def fit_through_origin(points: Sequence[tuple[float, float]]) -> float:

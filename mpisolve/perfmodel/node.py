@@ -32,14 +32,15 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, kw_only=True)
 class NodeMemory:
-    """A node's shared memory as the node-aware sum sees it: bandwidth (bytes/s), one counter wait (s)."""
+    """A node's shared memory as the node-aware sum sees it: bandwidth (bytes/s; ``math.inf``:
+    bytes cost nothing, only the waits), one counter wait (s)."""
 
     node_Bps: float
     sync_s: float
     latency_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
-        require(math.isfinite(self.node_Bps) and self.node_Bps > 0, f"node_Bps must be > 0, got {self.node_Bps}")
+        require(self.node_Bps > 0, f"node_Bps must be > 0, got {self.node_Bps}")  # NaN fails too
         require(math.isfinite(self.sync_s) and self.sync_s >= 0, f"sync_s must be >= 0, got {self.sync_s}")
 
 

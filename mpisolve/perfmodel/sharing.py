@@ -5,15 +5,20 @@ busy: measured while the job runs) and ``p`` ranks, ``k = p / cores`` ranks shar
 core. Beyond one rank a core (k > 1):
 
 - **compute**: a rank's step takes ``k`` times its step alone (the core is time-shared),
-  times ``1 + contention (k - 1)`` (switching ranks costs caches and time);
+  times ``1 + contention min(k - 1, 1) + crowding max(k - 2, 0)``: sharing a core costs
+  caches and switches (``contention``, reached at two ranks a core), and each further
+  rank a core may cost more (``crowding``: their working sets crowd the shared cache) or
+  nothing (a workload whose data never stayed in cache);
 - **a blocking exchange** (a collective every rank waits for) costs ``wait_s (k - 1)``
   more: ranks that left it compute while the late ones wait for a core to finish theirs;
 - **a lock acquisition** (a locked window's shard) costs ``lock_s (k - 1)``: its holder
   may be off its core.
 
-``contention`` is the workload's (it depends on its caches); ``wait_s`` and ``lock_s``
-the machine's. :func:`.calibrate.fit_contention` and :func:`.calibrate.fit_waits` fit them
-to measurements (perf/model_calibration.py).
+``contention`` and ``crowding`` are the workload's (they depend on its caches); ``wait_s``
+and ``lock_s`` the machine's. :func:`.calibrate.fit_contention` fits the first two to
+a workload's steps with several ranks computing at once, :func:`.calibrate.fit_through_origin`
+the others to what a synthetic workload's runs leave over (perf/model_calibration.py,
+perf/scaling_model.py).
 """
 
 from __future__ import annotations
@@ -26,18 +31,19 @@ from ..options import require
 
 @dataclass(frozen=True, kw_only=True)
 class SharedCores:
-    """``cores`` free for the job (may be fractional), the workload's ``contention``, and
-    the machine's ``wait_s`` per blocking exchange and ``lock_s`` per lock acquisition,
-    each per extra rank a core."""
+    """``cores`` free for the job (may be fractional), the workload's ``contention`` and
+    ``crowding``, and the machine's ``wait_s`` per blocking exchange and ``lock_s`` per lock
+    acquisition, each per extra rank a core."""
 
     cores: float
     contention: float = 0.0
+    crowding: float = 0.0
     wait_s: float = 0.0
     lock_s: float = 0.0
 
     def __post_init__(self) -> None:
         require(math.isfinite(self.cores) and self.cores > 0, f"cores must be > 0, got {self.cores}")
-        for key in ("contention", "wait_s", "lock_s"):
+        for key in ("contention", "crowding", "wait_s", "lock_s"):
             value = getattr(self, key)
             require(math.isfinite(value) and value >= 0, f"{key} must be >= 0, got {value}")
 
@@ -48,7 +54,7 @@ class SharedCores:
     def slowdown(self, p: int) -> float:
         """How much longer a rank's step takes at ``p`` ranks than alone."""
         extra = self.extra(p)
-        return (1.0 + extra) * (1.0 + self.contention * extra)
+        return (1.0 + extra) * (1.0 + self.contention * min(extra, 1.0) + self.crowding * max(extra - 1.0, 0.0))
 
     def waits(self, p: int, exchanges: float) -> float:
         """Seconds ``exchanges`` blocking exchanges add at ``p`` ranks."""

@@ -1,6 +1,7 @@
 """perf/scaling_model.py's in-loop fits recover the costs that generated a synthetic workload's runs."""
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import scaling_model  # noqa: E402  (a perf script, importable once perf/ is on 
 
 from mpisolve.perfmodel.iteration import Case, Compute, iteration  # noqa: E402
 from mpisolve.perfmodel.network import Network, window_exchange  # noqa: E402
+from mpisolve.perfmodel.node import NodeMemory  # noqa: E402
 from mpisolve.perfmodel.workloads import Workload  # noqa: E402
 
 NET = Network(alpha=5e-6, beta=2e-10)
@@ -46,6 +48,16 @@ def test_fit_in_loop_recovers_a_factor_and_a_latency_per_exchange():
     assert fits["locked"] == pytest.approx((3.0, 3e-4))
     assert fits["wild"] == pytest.approx((2.0, 0.0), abs=1e-9)
     assert fits["allreduce"] == pytest.approx((1.0, 0.0), abs=1e-9)
+
+
+def test_in_loop_at_a_factor_of_zero_keeps_only_the_latency_terms():
+    """A fit may find an exchange's bytes free in a training loop (a factor of 0): the node's
+    sums then cost their counter waits' latency alone (one wait up to 64 KiB, two above), whatever the bytes."""
+    net = replace(NET, per_node=2, memory=NodeMemory(node_Bps=20e9, sync_s=10e-6))
+    free = scaling_model.in_loop(net, 0.0, 1e-4)
+    assert free.allreduce(2, 4096) == pytest.approx(free.allreduce(2, 32768)) == pytest.approx(1e-4)
+    assert free.allreduce(2, 4e6) == pytest.approx(free.allreduce(2, 4e7)) == pytest.approx(2e-4)
+    assert scaling_model.in_loop(net, 2.0).allreduce(2, 4e6) == pytest.approx(2 * net.allreduce(2, 4e6))
 
 
 def test_fit_rounds_recovers_the_bookkeeping_per_byte_and_fixed():
