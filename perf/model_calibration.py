@@ -18,8 +18,9 @@ one of the scaling study's (perf/scaling.py), which the model is checked against
 3. ``sync``: the study's harness (perf/scaling.py) on a synthetic workload
    (perf/synthetic_load.py: about ``--loop-ms`` of matrix products a step and 64 Ki or
    1 Mi parameters) with one solver per kind of exchange: ``allreduce`` (a lockstep
-   collective), ``async-sgd`` (a locked window), ``hogwild-sgd`` (a wild one), and
-   ``abs-sgd`` (its round's bookkeeping), at 1, 2, 4 and 8 ranks -> ``sync_<numel>/scaling.csv``
+   collective), ``async-sgd`` (a locked window), ``hogwild-sgd`` (a wild one), ``abs-sgd``
+   (its round's bookkeeping) and ``adasum`` (its delta's passes), at 1, 2, 4 and 8 ranks
+   -> ``sync_<numel>/scaling.csv``
    (``sync_<numel>-<K>/`` for ``--repeat K``; ``--sync-solvers`` and ``--ranks`` run some
    of them, replacing their rows and keeping the others'; a table's workload, recorded in
    its ``workload.json``, is kept: delete the directory to measure ``--loop-ms`` anew).
@@ -50,7 +51,7 @@ OUT = RESULTS / "model_calibration"
 #: (series, model, micro-batches, records every): long enough (several seconds alone) that
 #: the jobs' staggered starts leave their middle thirds running together.
 WORKLOADS = (("real", "mlp", 500, 25), ("real", "cnn", 1000, 50), ("emulated", "mlp", 150, 10))
-SYNC_SOLVERS = "allreduce,async-sgd,hogwild-sgd,abs-sgd"
+SYNC_SOLVERS = "allreduce,async-sgd,hogwild-sgd,abs-sgd,adasum"
 SYNC_NUMELS = (64 * 1024, 1024 * 1024)
 FIELDS = ("series", "model", "ranks", "iteration_s", "spread", "outside_cores")
 

@@ -16,8 +16,10 @@ Write-up, figures and provenance: docs/studies/performance-model.md.
      and its repeats ``sync_<numel>-<K>/``: ``allreduce``, ``async-sgd``, ``hogwild-sgd``)
      took beyond their 1-rank iteration at 2 to as many ranks as cores (no core shared),
      against the benchmarks' price; every exchange below is priced so;
-   - abs-sgd's round bookkeeping a micro-batch, per gradient byte and fixed, fitted to its
-     runs in the same tables (``fit_rounds``; ``sharing.json``'s ``abs_sgd_rounds``);
+   - the host work a micro-batch of abs-sgd (its round's bookkeeping) and of adasum (its
+     delta's passes) at several ranks, which their one-rank steps skip, per gradient byte
+     and fixed, fitted to their runs in the same tables (``fit_host_work``;
+     ``sharing.json``'s ``host_work``);
    - each study workload's compute contention and crowding (:mod:`mpisolve.perfmodel.sharing`)
      fitted to P one-rank trainings at once (``compute.csv`` and its repeats, ``compute-<K>.csv``,
      fitted together);
@@ -57,7 +59,7 @@ import statistics
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from launch import RESULTS
@@ -123,8 +125,9 @@ class Calibration:
     per exchange (``allreduce``, ``locked``, ``wild``) how much dearer a training step pays
     it, a factor and a latency (:func:`in_loop`; :meth:`network`, :meth:`window_networks`);
     the cores; per (series, model) the compute contention and crowding; per rank count the cost of a
-    wait and of a lock per extra rank a core; abs-sgd's round bookkeeping a micro-batch,
-    per gradient byte and fixed (None: not measured)."""
+    wait and of a lock per extra rank a core; per solver with host work at several ranks
+    (:data:`HOST_WORK`), that work a micro-batch, per gradient byte and fixed (absent: not
+    measured)."""
 
     nets: dict[int, tuple[Network, float, float]]
     windows: dict[int, dict[str, Network]]
@@ -133,7 +136,7 @@ class Calibration:
     contention: dict[tuple[str, str], tuple[float, float]]
     wait_s: dict[int, float]
     lock_s: dict[int, float]
-    rounds: tuple[float, float] | None = None
+    host: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def network(self, p: int) -> tuple[Network, float]:
         """The allreduce network and Adasum's gamma at ``p`` ranks, priced in a training loop."""
@@ -240,7 +243,7 @@ def calibrate(directory: Path) -> Calibration:
     ]
     cal = Calibration(nets, windows, cores, {}, contention, {}, {})
     cal = replace(cal, in_loop=fit_in_loop(cal, syncs))
-    cal = replace(cal, rounds=fit_rounds(cal, syncs))
+    cal = replace(cal, host={s: fit for s in HOST_WORK if (fit := fit_host_work(cal, syncs, s)) is not None})
     waits: dict[int, list[tuple[float, float]]] = {}
     locks: dict[int, list[tuple[float, float]]] = {}
     for load, rows in syncs:
@@ -348,25 +351,40 @@ def fit_in_loop(
     return {exchange: fit for exchange, fit in fits.items() if any(fit)}
 
 
-def fit_rounds(
-    cal: Calibration, syncs: list[tuple[Workload, dict[tuple[str, int], dict[str, str]]]]
+#: Solvers whose step at several ranks does host work their one-rank step skips, fitted per solver.
+HOST_WORK = ("abs-sgd", "adasum")
+
+
+def fit_host_work(
+    cal: Calibration, syncs: list[tuple[Workload, dict[tuple[str, int], dict[str, str]]]], solver: str
 ) -> tuple[float, float] | None:
-    """abs-sgd's round bookkeeping a micro-batch, seconds per gradient byte and fixed
-    (:attr:`Case.round_s_per_byte`, :attr:`Case.round_s`): what the synthetic workload's
-    quiet ``abs-sgd`` runs (:func:`quiet_pairs`) took beyond the model's iteration without
-    it (its exchange priced as a training step pays it), least squares over the workload's
-    sizes, both bounded at 0; None without any."""
+    """``solver``'s host work a micro-batch at several ranks, seconds per gradient byte and
+    fixed (:attr:`Case.host_s_per_byte`, :attr:`Case.host_s`): what the synthetic
+    workload's quiet runs of ``solver`` (:func:`quiet_pairs`) took beyond the model's
+    iteration without it (its exchange priced as a training step pays it), least squares
+    over the workload's sizes, both bounded at 0; None without any."""
     points = []
-    for load, p, one, row in quiet_pairs(cal, syncs, "abs-sgd", "rounds fit"):
+    for load, p, one, row in quiet_pairs(cal, syncs, solver, f"{solver}'s host-work fit"):
         net, gamma = cal.network(p)
         compute = Compute(step_s=float(one["iteration_s"]), batch=32)
-        case = Case(load, net, compute, p, WIRE_BYTES, gamma, cal.window_networks(p), round_s_per_byte=0.0)
-        points.append((case.grad_bytes, 1.0, float(row["iteration_s"]) - iteration("abs-sgd", case).total))
+        case = Case(load, net, compute, p, WIRE_BYTES, gamma, cal.window_networks(p), host_s_per_byte=0.0)
+        points.append((case.grad_bytes, 1.0, float(row["iteration_s"]) - iteration(solver, case).total))
     if not points:
         return None
     per_byte, fixed = fit_scale_and_latency(points)
-    print(f"abs-sgd's round bookkeeping: {per_byte * 1e9:.3f} ns a gradient byte, {fixed * 1e3:.3f} ms a micro-batch")
+    print(
+        f"{solver}'s host work at several ranks: {per_byte * 1e9:.3f} ns a gradient byte, "
+        f"{fixed * 1e3:.3f} ms a micro-batch"
+    )
     return per_byte, fixed
+
+
+def host_work(cal: Calibration, solver: str) -> dict[str, float]:
+    """The :class:`Case` fields of ``solver``'s measured host work (none where it was not measured)."""
+    if solver not in cal.host:
+        return {}
+    per_byte, fixed = cal.host[solver]
+    return {"host_s_per_byte": per_byte, "host_s": fixed}
 
 
 def device_s(row: dict[str, str]) -> float:
@@ -429,7 +447,6 @@ def validate(cal: Calibration, scaling_csvs: list[Path]) -> list[dict[str, objec
     measured = medians(scaling_csvs)
     single = {(r["series"], r["model"], r["solver"]): r for r in measured if int(r["ranks"]) == 1}
     loads: dict[str, Workload] = {}
-    rounds = {} if cal.rounds is None else {"round_s_per_byte": cal.rounds[0], "round_s": cal.rounds[1]}
     out = []
     for r in measured:
         p, key = int(r["ranks"]), (r["series"], r["model"], r["solver"])
@@ -450,7 +467,7 @@ def validate(cal: Calibration, scaling_csvs: list[Path]) -> list[dict[str, objec
                     WIRE_BYTES,
                     gamma_adasum,
                     cal.window_networks(p),
-                    **rounds,
+                    **host_work(cal, r["solver"]),
                 ),
                 options,
             )
@@ -695,7 +712,7 @@ def main() -> int:
                 "crowding": {f"{series} {model}": c[1] for (series, model), c in cal.contention.items()},
                 "wait_s": cal.wait_s,
                 "lock_s": cal.lock_s,
-                "abs_sgd_rounds": cal.rounds and {"s_per_byte": cal.rounds[0], "s": cal.rounds[1]},
+                "host_work": {s: {"s_per_byte": b, "s": f} for s, (b, f) in cal.host.items()},
             },
             indent=1,
         )
@@ -729,12 +746,9 @@ def main() -> int:
             for exchange, (factor, latency_s) in cal.in_loop.items()
         ),
         *(
-            [
-                f"| abs-sgd's round bookkeeping | {cal.rounds[0] * 1e9:.3f} ns a gradient byte and "
-                f"{cal.rounds[1] * 1e3:.3f} ms a micro-batch |"
-            ]
-            if cal.rounds is not None
-            else []
+            f"| {solver}'s host work at several ranks | {per_byte * 1e9:.3f} ns a gradient byte and "
+            f"{fixed * 1e3:.3f} ms a micro-batch |"
+            for solver, (per_byte, fixed) in cal.host.items()
         ),
         *(
             f"| contention, {model} ({series}) | {first:.3f} at two ranks a core, crowding {further:.3f} per "

@@ -9,7 +9,8 @@ solver's communication per iteration (amortised over the steps between exchanges
   and at several ranks its round's passes over the model (:data:`ABS_SGD_ROUND_BYTES`);
 - ``adasum``: the Adasum VHDD of n per update (:func:`.network.adasum_allreduce`: the
   halving-doubling volume, a small allreduce of per-tensor statistics at each level, and
-  ``gamma_adasum`` per byte);
+  ``gamma_adasum`` per byte), and at several ranks its host work a step where measured
+  (:attr:`Case.host_s_per_byte`: the delta's passes over the model);
 - ``easgd``, ``local-sgd``: an allreduce of n every ``tau`` steps;
 - the window solvers (``async-*``, ``hogwild-sgd``, ``ea-wild``): every ``tau`` steps a
   worker reads the shared vector and accumulates into it, n bytes each way, from the
@@ -176,9 +177,10 @@ class Case:
     """What a solver's model is given. ``window``: the networks that price window
     exchanges, by mode ("locked", "wild"; fitted to ``bench windows``), None for ``net``;
     ``overlap``: bucketed exchanges start as backward produces their gradients (else all
-    of them wait for backward's end: an upper bound of the cost); ``round_s_per_byte``
-    and ``round_s``: abs-sgd's round bookkeeping a micro-batch, per gradient byte (None:
-    :attr:`round_seconds_per_byte`'s default) and fixed, as measured on a machine."""
+    of them wait for backward's end: an upper bound of the cost); ``host_s_per_byte`` and
+    ``host_s``: the solver's own host work a micro-batch at several ranks, which its
+    one-rank step skips (abs-sgd's round bookkeeping, Adasum's delta), per gradient byte
+    (None: :meth:`host_seconds_per_byte`'s default) and fixed, as measured on a machine."""
 
     workload: Workload
     net: Network
@@ -188,19 +190,27 @@ class Case:
     gamma_adasum: float
     window: Mapping[str, Network] | None = None
     overlap: bool = False
-    round_s_per_byte: float | None = None
-    round_s: float = 0.0
+    host_s_per_byte: float | None = None
+    host_s: float = 0.0
 
     @property
     def grad_bytes(self) -> float:
         return float(self.workload.params * self.wire_bytes)
 
-    @property
-    def round_seconds_per_byte(self) -> float:
-        """abs-sgd's round bookkeeping per gradient byte: ``round_s_per_byte`` (measured),
-        else :data:`ABS_SGD_ROUND_BYTES` moved at the network's reduction speed (``gamma``
-        reduces a byte by moving three)."""
-        return self.round_s_per_byte if self.round_s_per_byte is not None else ABS_SGD_ROUND_BYTES * self.net.gamma / 3
+    def host_seconds_per_byte(self, solver: str) -> float:
+        """``solver``'s host work at several ranks per gradient byte: ``host_s_per_byte``
+        (measured), else for abs-sgd :data:`ABS_SGD_ROUND_BYTES` moved at the network's
+        reduction speed (``gamma`` reduces a byte by moving three), for others nothing."""
+        if self.host_s_per_byte is not None:
+            return self.host_s_per_byte
+        return ABS_SGD_ROUND_BYTES * self.net.gamma / 3 if solver == "abs-sgd" else 0.0
+
+    def host_work(self, solver: str) -> float:
+        """``solver``'s host work a micro-batch at ``p`` ranks (none at one), slowed as the
+        compute is by shared cores."""
+        if self.p == 1:
+            return 0.0
+        return (self.host_s + self.host_seconds_per_byte(solver) * self.grad_bytes) * self.compute.slowdown(self.p)
 
 
 def _bucket_sizes(case: Case, bucket_mb: float) -> list[float]:
@@ -346,12 +356,10 @@ def _abs_sgd(case: Case, options: GradientOptions) -> Exchange:
     outlasts a step's compute is waited for; with its bounded rounds (one micro-batch a
     round, the default) each step still waits for the round before, a blocking exchange.
     At several ranks each micro-batch also does its round's bookkeeping
-    (:attr:`Case.round_seconds_per_byte`), slowed as the compute is by shared cores."""
+    (:meth:`Case.host_work`)."""
     comm = _bucketed(case, options.bucket_mb, lambda n: case.net.allreduce(case.p, n))
     waits = _waits(case, len(_bucket_sizes(case, options.bucket_mb)))
-    bookkeeping = case.round_s + case.round_seconds_per_byte * case.grad_bytes
-    rounds = 0.0 if case.p == 1 else bookkeeping * case.compute.slowdown(case.p)
-    return Exchange(rounds, comm + waits, max(0.0, comm - case.compute.seconds(case.p)) + waits)
+    return Exchange(case.host_work("abs-sgd"), comm + waits, max(0.0, comm - case.compute.seconds(case.p)) + waits)
 
 
 def _adasum(case: Case, options: GradientOptions) -> Exchange:
@@ -364,7 +372,7 @@ def _adasum(case: Case, options: GradientOptions) -> Exchange:
     # Where ranks share cores a bucket waits once for the late ranks' compute: by its later
     # levels every rank has finished computing, and partners meet without waiting for a core.
     waits = _waits(case, len(_bucket_sizes(case, options.bucket_mb)))
-    return Exchange(0.0, comm + waits, exposed + waits)
+    return Exchange(case.host_work("adasum"), comm + waits, exposed + waits)
 
 
 def _easgd(case: Case, options: LocalStepsOptions) -> Exchange:

@@ -135,18 +135,21 @@ def test_abs_sgd_waits_only_for_what_outlasts_a_step():
     assert iteration("abs-sgd", case(8)).exposed == 0.0  # 7 ms: hidden behind the step
 
 
-def test_abs_sgd_pays_its_rounds_bookkeeping_at_several_ranks():
+def test_abs_sgd_and_adasum_pay_their_host_work_at_several_ranks():
     """4 MB of gradients at 2 ns a byte: 8 ms more compute a micro-batch (9 with 1 ms fixed), times the shared
-    cores' slowdown (2 cores, 4 ranks, contention 0.1: 2.2); by default 24 bytes moved a
-    byte at a third of gamma (1e-11 s a byte reduced); nothing at one rank."""
-    measured = replace(case(2), round_s_per_byte=2e-9)
+    cores' slowdown (2 cores, 4 ranks, contention 0.1: 2.2); by default abs-sgd's 24 bytes moved
+    a byte at a third of gamma (1e-11 s a byte reduced) and Adasum nothing; nothing at one rank."""
+    measured = replace(case(2), host_s_per_byte=2e-9)
     assert iteration("abs-sgd", measured).compute == pytest.approx(0.01 + 8e-3)
-    assert iteration("abs-sgd", replace(measured, round_s=1e-3)).compute == pytest.approx(0.01 + 9e-3)
+    assert iteration("abs-sgd", replace(measured, host_s=1e-3)).compute == pytest.approx(0.01 + 9e-3)
     shared = Compute(step_s=0.01, batch=32, sharing=SharedCores(cores=2, contention=0.1))
     assert iteration("abs-sgd", replace(measured, p=4, compute=shared)).compute == pytest.approx((0.01 + 8e-3) * 2.2)
     assert iteration("abs-sgd", replace(measured, p=1)).compute == pytest.approx(0.01)
     by_gamma = replace(case(2), net=Network(alpha=2e-6, beta=1e-9, gamma=1e-11))
     assert iteration("abs-sgd", by_gamma).compute == pytest.approx(0.01 + 24 * 1e-11 / 3 * 4e6)
+    assert iteration("adasum", by_gamma).compute == pytest.approx(0.01)
+    assert iteration("adasum", replace(measured, p=4, compute=shared)).compute == pytest.approx((0.01 + 8e-3) * 2.2)
+    assert iteration("adasum", replace(measured, p=1)).compute == pytest.approx(0.01)
 
 
 def test_shared_cores_slow_compute_and_price_waits_and_locks():

@@ -60,16 +60,22 @@ def test_in_loop_at_a_factor_of_zero_keeps_only_the_latency_terms():
     assert scaling_model.in_loop(net, 2.0).allreduce(2, 4e6) == pytest.approx(2 * net.allreduce(2, 4e6))
 
 
-def test_fit_rounds_recovers_the_bookkeeping_per_byte_and_fixed():
-    """abs-sgd's 2-rank runs made the model's iteration plus 0.6 ns a gradient byte and 0.45 ms
-    give both back; with no abs-sgd runs there is nothing to fit."""
+def test_fit_host_work_recovers_the_work_per_byte_and_fixed_per_solver():
+    """abs-sgd's 2-rank runs made the model's iteration plus 0.6 ns a gradient byte and 0.45 ms,
+    adasum's plus 1.5 ns and none, give each solver's back; with no runs of a solver there is
+    nothing to fit."""
+    work = {"abs-sgd": (0.6e-9, 4.5e-4), "adasum": (1.5e-9, 0.0)}
     syncs = []
     for load in LOADS:
         net, gamma = CAL.network(2)
         case = Case(
-            load, net, Compute(step_s=STEP_S, batch=32), 2, 4, gamma, CAL.window_networks(2), round_s_per_byte=0.0
+            load, net, Compute(step_s=STEP_S, batch=32), 2, 4, gamma, CAL.window_networks(2), host_s_per_byte=0.0
         )
-        seen = iteration("abs-sgd", case).total + 0.6e-9 * load.params * 4 + 4.5e-4
-        syncs.append((load, {("abs-sgd", 1): row(STEP_S), ("abs-sgd", 2): row(seen)}))
-    assert scaling_model.fit_rounds(CAL, syncs) == pytest.approx((0.6e-9, 4.5e-4))
-    assert scaling_model.fit_rounds(CAL, [(LOADS[0], {("allreduce", 1): row(STEP_S)})]) is None
+        rows = {}
+        for solver, (per_byte, fixed) in work.items():
+            rows[(solver, 1)] = row(STEP_S)
+            rows[(solver, 2)] = row(iteration(solver, case).total + per_byte * load.params * 4 + fixed)
+        syncs.append((load, rows))
+    for solver, fit in work.items():
+        assert scaling_model.fit_host_work(CAL, syncs, solver) == pytest.approx(fit, abs=1e-12)
+    assert scaling_model.fit_host_work(CAL, [(LOADS[0], {("allreduce", 1): row(STEP_S)})], "adasum") is None
