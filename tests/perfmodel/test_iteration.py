@@ -154,8 +154,9 @@ def test_abs_sgd_and_adasum_pay_their_host_work_at_several_ranks():
 
 def test_shared_cores_slow_compute_and_price_waits_and_locks():
     """2 cores, 8 ranks: 3 extra ranks a core. The step takes 4 x (1 + 0.1 + 0.05 x 2) (a slope of
-    0.1 a rank a core would give 4 x 1.3); a blocking exchange 3 x 1 ms more (Adasum's too: once a bucket, not at each of its 3 levels), each
-    of async-sgd's 2 x 7 lock acquisitions 3 x 2 ms more."""
+    0.1 a rank a core would give 4 x 1.3); a blocking exchange 3 x 1 ms more (Adasum's too:
+    once a bucket, not at each of its 3 levels), each of async-sgd's 2 x 7 lock acquisitions
+    3 x 2 ms more."""
     shared = SharedCores(cores=2, contention=0.1, crowding=0.05, wait_s=1e-3, lock_s=2e-3)
     compute = Compute(step_s=0.01, batch=32, sharing=shared)
     solvers = (("allreduce", 3e-3), ("adasum", 3e-3), ("async-sgd", 14 * 6e-3), ("ea-wild", 0.0))
