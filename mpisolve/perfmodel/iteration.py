@@ -180,7 +180,7 @@ class Case:
     of them wait for backward's end: an upper bound of the cost); ``host_s_per_byte`` and
     ``host_s``: the solver's own host work a micro-batch at several ranks, which its
     one-rank step skips (abs-sgd's round bookkeeping, Adasum's delta), per gradient byte
-    (None: :meth:`host_seconds_per_byte`'s default) and fixed, as measured on a machine."""
+    (None: the solver model's default) and fixed, as measured on a machine."""
 
     workload: Workload
     net: Network
@@ -197,20 +197,14 @@ class Case:
     def grad_bytes(self) -> float:
         return float(self.workload.params * self.wire_bytes)
 
-    def host_seconds_per_byte(self, solver: str) -> float:
-        """``solver``'s host work at several ranks per gradient byte: ``host_s_per_byte``
-        (measured), else for abs-sgd :data:`ABS_SGD_ROUND_BYTES` moved at the network's
-        reduction speed (``gamma`` reduces a byte by moving three), for others nothing."""
-        if self.host_s_per_byte is not None:
-            return self.host_s_per_byte
-        return ABS_SGD_ROUND_BYTES * self.net.gamma / 3 if solver == "abs-sgd" else 0.0
-
-    def host_work(self, solver: str) -> float:
-        """``solver``'s host work a micro-batch at ``p`` ranks (none at one), slowed as the
+    def host_work(self, default_s_per_byte: float = 0.0) -> float:
+        """The solver's host work a micro-batch at ``p`` ranks (none at one), per byte
+        ``host_s_per_byte`` where measured, else ``default_s_per_byte``; slowed as the
         compute is by shared cores."""
         if self.p == 1:
             return 0.0
-        return (self.host_s + self.host_seconds_per_byte(solver) * self.grad_bytes) * self.compute.slowdown(self.p)
+        per_byte = default_s_per_byte if self.host_s_per_byte is None else self.host_s_per_byte
+        return (self.host_s + per_byte * self.grad_bytes) * self.compute.slowdown(self.p)
 
 
 def _bucket_sizes(case: Case, bucket_mb: float) -> list[float]:
@@ -355,11 +349,13 @@ def _abs_sgd(case: Case, options: GradientOptions) -> Exchange:
     """ABS-SGD computes micro-batches until its delayed allreduce completes: only what
     outlasts a step's compute is waited for; with its bounded rounds (one micro-batch a
     round, the default) each step still waits for the round before, a blocking exchange.
-    At several ranks each micro-batch also does its round's bookkeeping
-    (:meth:`Case.host_work`)."""
+    At several ranks each micro-batch also does its round's bookkeeping (:meth:`Case.host_work`;
+    unmeasured, :data:`ABS_SGD_ROUND_BYTES` moved at the network's reduction speed: ``gamma``
+    reduces a byte by moving three)."""
     comm = _bucketed(case, options.bucket_mb, lambda n: case.net.allreduce(case.p, n))
     waits = _waits(case, len(_bucket_sizes(case, options.bucket_mb)))
-    return Exchange(case.host_work("abs-sgd"), comm + waits, max(0.0, comm - case.compute.seconds(case.p)) + waits)
+    rounds = case.host_work(ABS_SGD_ROUND_BYTES * case.net.gamma / 3)
+    return Exchange(rounds, comm + waits, max(0.0, comm - case.compute.seconds(case.p)) + waits)
 
 
 def _adasum(case: Case, options: GradientOptions) -> Exchange:
@@ -372,7 +368,7 @@ def _adasum(case: Case, options: GradientOptions) -> Exchange:
     # Where ranks share cores a bucket waits once for the late ranks' compute: by its later
     # levels every rank has finished computing, and partners meet without waiting for a core.
     waits = _waits(case, len(_bucket_sizes(case, options.bucket_mb)))
-    return Exchange(case.host_work("adasum"), comm + waits, exposed + waits)
+    return Exchange(case.host_work(), comm + waits, exposed + waits)
 
 
 def _easgd(case: Case, options: LocalStepsOptions) -> Exchange:
