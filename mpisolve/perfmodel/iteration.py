@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from ..errors import InputError
 from ..options import BucketOptions, LocalStepsOptions, build_options, option, parse_option, require, with_default
-from .network import Network, adasum_allreduce, allgather, window_exchange
+from .network import Network, adasum_allreduce, adasum_levels, allgather, window_exchange
 from .sharing import SharedCores
 from .workloads import Workload
 
@@ -365,9 +365,9 @@ def _adasum(case: Case, options: GradientOptions) -> Exchange:
         return adasum_allreduce(case.net, case.p, n, tensors=max(1, round(n * share)), gamma_adasum=case.gamma_adasum)
 
     comm, exposed = _gradients(case, options, each)
-    # Where ranks share cores a bucket waits once for the late ranks' compute: by its later
-    # levels every rank has finished computing, and partners meet without waiting for a core.
-    waits = _waits(case, len(_bucket_sizes(case, options.bucket_mb)))
+    # Where ranks share cores each level of a bucket is a blocking exchange: a partner may be
+    # off its core at every level, not only at the first (the calibration's Adasum runs).
+    waits = _waits(case, len(_bucket_sizes(case, options.bucket_mb)) * adasum_levels(case.p))
     return Exchange(case.host_work(), comm + waits, exposed + waits)
 
 

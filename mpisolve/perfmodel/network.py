@@ -146,6 +146,15 @@ def allgather(net: Network, p: int, n_total: float) -> float:
     return (p - 1) * net.alpha + (p - 1) / p * n_total * net.beta
 
 
+def adasum_levels(p: int) -> int:
+    """The pairwise exchanges one rank's Adasum passes at ``p`` ranks: ``log k`` levels,
+    and the fold of the extra ranks where ``p`` is not a power of two."""
+    if p <= 1:
+        return 0
+    k = 1 << (p.bit_length() - 1)
+    return k.bit_length() - 1 + (0 if k == p else 1)
+
+
 def adasum_allreduce(net: Network, p: int, n: float, *, tensors: int, gamma_adasum: float) -> float:
     """mpisolve's Adasum (VHDD): the data volume of halving-doubling, plus at each of the
     ``log k`` levels a small allreduce of ``tensors`` x 3 float64 statistics over the 2L

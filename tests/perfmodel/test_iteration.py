@@ -7,7 +7,7 @@ import pytest
 
 from mpisolve.errors import InputError, OptionError
 from mpisolve.perfmodel.iteration import Case, Compute, iteration, model_options
-from mpisolve.perfmodel.network import Network, adasum_allreduce, ring_allreduce
+from mpisolve.perfmodel.network import Network, adasum_allreduce, adasum_levels, ring_allreduce
 from mpisolve.perfmodel.sharing import SharedCores
 from mpisolve.perfmodel.workloads import Layer, Workload, workload
 
@@ -154,12 +154,11 @@ def test_abs_sgd_and_adasum_pay_their_host_work_at_several_ranks():
 
 def test_shared_cores_slow_compute_and_price_waits_and_locks():
     """2 cores, 8 ranks: 3 extra ranks a core. The step takes 4 x (1 + 0.1 + 0.05 x 2) (a slope of
-    0.1 a rank a core would give 4 x 1.3); a blocking exchange 3 x 1 ms more (Adasum's too:
-    once a bucket, not at each of its 3 levels), each of async-sgd's 2 x 7 lock acquisitions
-    3 x 2 ms more."""
+    0.1 a rank a core would give 4 x 1.3); a blocking exchange 3 x 1 ms more (Adasum: at each
+    of its 3 levels), each of async-sgd's 2 x 7 lock acquisitions 3 x 2 ms more."""
     shared = SharedCores(cores=2, contention=0.1, crowding=0.05, wait_s=1e-3, lock_s=2e-3)
     compute = Compute(step_s=0.01, batch=32, sharing=shared)
-    solvers = (("allreduce", 3e-3), ("adasum", 3e-3), ("async-sgd", 14 * 6e-3), ("ea-wild", 0.0))
+    solvers = (("allreduce", 3e-3), ("adasum", 3 * 3e-3), ("async-sgd", 14 * 6e-3), ("ea-wild", 0.0))
     plain = {s: iteration(s, case(8)) for s, _ in solvers}
     for solver, waited in solvers:
         it = iteration(solver, case(8, compute))
@@ -172,6 +171,10 @@ def test_shared_cores_slow_compute_and_price_waits_and_locks():
     assert shared.slowdown(3) == pytest.approx(1.5 * 1.05)  # part of the way to two a core
     with pytest.raises(OptionError, match="cores must be > 0"):
         SharedCores(cores=0)
+
+
+def test_adasum_passes_a_level_a_halving_and_one_more_for_the_fold():
+    assert [adasum_levels(p) for p in (1, 2, 3, 4, 5, 6, 8, 12, 16)] == [0, 1, 2, 2, 3, 3, 3, 4, 4]
 
 
 def test_adasum_easgd_and_windows():
