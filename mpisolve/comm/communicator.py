@@ -302,6 +302,11 @@ class Communicator:
         return self.host_size > self.host_cores
 
     @property
+    def cores_per_rank(self) -> float:
+        """The cores this rank has to itself: its share of those this machine's ranks may use, at most its own."""
+        return min(self.cores, self.host_cores / self.host_size)
+
+    @property
     def shares_cores_evenly(self) -> bool:
         """Whether ranks :attr:`shares_cores` and none is bound to some of them: the kernel gives each an even share."""
         return self.shares_cores and not self.pinned

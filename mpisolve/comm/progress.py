@@ -11,8 +11,10 @@ its collectives and passive-target operations standing. Two remedies:
   (``MPICH_ASYNC_PROGRESS=1``); it busy-polls a core.
 
 :data:`Progress` names the choice, one vocabulary for every option called ``progress``
-(``"none"``: neither remedy, the rank's own MPI calls alone); :func:`check_progress`
-checks, up front, that the remedy asked for is available.
+(``"none"``: neither remedy, the rank's own MPI calls alone; ``"auto"``: a thread of ours
+where a rank has a core to spare for it, else none); :func:`check_progress` checks, up
+front, that the remedy asked for is available, and :func:`resolve_progress` makes
+``"auto"`` a choice.
 """
 
 from __future__ import annotations
@@ -20,16 +22,25 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from mpi4py import MPI
 
 from ..errors import OptionError
 from ..options import require_choice
 
+if TYPE_CHECKING:
+    from .communicator import Communicator
+
 #: Who moves MPI's operations along while a rank computes: a thread of ours, MPICH's progress
-#: thread, or neither (the rank's own MPI calls, or the library alone).
-Progress = Literal["thread", "mpich", "none"]
+#: thread, or neither (the rank's own MPI calls, or the library alone); ``"auto"``: see
+#: :func:`resolve_progress`.
+Progress = Literal["auto", "thread", "mpich", "none"]
+
+#: Under ``"auto"``, a CPU rank runs a thread of ours only with this many cores to itself: one to
+#: compute on and one for the thread. With fewer, the thread's wake-ups take turns with the
+#: rank's compute on its core (and for the GIL), which costs more than the progress it makes.
+THREAD_MIN_CORES = 2
 
 #: How often a progress thread calls into MPI.
 PROGRESS_INTERVAL_S = 5e-4
@@ -43,8 +54,20 @@ def threads_multiple() -> bool:
 def check_progress(progress: str) -> None:
     """Raise :class:`OptionError` unless ``progress`` is a :data:`Progress` this MPI can make."""
     require_choice("progress", progress, Progress)
-    if progress != "none":
+    if progress not in ("auto", "none"):
         require_async_progress(progress)
+
+
+def resolve_progress(progress: Progress, comm: Communicator) -> Progress:
+    """``progress`` checked (:func:`check_progress`), with ``"auto"`` made a choice for ``comm``'s rank:
+    ``"thread"`` where the thread has a core to itself (the rank computes on a GPU, its core
+    waiting for the device meanwhile, or has :data:`THREAD_MIN_CORES` cores or more), given
+    ``MPI_THREAD_MULTIPLE``; else ``"none"``."""
+    check_progress(progress)
+    if progress != "auto":
+        return progress
+    spare = comm.device.type == "cuda" or comm.cores_per_rank >= THREAD_MIN_CORES
+    return "thread" if spare and threads_multiple() else "none"
 
 
 def require_async_progress(mode: str) -> None:

@@ -69,7 +69,7 @@ from ..kernels import counters
 from ..options import require_choice
 from .communicator import MPI_TYPES, Communicator, mpi_buffer
 from .device import Stager
-from .progress import Progress, ProgressThread, check_progress
+from .progress import Progress, ProgressThread, resolve_progress
 
 Layout = Literal["sharded", "server"]
 
@@ -219,7 +219,7 @@ class SharedVector:
         device: torch.device | None = None,
     ) -> None:
         require_choice("layout", layout, Layout)
-        check_progress(progress)
+        progress = resolve_progress(progress, comm)
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"a shared vector holds float32 or float64, got {dtype}")
         if numel < 1 or chunk_bytes < 1:

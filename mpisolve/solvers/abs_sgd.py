@@ -75,7 +75,7 @@ from ..comm.closing import CloseNotices
 from ..comm.communicator import Communicator
 from ..comm.engine import Reusable
 from ..comm.flat import FusedBuffer, Tally
-from ..comm.progress import Progress, ProgressThread, check_progress
+from ..comm.progress import Progress, ProgressThread, resolve_progress
 from ..comm.readback import Readback, write_finite_probe
 from ..comm.reusable import reusable_sum
 from ..comm.shm import NodePersistentAllreduce
@@ -130,8 +130,10 @@ class ABSSGDOptions(MeasureOptions, CommonOptions):
         "update's, synchronous SGD's global batch)",
     )
     progress: Progress = option(
-        "thread",
-        "who moves the allreduce along while the rank computes: a thread testing it every progress_ms; 'mpich': "
+        "auto",
+        "who moves the allreduce along while the rank computes: 'auto' is 'thread' where the thread has a core to "
+        "itself (a GPU rank, or 2 cores or more a rank), else 'none'; 'thread': a thread testing it every "
+        "progress_ms; 'mpich': "
         "MPICH's own thread (launch with MPICH_ASYNC_PROGRESS=1); 'none': step()'s tests only",
     )
     progress_ms: float = option(1.0, "the progress thread's interval, in milliseconds", above=0)
@@ -221,7 +223,8 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
     _control: Communicator
 
     def setup(self) -> None:
-        check_progress(self.options.progress)
+        #: Who moves the rounds along: :attr:`ABSSGDOptions.progress`, with "auto" made a choice.
+        self.progress = resolve_progress(self.options.progress, self.comm)
         kinds = {(p.dtype, p.device) for p in self.params}
         if len(kinds) != 1:
             raise UnsupportedModelError(
@@ -290,7 +293,7 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         interval_s = self.options.progress_ms / 1e3
         self._thread = (
             ProgressThread(self._watch, name="mpisolve-abs-sgd-progress", interval_s=interval_s)
-            if self.options.progress == "thread" and not self.alone
+            if self.progress == "thread" and not self.alone
             else None
         )
 
@@ -307,7 +310,7 @@ class ABSSGDSolver(Solver[ABSSGDOptions]):
         # inter-node parts in start order, and waited on each other until the watchdog). Waits
         # on it still run this communicator's interrupts.
         rounds_comm = self.comm.dup(name="abs-sgd rounds")
-        if self.options.progress == "mpich":  # MPICH's thread moves MPI's allreduce, not a node-shared sum
+        if self.progress == "mpich":  # MPICH's thread moves MPI's allreduce, not a node-shared sum
             self._rounds = [rounds_comm.persistent_allreduce(s) for s in self._sums]
         else:
             self._rounds = [reusable_sum(rounds_comm, s) for s in self._sums]

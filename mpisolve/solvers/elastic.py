@@ -112,7 +112,8 @@ class WindowOptions(LocalStepOptions):
     progress: Progress = option(
         "thread",
         "who completes passive-target RMA at a target busy computing: a thread of ours, MPICH's progress thread "
-        "(launch with MPICH_ASYNC_PROGRESS=1), or the library alone (none)",
+        "(launch with MPICH_ASYNC_PROGRESS=1), the library alone (none), or auto (a thread where it has a core to "
+        "itself: a GPU rank, or 2 cores or more a rank; else none)",
     )
     force_internode: bool = option(False, "use the inter-node path even when all ranks share a node (to test it)")
     window: WindowMemory = option(

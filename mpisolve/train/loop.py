@@ -118,7 +118,12 @@ class Trainer:
             momentum=0.0 if own_momentum else config.momentum,
             weight_decay=config.weight_decay,
         )
-        self.solver = make_solver(config.solver, self.model, self.optimizer, comm, **config.options)
+        options = dict(config.options)
+        if config.device_ms is not None and "progress" in option_fields(solver_class(config.solver).Options):
+            # An emulated device stands for a GPU, whose rank's core waits while it computes: as a GPU rank's
+            # progress="auto" does, a thread moves the solver's operations along meanwhile.
+            options.setdefault("progress", "thread")
+        self.solver = make_solver(config.solver, self.model, self.optimizer, comm, **options)
         faults.install(self.model, rank)  # MPISOLVE_FAULT, for reliability tests; nothing when unset
         seed_everything(derive_seed(config.seed, rank))  # each rank's own stream from here on
         self.slowdown = Slowdown(1.0)  # the emulated device is agreed by prepare()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mpisolve.comm.communicator import Communicator
-from mpisolve.comm.windows import SharedVector, check_progress, shard_bounds
+from mpisolve.comm.windows import SharedVector, shard_bounds
 from mpisolve.errors import OptionError
 
 
@@ -27,15 +27,6 @@ def test_sharded_bounds_tile_the_vector_on_cache_lines(numel, size):
 
 def test_server_layout_puts_everything_on_rank_0():
     assert shard_bounds(10, 3, "server", itemsize=8) == [(0, 10), (10, 10), (10, 10)]
-
-
-def test_progress_modes_are_checked(monkeypatch):
-    with pytest.raises(OptionError, match="progress must be one of"):
-        check_progress("fast")
-    monkeypatch.delenv("MPICH_ASYNC_PROGRESS", raising=False)
-    with pytest.raises(OptionError, match="MPICH_ASYNC_PROGRESS=1"):
-        check_progress("mpich")
-    check_progress("thread")
 
 
 @pytest.mark.parametrize("locked", [False, True])

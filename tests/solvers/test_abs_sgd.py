@@ -2,6 +2,7 @@
 
 import copy
 import tempfile
+import threading
 import time
 
 import pytest
@@ -457,7 +458,7 @@ def test_the_progress_thread_moves_the_round_while_its_rank_computes(comm, node_
     its communicator until the others have applied round 0: only its progress thread can
     reduce its share of the round."""
     model = net()
-    solver = mpisolve.make_solver("abs-sgd", model, torch.optim.SGD(model.parameters(), lr=LR), comm)
+    solver = mpisolve.make_solver("abs-sgd", model, torch.optim.SGD(model.parameters(), lr=LR), comm, progress="thread")
     raw = comm.comm.Dup()  # messages that do not touch the solver's communicator
     flag = bytearray(1)
     if comm.rank == 0:
@@ -548,3 +549,17 @@ def test_a_state_saved_after_its_round_completed_holds_the_global_sums(comm):
     assert completed[numel].item() == sum(2 + r for r in range(comm.size))
     torch.testing.assert_close(completed[:numel], expected)
     solver.close()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_auto_progress_runs_the_thread_only_where_it_has_a_core_to_itself(comm):
+    """On CPU ranks ``progress="auto"`` (the default) runs the progress thread only with 2 cores a rank or more:
+    with fewer its wake-ups take turns with the rank's compute."""
+    model = net()
+    solver = mpisolve.make_solver("abs-sgd", model, torch.optim.SGD(model.parameters(), lr=LR), comm)
+    try:
+        running = any(t.name == "mpisolve-abs-sgd-progress" for t in threading.enumerate())
+        assert solver.progress == ("thread" if comm.cores_per_rank >= 2 else "none")
+        assert running == (solver.progress == "thread")
+    finally:
+        solver.close()

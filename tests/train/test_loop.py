@@ -15,7 +15,7 @@ from mpisolve.train.checkpoint import CheckpointDir
 from mpisolve.train.compare import SOLVER_FIELDS, compare, table
 from mpisolve.train.config import CompareConfig, TrainConfig
 from mpisolve.train.data import ShardStream, load_dataset
-from mpisolve.train.loop import train
+from mpisolve.train.loop import Trainer, train
 
 BUILT: list[Solver] = []  # the test solvers built in this process, newest last
 
@@ -330,3 +330,19 @@ def test_solvers_with_their_own_momentum_train_from_the_default_config(comm):
     """`compare --solvers all` keeps --momentum 0.9: async-measgd gets an optimizer without it."""
     summary = train(config(solver="async-measgd", steps=4, momentum=0.9), comm, show=False)
     assert summary["steps"] >= 4
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+def test_an_emulated_device_gives_abs_sgd_the_progress_thread_a_gpu_rank_gets(comm):
+    """A rank's core waits while its emulated device computes, as a GPU rank's does: progress="auto" there runs
+    the thread; without an emulated device it follows the cores, and a choice the user made is kept."""
+    emulated = Trainer(config(solver="abs-sgd", device_ms="1"), comm, show=False)
+    chosen = Trainer(config(solver="abs-sgd", device_ms="1", options={"progress": "none"}), comm, show=False)
+    plain = Trainer(config(solver="abs-sgd"), comm, show=False)
+    try:
+        assert emulated.solver.progress == "thread" and chosen.solver.progress == "none"
+        assert plain.solver.progress == ("thread" if comm.cores_per_rank >= 2 else "none")
+    finally:
+        for trainer in (emulated, chosen, plain):
+            trainer.close()
