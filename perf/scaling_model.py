@@ -20,13 +20,13 @@ Write-up, figures and provenance: docs/studies/performance-model.md.
      delta's passes) at several ranks, which their one-rank steps skip, per gradient byte
      and fixed, fitted to their runs in the same tables (``fit_host_work``;
      ``sharing.json``'s ``host_work``);
-   - each study workload's compute contention and crowding (:mod:`mpisolve.perfmodel.sharing`)
+   - each study workload's compute memory, contention and crowding (:mod:`mpisolve.perfmodel.sharing`)
      fitted to P one-rank trainings at once (``compute.csv`` and its repeats, ``compute-<K>.csv``,
      fitted together);
    - the machine's cost of a blocking exchange and of a lock acquisition per extra rank a
      core, per rank count above the cores, fitted to what the synthetic workload's runs
      (``sync_<numel>/scaling.csv``: ``allreduce``, ``async-sgd``) leave over their compute
-     (its contention and crowding fitted to its ``hogwild-sgd`` runs, which neither block nor lock) and
+     (its memory, contention and crowding fitted to its ``hogwild-sgd`` runs, which neither block nor lock) and
      their exchanges' price; none at as many ranks as cores or fewer.
 
 2. Validation: for each series, model and solver of the scaling study (its repeats at the
@@ -92,10 +92,20 @@ WIRE_BYTES = 4
 IN_LOOP = {"allreduce": "allreduce", "async-sgd": "locked", "hogwild-sgd": "wild"}
 #: Other processes' load (cores) above which a synthetic run is left out of the in-loop fit.
 QUIET_CORES = 0.25
+#: A workload's compute sharing terms (:class:`SharedCores`), in the order :func:`fit_contention` gives them.
+SHARING_TERMS = ("memory", "contention", "crowding")
 
 
 #: The latency (s) added to find how many latency terms an exchange pays (its prices are linear in it).
 PROBE_LATENCY_S = 1e-4
+
+
+def sharing_terms(terms: dict[str, float]) -> str:
+    """A workload's compute sharing terms in words."""
+    return (
+        f"memory {terms['memory']:.3f} with every core busy, contention {terms['contention']:.3f} at two ranks a "
+        f"core, crowding {terms['crowding']:.3f} per further rank a core"
+    )
 
 
 def in_loop(net: Network, factor: float, latency_s: float = 0.0) -> Network:
@@ -124,7 +134,7 @@ class Calibration:
     gamma, the fit's median error and the window networks (as the benchmarks measured them);
     per exchange (``allreduce``, ``locked``, ``wild``) how much dearer a training step pays
     it, a factor and a latency (:func:`in_loop`; :meth:`network`, :meth:`window_networks`);
-    the cores; per (series, model) the compute contention and crowding; per rank count the cost of a
+    the cores; per (series, model) the compute's sharing terms (:data:`SHARING_TERMS`); per rank count the cost of a
     wait and of a lock per extra rank a core; per solver with host work at several ranks
     (:data:`HOST_WORK`), that work a micro-batch, per gradient byte and fixed (absent: not
     measured)."""
@@ -133,7 +143,7 @@ class Calibration:
     windows: dict[int, dict[str, Network]]
     cores: int
     in_loop: dict[str, tuple[float, float]]
-    contention: dict[tuple[str, str], tuple[float, float]]
+    compute: dict[tuple[str, str], dict[str, float]]
     wait_s: dict[int, float]
     lock_s: dict[int, float]
     host: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -226,14 +236,11 @@ def calibrate(directory: Path) -> Calibration:
                 for r in rows
                 if (r["series"], r["model"]) == key
             ]
-            fits.setdefault(key, []).append(
-                fit_contention(mine, cores) if any(r["ranks"] > cores for r in mine) else (0.0, 0.0)
-            )
-    contention = {}
+            fits.setdefault(key, []).append(fit_contention(mine, cores))
+    compute: dict[tuple[str, str], dict[str, float]] = {}
     for (series, model), values in fits.items():
-        first, further = (statistics.median(v) for v in zip(*values))
-        contention[(series, model)] = first, further
-        print(f"{model} ({series}): contention {first:.3f}, crowding {further:.3f} per further rank a core")
+        compute[(series, model)] = dict(zip(SHARING_TERMS, (statistics.median(v) for v in zip(*values))))
+        print(f"{model} ({series}): {sharing_terms(compute[(series, model)])}")
     syncs = [
         (
             Workload("synthetic", int(json.loads((sync.parent / "workload.json").read_text())["numel"]), 3, ()),
@@ -241,7 +248,7 @@ def calibrate(directory: Path) -> Calibration:
         )
         for sync in sorted(directory.glob("sync_*/scaling.csv"))
     ]
-    cal = Calibration(nets, windows, cores, {}, contention, {}, {})
+    cal = Calibration(nets, windows, cores, {}, compute, {}, {})
     cal = replace(cal, in_loop=fit_in_loop(cal, syncs))
     cal = replace(cal, host={s: fit for s in HOST_WORK if (fit := fit_host_work(cal, syncs, s)) is not None})
     waits: dict[int, list[tuple[float, float]]] = {}
@@ -265,19 +272,19 @@ def calibrate(directory: Path) -> Calibration:
             }
             for p in [1, *ranks]
         ]
-        first, further = fit_contention(hogwild, cores)
+        terms = dict(zip(SHARING_TERMS, fit_contention(hogwild, cores)))
         for solver, into in (("allreduce", waits), ("async-sgd", locks)):
             one = float(rows[(solver, 1)]["iteration_s"])
             for p in shared:
                 row = rows[(solver, p)]
-                plain = SharedCores(cores=free_cores(cores, row), contention=first, crowding=further)
+                plain = SharedCores(cores=free_cores(cores, row), **terms)
                 net, gamma = cal.network(p)
                 compute = Compute(step_s=one, batch=32, sharing=plain)
                 case = Case(load, net, compute, p, WIRE_BYTES, gamma, cal.window_networks(p))
                 left = float(row["iteration_s"]) - iteration(solver, case).total
                 count = 1.0 if solver == "allreduce" else 2.0 * (p - 1)  # blocking exchanges, lock acquisitions
                 into.setdefault(p, []).append((count * plain.extra(p), left))
-        print(f"synthetic workload, {load.params} parameters: contention {first:.3f}, crowding {further:.3f}")
+        print(f"synthetic workload, {load.params} parameters: {sharing_terms(terms)}")
     wait_s = {p: fit_through_origin(points) for p, points in waits.items()}
     lock_s = {p: fit_through_origin(points) for p, points in locks.items()}
     for p in wait_s:
@@ -402,15 +409,14 @@ def sharing_for(cal: Calibration, row: dict[str, str], one: dict[str, str]) -> t
     shares the cores; the exchanges wake the ranks together, so their host work runs at
     the same time and every rank counts.
     """
-    p, (contention, crowding) = int(row["ranks"]), cal.contention.get(("real", row["model"]), (0.0, 0.0))
+    p, terms = int(row["ranks"]), cal.compute.get(("real", row["model"]), {})
     device = device_s(row)
     single = float(one["iteration_s"])
     host = max(single - device_s(one), 1e-6)
-    at_one = SharedCores(cores=free_cores(cal.cores, one), contention=contention, crowding=crowding)
+    at_one = SharedCores(cores=free_cores(cal.cores, one), **terms)
     sharing = SharedCores(
         cores=free_cores(cal.cores, row),
-        contention=contention,
-        crowding=crowding,
+        **terms,
         wait_s=cal.wait_s.get(p, 0.0),
         lock_s=cal.lock_s.get(p, 0.0),
     )
@@ -708,8 +714,7 @@ def main() -> int:
             {
                 "cores": cal.cores,
                 "in_loop": {exchange: {"factor": f, "latency_s": s} for exchange, (f, s) in cal.in_loop.items()},
-                "contention": {f"{series} {model}": c[0] for (series, model), c in cal.contention.items()},
-                "crowding": {f"{series} {model}": c[1] for (series, model), c in cal.contention.items()},
+                "compute": {f"{series} {model}": terms for (series, model), terms in cal.compute.items()},
                 "wait_s": cal.wait_s,
                 "lock_s": cal.lock_s,
                 "host_work": {s: {"s_per_byte": b, "s": f} for s, (b, f) in cal.host.items()},
@@ -751,9 +756,8 @@ def main() -> int:
             for solver, (per_byte, fixed) in cal.host.items()
         ),
         *(
-            f"| contention, {model} ({series}) | {first:.3f} at two ranks a core, crowding {further:.3f} per "
-            "further rank a core |"
-            for (series, model), (first, further) in cal.contention.items()
+            f"| compute, {model} ({series}) | {sharing_terms(terms)} |"
+            for (series, model), terms in cal.compute.items()
         ),
         *(
             f"| at {p} ranks: a blocking exchange, a lock acquisition | {cal.wait_s[p] * 1e3:.2f} ms, "

@@ -204,34 +204,36 @@ def relative_errors(rows: Sequence[Mapping[str, float | str]], net: Network, *, 
     ]
 
 
-def _extra(p: int, cores: float, outside: float) -> float:
-    """Ranks a core beyond the first, with ``outside`` of ``cores`` kept busy by other processes."""
-    return SharedCores(cores=max(cores - outside, MIN_FREE_CORES)).extra(p)
+def _free(cores: float, outside: float) -> SharedCores:
+    """The cores left to a job while other processes keep ``outside`` of ``cores`` busy."""
+    return SharedCores(cores=max(cores - outside, MIN_FREE_CORES))
 
 
-def fit_contention(rows: Sequence[Mapping[str, float]], cores: float) -> tuple[float, float]:
-    """A workload's ``contention`` and ``crowding`` (:mod:`.sharing`) from its steps at several rank counts.
+def fit_contention(rows: Sequence[Mapping[str, float]], cores: float) -> tuple[float, float, float]:
+    """A workload's ``memory``, ``contention`` and ``crowding`` (:mod:`.sharing`) from its steps at several rank counts.
 
     ``rows``: ``ranks``, ``seconds`` (a rank's step, every rank computing at once, none
     communicating) and ``outside_cores`` (what other processes used meanwhile); the
-    one-rank row is the step alone. Least squares of ``t_p / (t_1 (1 + x)) - 1`` on
-    ``min(x, 1)`` and ``max(x - 1, 0)`` (``x``: ranks a core beyond the first), both
-    bounded at 0; ``crowding`` is 0 where no row has more than two ranks a core.
+    one-rank row is the step alone. Least squares of ``t_p / (t_1 (1 + x)) - 1`` on the
+    share of the other cores busy, ``min(x, 1)`` and ``max(x - 1, 0)`` (``x``: ranks a core
+    beyond the first), each bounded at 0; a term no row reaches fits 0 (``contention``
+    without a row of more ranks than cores, ``crowding`` without one of more than two a core).
     """
     alone = [r for r in rows if int(r["ranks"]) == 1]
     if len(alone) != 1:
         raise InputError(f"a contention fit needs one 1-rank row, got {len(alone)}")
-    one = float(alone[0]["seconds"]) / (1 + _extra(1, cores, float(alone[0]["outside_cores"])))
-    points = [
-        (min(x, 1.0), max(x - 1.0, 0.0), float(r["seconds"]) / (one * (1 + x)) - 1)
-        for r in rows
-        if (x := _extra(int(r["ranks"]), cores, float(r["outside_cores"]))) > 0
-    ]
+    one = float(alone[0]["seconds"]) / (1 + _free(cores, float(alone[0]["outside_cores"])).extra(1))
+    points = []
+    for r in rows:
+        free, p = _free(cores, float(r["outside_cores"])), int(r["ranks"])
+        if p > 1:
+            x = free.extra(p)
+            points.append((free.busy(p), min(x, 1.0), max(x - 1.0, 0.0), float(r["seconds"]) / (one * (1 + x)) - 1))
     if not points:
-        raise InputError("no row has more ranks than free cores: nothing to fit the contention to")
-    columns = np.array([(first, further) for first, further, _ in points])
-    contention, crowding = _nonnegative_lstsq(columns, np.array([y for *_, y in points]))
-    return float(contention), float(crowding)
+        raise InputError("no row has more than one rank: nothing to fit the contention to")
+    columns = np.array([terms for *terms, _ in points])
+    memory, contention, crowding = _nonnegative_lstsq(columns, np.array([y for *_, y in points]))
+    return float(memory), float(contention), float(crowding)
 
 
 def fit_through_origin(points: Sequence[tuple[float, float]]) -> float:

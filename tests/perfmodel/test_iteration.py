@@ -167,6 +167,8 @@ def test_shared_cores_slow_compute_and_price_waits_and_locks():
     at_two = iteration("allreduce", case(2, compute))  # a core each: nothing changes
     assert at_two.compute == pytest.approx(0.01) and at_two.comm == pytest.approx(iteration("allreduce", case(2)).comm)
     assert SharedCores(cores=1.5).slowdown(3) == pytest.approx(2.0)  # cores less what other processes used
+    memory = SharedCores(cores=4, memory=0.1)  # the machine's cache and memory, shared as the ranks fill its cores
+    assert [memory.slowdown(p) for p in (1, 2, 4, 8)] == pytest.approx([1.0, 1 + 0.1 / 3, 1.1, 2 * 1.1])
     assert shared.slowdown(4) == pytest.approx(2 * 1.1)  # two ranks a core: contention, no crowding yet
     assert shared.slowdown(3) == pytest.approx(1.5 * 1.05)  # part of the way to two a core
     with pytest.raises(OptionError, match="cores must be > 0"):
