@@ -28,7 +28,7 @@ def test_every_solver_is_registered():
         ("ea-wild", {"rho": -1.0}, "rho must be > 0"),
         ("async-easgd", {"rho": 20.0}, r"alpha = lr \* rho must be in \(0, 1\]"),
         ("async-sgd", {"layout": "ring"}, "option 'layout' .* must be one of 'sharded', 'server'"),
-        ("hogwild-sgd", {"progress": "magic"}, "option 'progress' .* must be one of 'thread', 'mpich', 'none'"),
+        ("hogwild-sgd", {"progress": "magic"}, "option 'progress' .* must be one of 'auto', 'thread', 'mpich', 'none'"),
         ("async-msgd", {"momentum": 1.0}, r"momentum must be in \[0, 1\)"),
         ("async-measgd", {"momentum": -0.1}, r"momentum must be in \[0, 1\)"),
         ("easgd", {"layout": "sharded"}, "does not take option 'layout'"),
