@@ -124,6 +124,42 @@ def finite_probe(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return sums[0] if len(sums) == 1 else torch.stack(sums).sum()
 
 
+def host_finite_probe(tensors: Sequence[torch.Tensor]) -> float:
+    """:func:`finite_probe`'s value for tensors in host memory, added up by the host as it takes each sum.
+
+    On the CPU a sum's value is at hand: adding them in Python spares the stack, the sum of
+    the sums and the copy into a slot, dispatches that cost a step as much as the pass over
+    a small model's gradients. Each sum is taken as :func:`finite_probe` takes it; the host
+    adds them in float64, so a NaN or an Inf in any tensor makes the total NaN or Inf.
+    """
+    total = 0.0
+    _counter.inside = True  # reads of host memory, which wait for nothing (not counted: the step's one read is)
+    try:
+        for t in tensors:
+            total += float(t.sum() if t.dtype in _WIDE else t.sum(dtype=torch.float32))
+    finally:
+        _counter.inside = False
+    return total
+
+
+def _on_host(tensors: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> bool:
+    """Whether ``tensors`` (on one device) and ``out`` are host memory, whose sums the host may read as it goes."""
+    return (out is None or out.device.type == "cpu") and (not tensors or tensors[0].device.type == "cpu")
+
+
 def write_finite_probe(tensors: Sequence[torch.Tensor], out: torch.Tensor) -> None:
-    """Write :func:`finite_probe` of ``tensors`` into ``out`` (one element, e.g. a :class:`Readback` slot), unread."""
-    out.copy_(finite_probe(tensors))
+    """Write :func:`finite_probe` of ``tensors`` (on one device) into ``out`` (one element, e.g. a
+    :class:`Readback` slot), unread (on the CPU: :func:`host_finite_probe`)."""
+    if _on_host(tensors, out):
+        out.fill_(host_finite_probe(tensors))
+    else:
+        out.copy_(finite_probe(tensors))
+
+
+def read_finite_probe(tensors: Sequence[torch.Tensor]) -> float:
+    """:func:`finite_probe` of ``tensors`` (on one device), read: one counted read (on the CPU:
+    :func:`host_finite_probe`, counted all the same)."""
+    if _on_host(tensors):
+        _counter.reads = getattr(_counter, "reads", 0) + 1
+        return host_finite_probe(tensors)
+    return read(finite_probe(tensors))[0]

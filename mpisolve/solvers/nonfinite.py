@@ -29,7 +29,7 @@ from typing import Literal
 import torch
 
 from ..comm.communicator import Communicator
-from ..comm.readback import finite_probe, read
+from ..comm.readback import read_finite_probe
 from ..errors import NonFiniteError
 from ..options import require_choice
 
@@ -41,12 +41,12 @@ MAX_CONSECUTIVE_SKIPS = 100
 def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
     """Whether every element of ``tensors`` is finite.
 
-    One pass over each, one counted read (:func:`~mpisolve.comm.readback.read`; a solver's
-    step reads it with its other values where it can).
+    One pass over each, one counted read (:func:`~mpisolve.comm.readback.read_finite_probe`;
+    a solver's step reads it with its other values where it can).
     """
     if not tensors:
         return True
-    return math.isfinite(read(finite_probe(tensors))[0])
+    return math.isfinite(read_finite_probe(tensors))
 
 
 class NonFiniteGuard:

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
-from mpisolve.comm.readback import Readback, finite_probe, host_reads, read, reading, write_finite_probe
+from mpisolve.comm.readback import (
+    Readback,
+    finite_probe,
+    host_finite_probe,
+    host_reads,
+    read,
+    read_finite_probe,
+    reading,
+    write_finite_probe,
+)
 
 
 def test_a_fetch_returns_what_the_device_wrote_and_counts_once():
@@ -37,3 +47,26 @@ def test_the_finite_probe_is_finite_exactly_when_every_element_is():
     out = torch.zeros(2, dtype=torch.float64)
     write_finite_probe([torch.tensor([-5.0])], out[1])
     assert out.tolist() == [0.0, -5.0]
+
+
+def test_on_the_cpu_the_host_adds_the_sums_itself_and_a_read_of_them_counts_once():
+    tensors = [
+        torch.tensor([1.0, -3.0]),
+        torch.tensor([[2.0]], dtype=torch.float64),
+        torch.empty(0),
+        torch.tensor([60000.0, 60000.0], dtype=torch.float16),  # summed in float32: no overflow
+    ]
+    want = sum(float(np.sum(t.numpy(), dtype=np.float64)) for t in tensors)
+    assert host_finite_probe(tensors) == want == 120000.0
+    before = host_reads()
+    assert read_finite_probe(tensors) == want
+    assert host_reads() == before + 1
+    out = torch.zeros(2, dtype=torch.float64)
+    write_finite_probe(tensors, out[1])
+    assert out.tolist() == [0.0, want]
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for at in range(len(tensors) + 1):
+            with_bad = [*tensors[:at], torch.tensor([0.0, bad]), *tensors[at:]]
+            assert not math.isfinite(host_finite_probe(with_bad))
+            assert not math.isfinite(read_finite_probe(with_bad))
+    assert host_finite_probe([]) == 0.0 and read_finite_probe([torch.empty(0)]) == 0.0
