@@ -130,12 +130,14 @@ def host_finite_probe(tensors: Sequence[torch.Tensor]) -> float:
     On the CPU a sum's value is at hand: adding them in Python spares the stack, the sum of
     the sums and the copy into a slot, dispatches that cost a step as much as the pass over
     a small model's gradients. Each sum is taken as :func:`finite_probe` takes it; the host
-    adds them in float64, so a NaN or an Inf in any tensor makes the total NaN or Inf.
+    adds them in float64, so a NaN or an Inf in any tensor makes the total NaN or Inf. The
+    sums go from the last tensor to the first: given in the order an optimizer reads them
+    (the parameters'), the first it reads are then the last the check brought into cache.
     """
     total = 0.0
     _counter.inside = True  # reads of host memory, which wait for nothing (not counted: the step's one read is)
     try:
-        for t in tensors:
+        for t in reversed(tensors):
             total += float(t.sum() if t.dtype in _WIDE else t.sum(dtype=torch.float32))
     finally:
         _counter.inside = False
