@@ -1,4 +1,7 @@
-"""Tabulate ab-de746d0.sh's runs: each solver's solver_over_plain, per run (markdown on stdout)."""
+"""Tabulate ab-de746d0.sh's runs: each solver's solver_over_plain, per run (markdown on stdout).
+
+``python ab_table.py [--dir DIR] LABEL...`` (DIR: the script's $OUT, default this directory).
+"""
 
 from __future__ import annotations
 
@@ -10,14 +13,18 @@ from pathlib import Path
 HERE = Path(__file__).parent
 
 
-def ratios(label: str) -> dict[str, float]:
-    rows = [json.loads(line) for line in (HERE / f"cpu-mlp-2026-11-29-{label}.jsonl").read_text().splitlines()]
+def ratios(where: Path, label: str) -> dict[str, float]:
+    rows = [json.loads(line) for line in (where / f"cpu-mlp-2026-11-29-{label}.jsonl").read_text().splitlines()]
     return {row["solver"]: row["solver_over_plain"] for row in rows if "solver" in row}
 
 
 def main() -> None:
-    labels = sys.argv[1:]
-    runs = {label: ratios(label) for label in labels}
+    args = sys.argv[1:]
+    where = HERE
+    if args[:1] == ["--dir"]:
+        where, args = Path(args[1]), args[2:]
+    labels = args
+    runs = {label: ratios(where, label) for label in labels}
     solvers = sorted(next(iter(runs.values())))
     print("| solver | " + " | ".join(labels) + " |")
     print("| --- |" + " --- |" * len(labels))
