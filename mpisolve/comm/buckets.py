@@ -426,7 +426,12 @@ class GradientBuckets:
         self.extra_reads = self._readback.values[self.TALLY.size + probes :]
         #: Average on MPI's path: 1 / the contributing ranks, on the buckets' device (never read by the host).
         self._scale = torch.ones((), dtype=summed.dtype, device=summed.device)
-        self._ranks_out = summed[self.TALLY.at["ranks"]]
+        self._ranks_at = self.TALLY.at["ranks"]
+        self._ranks_out = summed[self._ranks_at]
+        #: Where the summed tally is host memory, the host reads the contributing ranks there as the first
+        #: sum lands (no wait); then every rank contributing, the usual step, takes this kept 1 / size.
+        self._ranks_host = self._tally.summed_host if summed.device.type == "cpu" else None
+        self._one_over_size = torch.full((), 1.0 / comm.size, dtype=summed.dtype, device=summed.device)
         #: Reductions by their summed tally: most steps repeat one, and making one costs more than finding it.
         self._reductions: dict[tuple[float, float, bool], Reduction] = {}
         self.samples = samples
@@ -645,7 +650,7 @@ class GradientBuckets:
             self.reducer.finish(bucket)
             if self.node is None:
                 if bucket.index == 0 and self.average:  # 1 / the contributing ranks, summed in the first bucket
-                    scale = torch.clamp(self._ranks_out, min=1.0, out=self._scale).reciprocal_()  # none: 0 stays 0
+                    scale = self._average_scale()
                 bucket.from_wire(scale)
             if check_finite:  # as the bucket's sum completes, while it is fresh (on a GPU: queued behind it)
                 write_finite_probe([bucket.result.flat], self._probes[bucket.index])
@@ -669,6 +674,21 @@ class GradientBuckets:
         else:
             self._own()
         return reduction
+
+    def _average_scale(self) -> torch.Tensor | None:
+        """MPI's path, the first bucket's sum complete: what to scale the sums by for the average (None: nothing).
+
+        On a device, ``1 / max(ranks, 1)`` computed there, never read by the host (no rank
+        contributing: the sums are 0 and stay 0). In host memory, the host reads the count:
+        the kept ``1 / size`` where every rank contributed, none where none did, else ``1 / ranks``.
+        """
+        host = self._ranks_host
+        if host is None:
+            return torch.clamp(self._ranks_out, min=1.0, out=self._scale).reciprocal_()
+        ranks = host[self._ranks_at]
+        if ranks == self.comm.size:
+            return self._one_over_size
+        return self._scale.fill_(1.0 / ranks) if ranks else None
 
     def stepped(self) -> None:
         """After the optimizer stepped on this step's gradients (before :meth:`rearm`).

@@ -396,6 +396,31 @@ def test_every_steps_reduction_counts_that_steps_samples(node_shm, monkeypatch):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("node_shm", [True, False])
+def test_the_average_is_over_the_ranks_that_contributed(node_shm):
+    # Every rank, the last withholding, every rank withholding, every rank again: the mean of the
+    # contributing ranks' values (none contributing: zeros), and their count.
+    comm = Communicator(node_shm=node_shm)
+    param = nn.Parameter(torch.zeros(10))
+    grads = GradientBuckets([param], comm, bucket_bytes=1000, average=True)
+    assert (grads.node is not None) == node_shm
+    values = [float(rank + 1) for rank in range(comm.size)]
+    for withholding in ([], [comm.size - 1], list(range(comm.size)), []):
+        if comm.rank in withholding:
+            grads.withhold()
+        else:
+            param.grad.fill_(values[comm.rank])
+        reduction = grads.finish()
+        contributing = [v for rank, v in enumerate(values) if rank not in withholding]
+        assert reduction.ranks == len(contributing)
+        mean = sum(contributing) / len(contributing) if contributing else 0.0
+        assert torch.allclose(param.grad, torch.full((10,), mean), rtol=1e-6, atol=0), (withholding, param.grad)
+        grads.rearm()
+    grads.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
 def test_a_latency_round_is_not_overwritten_by_ranks_that_run_ahead():
     """Local rank 0 arrives first and sums late; the others complete each round as soon as
     it has arrived and start the next at once, writing their inputs for it while rank 0
