@@ -733,14 +733,18 @@ class GradientBuckets:
         return self._readback.host[self._probes_at.stop :]
 
     def _own(self, rescale: float | None = None) -> None:
-        """Node-shared buckets: the shared sums copied into this rank's storage, every sum times ``rescale``."""
+        """Node-shared buckets: the shared sums copied into this rank's storage, every sum times ``rescale``
+        (a shared sum copied and scaled in one pass)."""
         for bucket in self.buckets:
             if bucket.shared:
                 self._claim(bucket)
-                bucket.buffer.flat.copy_(bucket.result.flat)
+                if rescale is None:
+                    bucket.buffer.flat.copy_(bucket.result.flat)
+                else:
+                    torch.mul(bucket.result.flat, rescale, out=bucket.buffer.flat)
                 for p, view in zip(bucket.params, bucket.buffer.views):
                     p.grad = view
-            if rescale is not None:
+            elif rescale is not None:
                 bucket.buffer.flat.mul_(rescale)
         self._in_window = False
 

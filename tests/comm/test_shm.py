@@ -397,13 +397,15 @@ def test_every_steps_reduction_counts_that_steps_samples(node_shm, monkeypatch):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
 @pytest.mark.parametrize("node_shm", [True, False])
-def test_the_average_is_over_the_ranks_that_contributed(node_shm):
+@pytest.mark.parametrize("numel", [10, LATENCY_MAX_BYTES // 4 + 1])  # node-shared: the latency path, a shared sum
+def test_the_average_is_over_the_ranks_that_contributed(node_shm, numel):
     # Every rank, the last withholding, every rank withholding, every rank again: the mean of the
     # contributing ranks' values (none contributing: zeros), and their count.
     comm = Communicator(node_shm=node_shm)
-    param = nn.Parameter(torch.zeros(10))
-    grads = GradientBuckets([param], comm, bucket_bytes=1000, average=True)
+    param = nn.Parameter(torch.zeros(numel))
+    grads = GradientBuckets([param], comm, bucket_bytes=4 * numel, average=True)
     assert (grads.node is not None) == node_shm
+    assert not node_shm or grads.buckets[0].shared == (numel > 10)
     values = [float(rank + 1) for rank in range(comm.size)]
     for withholding in ([], [comm.size - 1], list(range(comm.size)), []):
         if comm.rank in withholding:
@@ -414,7 +416,7 @@ def test_the_average_is_over_the_ranks_that_contributed(node_shm):
         contributing = [v for rank, v in enumerate(values) if rank not in withholding]
         assert reduction.ranks == len(contributing)
         mean = sum(contributing) / len(contributing) if contributing else 0.0
-        assert torch.allclose(param.grad, torch.full((10,), mean), rtol=1e-6, atol=0), (withholding, param.grad)
+        assert torch.allclose(param.grad, torch.full((numel,), mean), rtol=1e-6, atol=0), (withholding, param.grad)
         grads.rearm()
     grads.close()
 
