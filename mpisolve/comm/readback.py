@@ -135,12 +135,13 @@ def host_finite_probe(tensors: Sequence[torch.Tensor]) -> float:
     (the parameters'), the first it reads are then the last the check brought into cache.
     """
     total = 0.0
+    inside = reading()
     _counter.inside = True  # reads of host memory, which wait for nothing (not counted: the step's one read is)
     try:
         for t in reversed(tensors):
             total += float(t.sum() if t.dtype in _WIDE else t.sum(dtype=torch.float32))
     finally:
-        _counter.inside = False
+        _counter.inside = inside
     return total
 
 

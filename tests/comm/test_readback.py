@@ -7,6 +7,7 @@ import math
 import numpy as np
 import torch
 
+from mpisolve.comm import readback
 from mpisolve.comm.readback import (
     Readback,
     finite_probe,
@@ -70,3 +71,7 @@ def test_on_the_cpu_the_host_adds_the_sums_itself_and_a_read_of_them_counts_once
             assert not math.isfinite(host_finite_probe(with_bad))
             assert not math.isfinite(read_finite_probe(with_bad))
     assert host_finite_probe([]) == 0.0 and read_finite_probe([torch.empty(0)]) == 0.0
+    assert not reading()
+    with readback._read(torch.device("cpu")):  # inside a counted read, it stays one
+        host_finite_probe(tensors)
+        assert reading()
