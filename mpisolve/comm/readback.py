@@ -106,13 +106,12 @@ def finite_probe(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """A 0-d tensor on ``tensors``' device, finite exactly when every element is (not read).
 
     A NaN or an Inf anywhere makes it NaN or Inf, so one read says whether a whole update
-    is finite. The sum of each tensor's sum, the cheapest pass on a CPU (each sum in the
-    tensor's own dtype where that is float32 or float64, with no dtype argument to parse:
-    a step's check is a handful of calls, and their overhead is a part of its cost); on a
-    GPU, several tensors (none in half precision) take the sum of their 2-norms instead,
-    one ``_foreach_norm`` launch per dtype where sums would take one each. Sums are taken in
-    float32 at least; finite values whose sum (or squares) pass float32's range (3e38) read
-    as not finite, which usable gradients never reach. Empty tensors sum to 0: finite.
+    is finite. The sum of each tensor's sum (:func:`_probe_sum`); on a GPU, several tensors
+    (none in half precision) take the sum of their 2-norms instead, one ``_foreach_norm``
+    launch per dtype where sums would take one each. Sums are taken in float32 at least;
+    finite values whose sum (or squares) pass float32's range (3e38) read as not finite,
+    which usable gradients never reach. Empty tensors sum to 0: finite. Tensors in host
+    memory are better read by :func:`host_finite_probe`, which the functions below use.
     """
     if not tensors:
         return torch.zeros(())
@@ -120,8 +119,15 @@ def finite_probe(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         present = [t for t in tensors if t.numel() > 0]
         if present:
             return torch.stack(torch._foreach_norm(present, 2)).sum()
-    sums = [t.sum() if t.dtype in _WIDE else t.sum(dtype=torch.float32) for t in tensors]
+    sums = [_probe_sum(t) for t in tensors]
     return sums[0] if len(sums) == 1 else torch.stack(sums).sum()
+
+
+def _probe_sum(t: torch.Tensor) -> torch.Tensor:
+    """One tensor's sum for a finite probe: in its own dtype where that is float32 or float64 (no
+    dtype argument to parse: a step's check is a handful of calls, and their overhead is part of
+    its cost), else in float32."""
+    return t.sum() if t.dtype in _WIDE else t.sum(dtype=torch.float32)
 
 
 def host_finite_probe(tensors: Sequence[torch.Tensor]) -> float:
@@ -129,7 +135,7 @@ def host_finite_probe(tensors: Sequence[torch.Tensor]) -> float:
 
     On the CPU a sum's value is at hand: adding them in Python spares the stack, the sum of
     the sums and the copy into a slot, dispatches that cost a step as much as the pass over
-    a small model's gradients. Each sum is taken as :func:`finite_probe` takes it; the host
+    a small model's gradients. Each sum is :func:`_probe_sum`'s; the host
     adds them in float64, so a NaN or an Inf in any tensor makes the total NaN or Inf. The
     sums go from the last tensor to the first: given in the order an optimizer reads them
     (the parameters'), the first it reads are then the last the check brought into cache.
@@ -139,7 +145,7 @@ def host_finite_probe(tensors: Sequence[torch.Tensor]) -> float:
     _counter.inside = True  # reads of host memory, which wait for nothing (not counted: the step's one read is)
     try:
         for t in reversed(tensors):
-            total += float(t.sum() if t.dtype in _WIDE else t.sum(dtype=torch.float32))
+            total += float(_probe_sum(t))
     finally:
         _counter.inside = inside
     return total
