@@ -153,13 +153,12 @@ class BucketReducer(Protocol):
         """Release MPI resources."""
 
 
-def _complete(request: Reusable, what: str) -> None:
-    """Wait for a bucket's sum: MPI's in ``MPI_Wait`` where its communicator allows it, the
-    torch.distributed engine's by its own wait."""
+def _completion(request: Reusable, what: str) -> Callable[[], None]:
+    """How to wait for a bucket's sum, made once: MPI's in ``MPI_Wait`` where its communicator
+    allows it, the torch.distributed engine's by its own wait."""
     if isinstance(request, PersistentCollective):
-        request.wait(what, in_mpi=True)
-    else:
-        request.wait(what)
+        return functools.partial(request.wait, what, in_mpi=True)
+    return functools.partial(request.wait, what)
 
 
 class SumReducer:
@@ -174,10 +173,12 @@ class SumReducer:
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm
         self.requests: dict[int, Reusable] = {}
+        self._completions: dict[int, Callable[[], None]] = {}
         self._inflight = InFlight()
 
     def prepare(self, bucket: Bucket) -> None:
-        self.requests[bucket.index] = reusable_allreduce(self.comm, bucket.wire, "sum")
+        request = self.requests[bucket.index] = reusable_allreduce(self.comm, bucket.wire, "sum")
+        self._completions[bucket.index] = _completion(request, f"gradient allreduce of bucket {bucket.index}")
 
     def start(self, bucket: Bucket) -> None:
         self._inflight.start(self.requests[bucket.index])
@@ -186,7 +187,7 @@ class SumReducer:
         self._inflight.progress()
 
     def finish(self, bucket: Bucket) -> None:
-        _complete(self.requests[bucket.index], f"gradient allreduce of bucket {bucket.index}")
+        self._completions[bucket.index]()
         if bucket.index == len(self.requests) - 1:  # buckets finish in order: the step's last
             self._inflight.clear()
 
@@ -194,6 +195,7 @@ class SumReducer:
         for req in self.requests.values():
             req.free()
         self.requests.clear()
+        self._completions.clear()
         self._inflight.clear()
 
 

@@ -116,17 +116,21 @@ class Posting:
     reused by every start of a persistent operation.
     """
 
-    __slots__ = ("stagers", "post", "request", "posted")
+    __slots__ = ("stagers", "post", "request", "posted", "_awaited")
 
     def __init__(self, stagers: Sequence[Stager], post: Callable[[], MPI.Request]) -> None:
         self.stagers = tuple(stagers)
         self.post = post
         self.request: MPI.Request = MPI.REQUEST_NULL
         self.posted = True  # nothing queued
+        self._awaited = tuple(stager for stager in self.stagers if not stager.always_ready)
 
     def ready(self) -> bool:
-        """Whether every stager's data is ready to be posted."""
-        return all(stager.ready() for stager in self.stagers)
+        """Whether every stager's data is ready to be posted (host memory always is)."""
+        for stager in self._awaited:
+            if not stager.ready():
+                return False
+        return True
 
 
 class CommunicatorOptions(TypedDict, total=False):
@@ -403,7 +407,12 @@ class Communicator:
         posting.posted = False
         posting.request = MPI.REQUEST_NULL
         with self._queue_lock:
-            self._queued.append(posting)
+            if self._queued or not posting.ready():
+                self._queued.append(posting)
+            else:  # nothing started before it waits: post it now
+                posting.request = posting.post()
+                posting.posted = True
+                return
         self.post_ready()
 
     def post_ready(self) -> None:
@@ -426,7 +435,12 @@ class Communicator:
 
     def wait_posted(self, postings: Sequence[Posting], what: str) -> None:
         """Complete started operations through the watchdogged wait."""
-        self.wait_for(lambda: all(self.test(p) for p in postings), what)
+        test = self.test
+        if len(postings) == 1:  # most waits: one posting, polled without a generator per poll
+            posting = postings[0]
+            self.wait_for(lambda: test(posting), what)
+        else:
+            self.wait_for(lambda: all(test(p) for p in postings), what)
 
     def unqueue(self, posting: Posting) -> None:
         """Drop ``posting`` if it is still queued (its operation is being freed unposted)."""

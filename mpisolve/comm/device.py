@@ -131,6 +131,8 @@ class Stager:
         self._cuda = tensor.device.type == "cuda"
         # Passed once the work queued before to_mpi is done: MPI may use the memory.
         self._ready = torch.cuda.Event() if self._cuda else None
+        #: Host memory: ready for MPI whenever it is asked (:meth:`ready` is always True).
+        self.always_ready = self._ready is None
         # Marks the copy back to the device, which reads the host buffer after from_mpi returns.
         self._copied_back = torch.cuda.Event() if self._cuda and host is not None else None
 

@@ -16,7 +16,7 @@ from mpi4py import MPI
 import mpisolve
 from mpisolve.comm.buckets import GradientBuckets, Unreduced
 from mpisolve.comm.collectives import _start_sum, allreduce
-from mpisolve.comm.communicator import Communicator, PersistentAllreduce, as_communicator, init
+from mpisolve.comm.communicator import Communicator, PersistentAllreduce, Posting, as_communicator, init
 from mpisolve.comm.device import STAGE_ENV, Stager, detect_cuda_aware
 
 
@@ -149,6 +149,7 @@ class LateStager(Stager):
 
     def __init__(self, tensor, late):
         super().__init__(tensor)
+        self.always_ready = False  # host memory, made to wait as device data does
         self.late = late
         self.polls = 0
 
@@ -189,7 +190,7 @@ def test_a_persistent_collective_started_late_is_posted_by_its_wait():
     t = torch.zeros(3)
     reduction = PersistentAllreduce(comm, t)
     reduction.stager = LateStager(t, 3)
-    reduction.posting.stagers = (reduction.stager,)
+    reduction.posting = Posting([reduction.stager], reduction._post_start)
     t.fill_(comm.rank + 1.0)
     reduction.start()
     assert not reduction.posting.posted and not reduction.test()
