@@ -42,7 +42,13 @@ def by_device(cpu: Callable[..., Any], gpu: str) -> Callable[..., Any]:
     return dispatch
 
 
-def bind(kernel: Any, *fixed: Any, per_call: tuple[Any, ...] = ()) -> Callable[..., Any]:
+class Bound(functools.partial):  # type: ignore[type-arg]  # its type is the kernel's
+    """:func:`bind`'s call, holding :attr:`keep`: what must outlive it (the memory of addresses it was given)."""
+
+    keep: tuple[Any, ...]
+
+
+def bind(kernel: Any, *fixed: Any, per_call: tuple[Any, ...] = (), keep: tuple[Any, ...] = ()) -> Callable[..., Any]:
     """``kernel`` (a Numba CPU function) with its leading arguments ``fixed``, called past the dispatcher.
 
     A call through Numba's dispatcher types every argument each time, which can cost more
@@ -54,12 +60,15 @@ def bind(kernel: Any, *fixed: Any, per_call: tuple[Any, ...] = ()) -> Callable[.
     of its ``per_call`` type (a scalar of another type is converted, a float to ``int64``
     truncated; an array of another dtype or dimension would be misread), so bind scalars
     per call, arrays up front. The callers check the bound arguments (e.g.
-    :class:`mpisolve.kernels.slots.SlotRound`).
+    :class:`mpisolve.kernels.slots.SlotRound`). ``keep``: objects the call holds as long as it
+    lives (the arrays a vector of addresses among ``fixed`` points into).
     """
     import numba
 
     signature = tuple(numba.typeof(a) for a in fixed) + tuple(per_call)
-    return functools.partial(kernel.compile(signature), *fixed)
+    call = Bound(kernel.compile(signature), *fixed)
+    call.keep = keep
+    return call
 
 
 def _tensors(args: tuple[Any, ...]) -> list[torch.Tensor]:

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 from llvmlite import ir  # type: ignore[import-untyped]
-from numba import njit, types
+from numba import carray, njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .caching import CACHE
@@ -48,6 +49,28 @@ def _float32_from_bits_typing(typingctx: Any, bits: Any) -> Any:  # noqa: ARG001
 
 
 _float32_from_bits: Any = intrinsic(_float32_from_bits_typing)
+
+
+def _float64_from_bits_typing(typingctx: Any, bits: Any) -> Any:  # noqa: ARG001 (Numba intrinsic signature)
+    """Reinterpret an int64 bit pattern as a float64 (no conversion)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:  # noqa: ARG001
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return types.float64(types.int64), codegen
+
+
+def _pointer_typing(typingctx: Any, address: Any) -> Any:  # noqa: ARG001 (Numba intrinsic signature)
+    """An address (int64) as a pointer, for :func:`numba.carray`."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:  # noqa: ARG001
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+    return types.voidptr(types.int64), codegen
+
+
+_float64_from_bits: Any = intrinsic(_float64_from_bits_typing)
+_pointer: Any = intrinsic(_pointer_typing)
 
 
 @njit(inline="always")
@@ -127,32 +150,64 @@ def _sum_rows_by_dtype(slots: Any, start: Any, stop: Any, out: Any, scale: Any, 
     return full
 
 
+# A round's compiled calls take its arrays as one int64 vector of addresses, shapes and scalars
+# (:meth:`SlotRound.layout`, :func:`arrival`): a call unboxes one array, not nine, and the arrays
+# are rebuilt inside as views of the same memory. Positions in that vector:
+_COUNTERS, _COUNTERS_N, _COUNTERS_STEP = 0, 1, 2  # address, how many, elements from one to the next
+_ROWS, _ROWS_R, _ROWS_M, _START, _STOP, _OUT, _OUT_N, _SCALE, _KIND = 3, 4, 5, 6, 7, 8, 9, 10, 11
+_TALLY_ROWS, _TALLY_ROWS_R, _TALLY_ROWS_M, _TALLY_OUT, _TALLY_N = 12, 13, 14, 15, 16
+_SOURCE, _SOURCE_BYTES, _SLOT, _TALLY, _TALLY_SLOT, _TALLY_IN_N, _INDEX = 17, 18, 19, 20, 21, 22, 23
+_ROUND_SIZE, _ARRIVAL_SIZE = 17, 24
+#: ``_KIND``: what the rows hold.
+_FLOAT32, _FLOAT64, _FLOAT16, _BFLOAT16 = 0, 1, 2, 3
+
+
 @njit(nogil=True, cache=CACHE)
-def _round(sums: tuple[Any, ...], seq: int, polls: int) -> bool:
-    counters, rows, start, stop, out, scale, brain, tally_rows, tally_out = sums  # SlotRound.arguments()
-    if not reached_within(counters, seq, polls):
-        return False
-    _sum_rows(rows, start, stop, out, scale, brain)
+def _counters_at(at: np.ndarray) -> np.ndarray:
+    step = at[_COUNTERS_STEP]
+    extent = (at[_COUNTERS_N] - 1) * step + 1
+    return carray(_pointer(at[_COUNTERS]), (extent,), np.int64)[::step]
+
+
+@njit(nogil=True, cache=CACHE)
+def _sums_at(at: np.ndarray) -> None:
+    start, stop, kind, scale = at[_START], at[_STOP], at[_KIND], _float64_from_bits(at[_SCALE])
+    shape, n = (at[_ROWS_R], at[_ROWS_M]), at[_OUT_N]
+    if kind == _FLOAT32:
+        rows32 = carray(_pointer(at[_ROWS]), shape, np.float32)
+        _sum_float(rows32, start, stop, carray(_pointer(at[_OUT]), (n,), np.float32), scale)
+    elif kind == _FLOAT64:
+        rows64 = carray(_pointer(at[_ROWS]), shape, np.float64)
+        _sum_float(rows64, start, stop, carray(_pointer(at[_OUT]), (n,), np.float64), scale)
+    else:
+        rows16 = carray(_pointer(at[_ROWS]), shape, np.uint16)
+        _sum_half(rows16, start, stop, carray(_pointer(at[_OUT]), (n,), np.float32), scale, kind == _BFLOAT16)
+    tally_rows = carray(_pointer(at[_TALLY_ROWS]), (at[_TALLY_ROWS_R], at[_TALLY_ROWS_M]), np.float64)
+    tally_out = carray(_pointer(at[_TALLY_OUT]), (at[_TALLY_N],), np.float64)
     _sum_float(tally_rows, 0, tally_out.shape[0], tally_out, 1.0)
+
+
+@njit(nogil=True, cache=CACHE)
+def _round(at: np.ndarray, seq: int, polls: int) -> bool:
+    if not reached_within(_counters_at(at), seq, polls):
+        return False
+    _sums_at(at)
     return True
 
 
 @njit(nogil=True, cache=CACHE)
-def _arrive(
-    source: np.ndarray,
-    slot: np.ndarray,
-    tally: np.ndarray,
-    tally_slot: np.ndarray,
-    index: int,
-    sums: tuple[Any, ...],
-    seq: int,
-) -> bool:
-    for j in range(source.shape[0]):
+def _arrive(at: np.ndarray, seq: int) -> bool:
+    n, t = at[_SOURCE_BYTES], at[_TALLY_IN_N]
+    source = carray(_pointer(at[_SOURCE]), (n,), np.uint8)  # raw bytes: any dtype
+    slot = carray(_pointer(at[_SLOT]), (n,), np.uint8)
+    for j in range(n):
         slot[j] = source[j]
-    for j in range(tally.shape[0]):
+    tally = carray(_pointer(at[_TALLY]), (t,), np.float64)
+    tally_slot = carray(_pointer(at[_TALLY_SLOT]), (t,), np.float64)
+    for j in range(t):
         tally_slot[j] = tally[j]
-    publish(sums[0], index, seq)
-    return _round(sums, seq, 0)
+    publish(_counters_at(at), at[_INDEX], seq)
+    return _round(at, seq, 0)
 
 
 def host_rows(slots: torch.Tensor) -> np.ndarray:
@@ -214,27 +269,54 @@ class SlotRound:
         tally_rows, tally_out = self.tally_rows, self.tally_out
         if tally_rows.dtype != np.float64 or tally_out.dtype != np.float64 or tally_rows.shape[1] < tally_out.shape[0]:
             raise TypeError(f"a tally is float64 rows of at least {tally_out.shape[0]} elements into float64")
+        if self.rows.dtype not in (np.float32, np.float64, np.uint16):
+            raise TypeError(f"rows are float32, float64 or half patterns (uint16), got {self.rows.dtype}")
+        _require_contiguous(rows=self.rows, out=self.out, tally_rows=tally_rows, tally_out=tally_out)
+        counters = self.counters
+        if counters.dtype != np.int64 or counters.ndim != 1 or not counters.size or counters.strides[0] % 8:
+            raise TypeError("counters are a vector of int64, one every whole number of int64s")
+        if counters.strides[0] <= 0:
+            raise ValueError("counters must lie in increasing addresses")
 
-    def arguments(self) -> tuple[Any, ...]:
-        """The round's arguments as the compiled calls take them: one tuple, counters first."""
-        return (
-            self.counters,
-            self.rows,
-            int(self.start),
-            int(self.stop),
-            self.out,
-            float(self.scale),
-            bool(self.brain),
-            self.tally_rows,
-            self.tally_out,
+    def layout(self, size: int = _ROUND_SIZE) -> np.ndarray:
+        """The round as its compiled calls take it: ``size`` int64s of addresses, shapes and
+        scalars (the positions of :data:`_COUNTERS` and the like; the rest zeros)."""
+        kind = {np.float32: _FLOAT32, np.float64: _FLOAT64}.get(
+            self.rows.dtype.type, _BFLOAT16 if self.brain else _FLOAT16
         )
+        at = np.zeros(size, dtype=np.int64)
+        at[[_COUNTERS, _COUNTERS_N, _COUNTERS_STEP]] = (
+            _address(self.counters),
+            self.counters.size,
+            self.counters.strides[0] // 8,
+        )
+        at[[_ROWS, _ROWS_R, _ROWS_M, _START, _STOP]] = _address(self.rows), *self.rows.shape, self.start, self.stop
+        at[[_OUT, _OUT_N, _KIND]] = _address(self.out), self.out.size, kind
+        at[_SCALE] = np.float64(self.scale).view(np.int64)
+        at[[_TALLY_ROWS, _TALLY_ROWS_R, _TALLY_ROWS_M]] = _address(self.tally_rows), *self.tally_rows.shape
+        at[[_TALLY_OUT, _TALLY_N]] = _address(self.tally_out), self.tally_out.size
+        return at
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """The arrays the layout points into (a call holds them)."""
+        return self.counters, self.rows, self.out, self.tally_rows, self.tally_out
+
+
+def _address(array: np.ndarray) -> int:
+    return int(array.ctypes.data)
+
+
+def _require_contiguous(**arrays: np.ndarray) -> None:
+    for name, array in arrays.items():
+        if not array.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous")
 
 
 def round_sum(sums: SlotRound) -> Callable[[int, int], bool]:
     """A call ``(seq, polls) -> bool``: if every counter has reached ``seq`` (checked up to
     ``polls`` more times: :func:`mpisolve.kernels.counters.reached_within`), the round's sums,
     and True; else False, having done nothing. One compiled call for a round's wait and sums."""
-    return bind(_round, sums.arguments(), per_call=(types.int64, types.int64))
+    return bind(_round, sums.layout(), per_call=(types.int64, types.int64), keep=sums.arrays())
 
 
 def arrival(
@@ -248,4 +330,13 @@ def arrival(
         raise ValueError(f"cannot copy {source.dtype}{source.shape} into {slot.dtype}{slot.shape}")
     if tally.shape != tally_slot.shape or tally.dtype != tally_slot.dtype:
         raise ValueError(f"cannot copy a tally of {tally.dtype}{tally.shape} into {tally_slot.dtype}{tally_slot.shape}")
-    return bind(_arrive, source, slot, tally, tally_slot, int(index), sums.arguments(), per_call=(types.int64,))
+    if tally.dtype != np.float64 or tally.ndim != 1:
+        raise TypeError(f"a tally is a vector of float64, got {tally.dtype}{tally.shape}")
+    if not 0 <= index < sums.counters.size:
+        raise ValueError(f"index {index} names no counter of {sums.counters.size}")
+    _require_contiguous(source=source, slot=slot, tally=tally, tally_slot=tally_slot)
+    at = sums.layout(_ARRIVAL_SIZE)
+    at[[_SOURCE, _SOURCE_BYTES, _SLOT]] = _address(source), source.nbytes, _address(slot)
+    at[[_TALLY, _TALLY_SLOT, _TALLY_IN_N, _INDEX]] = _address(tally), _address(tally_slot), tally.size, index
+    keep = (*sums.arrays(), source, slot, tally, tally_slot)
+    return bind(_arrive, at, per_call=(types.int64,), keep=keep)

@@ -1,5 +1,7 @@
 """The shared-memory counters' kernels, and the round kernels built on them, on strided counters as in a window."""
 
+import gc
+
 import numpy as np
 import pytest
 import torch
@@ -34,7 +36,7 @@ def test_a_bounded_spin_gives_up_after_its_polls():
     assert not counters.reached_within(c, 3, 1000)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_a_round_sums_only_once_every_rank_has_arrived(dtype):
     ranks, numel = 3, 100
     rows = (torch.arange(ranks * numel, dtype=torch.float32).view(ranks, numel) / 7).to(dtype)
@@ -55,17 +57,60 @@ def test_a_round_sums_only_once_every_rank_has_arrived(dtype):
     assert tally_out.tolist() == tally_rows.sum(axis=0).tolist()  # unscaled
 
 
-def test_an_arrival_copies_in_publishes_and_sums_only_if_it_came_last():
-    rows, tally_rows = np.zeros((2, 5), np.float32), np.zeros((2, 2))
-    out, tally_out = np.full(5, -1.0, np.float32), np.zeros(2)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_an_arrival_copies_in_publishes_and_sums_only_if_it_came_last(dtype):
+    rows, tally_rows = np.zeros((2, 5), dtype), np.zeros((2, 2))
+    out, tally_out = np.full(5, -1.0, dtype), np.zeros(2)
     c = strided([0, 0])
     sums = SlotRound(c, rows, 0, 5, out, tally_rows, tally_out)
-    source, tally = np.arange(5, dtype=np.float32), np.array([3.0, 1.0])
+    source, tally = np.arange(5, dtype=dtype) / 3, np.array([3.0, 1.0])
     assert not arrival(source, rows[1], tally, tally_rows[1], 1, sums)(6)  # rank 0 has not arrived
     assert rows[1].tolist() == source.tolist() and tally_rows[1].tolist() == [3.0, 1.0] and c.tolist() == [0, 6]
     assert (out == -1).all() and (tally_out == 0).all()
     assert arrival(source * 10, rows[0], tally, tally_rows[0], 0, sums)(6)  # the last to arrive sums
-    assert c.tolist() == [6, 6] and out.tolist() == (source * 11).tolist() and tally_out.tolist() == [6.0, 2.0]
+    assert c.tolist() == [6, 6] and out.tolist() == (source * 10 + source).tolist() and tally_out.tolist() == [6.0, 2.0]
+
+
+def test_an_arrival_of_half_precision_copies_its_bits():
+    values = torch.tensor([1.0, -0.0, 65504.0, float("inf"), float("nan"), 6e-8], dtype=torch.float16)
+    slots = torch.zeros(2, 6, dtype=torch.float16)
+    rows, out = host_rows(slots), np.zeros(6, np.float32)
+    sums = SlotRound(strided([0, 0]), rows, 0, 6, out, np.zeros((2, 0)), np.zeros(0))
+    assert not arrival(host_rows(values.view(1, -1))[0], rows[1], np.zeros(0), np.zeros((2, 0))[1], 1, sums)(1)
+    assert torch.equal(slots[1].view(torch.int16), values.view(torch.int16))  # every bit, NaN's and -0's too
+
+
+def test_a_round_holds_the_arrays_it_points_into():
+    # Its compiled call is given their addresses, not the arrays: were they freed, it would
+    # read and write freed memory. Made of temporaries, dropped, their memory then reused.
+    out = np.zeros(4096, np.float32)
+    run = round_sum(
+        SlotRound(strided([1, 1]), np.ones((2, 4096), np.float32), 0, 4096, out, np.ones((2, 1)), np.zeros(1))
+    )
+    gc.collect()
+    litter = [np.full((2, 4096), 7.0, np.float32) for _ in range(64)]
+    assert run(1, 0) and (out == 2.0).all()
+    del litter
+
+
+def test_arrays_a_round_cannot_take_by_address_are_refused():
+    c = strided([0, 0])
+    rows, out, none = np.zeros((2, 10), np.float32), np.zeros(10, np.float32), np.zeros((2, 0))
+    with pytest.raises(ValueError, match="rows must be C-contiguous"):
+        SlotRound(c, rows[:, ::2], 0, 5, out, none, np.zeros(0))
+    with pytest.raises(TypeError, match="rows are float32, float64 or half"):
+        SlotRound(c, np.zeros((2, 10), np.int32), 0, 5, np.zeros(10, np.int32), none, np.zeros(0))
+    with pytest.raises(TypeError, match="counters are a vector of int64"):
+        SlotRound(c.astype(np.int32), rows, 0, 5, out, none, np.zeros(0))
+    with pytest.raises(ValueError, match="increasing addresses"):
+        SlotRound(c[::-1], rows, 0, 5, out, none, np.zeros(0))
+    sums = SlotRound(c, rows, 0, 10, out, none, np.zeros(0))
+    with pytest.raises(ValueError, match="index 2 names no counter"):
+        arrival(out, rows[0], np.zeros(0), np.zeros(0), 2, sums)
+    with pytest.raises(ValueError, match="source must be C-contiguous"):
+        arrival(np.zeros(20, np.float32)[::2], rows[0], np.zeros(0), np.zeros(0), 0, sums)
+    with pytest.raises(TypeError, match="tally is a vector of float64"):
+        arrival(out, rows[0], np.zeros(1, np.float32), np.zeros(1, np.float32), 0, sums)
 
 
 def test_mismatched_arguments_are_named():

@@ -6,6 +6,8 @@
 # the log is this directory's ab-$AFTER.log.
 set -euo pipefail
 MAIN=$(pwd)
+# The editable install maps mpisolve.kernels to main's kernels/; a link makes the copy import its own.
+[ -e "$BASE/mpisolve/kernels" ] || ln -s ../kernels "$BASE/mpisolve/kernels"
 PY=$MAIN/.venv/bin/python
 MPIEXEC=$MAIN/.venv/bin/mpiexec
 SSH=(-launcher ssh -launcher-exec "$MAIN/tests/cluster/fake-ssh")
