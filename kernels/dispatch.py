@@ -42,7 +42,7 @@ def by_device(cpu: Callable[..., Any], gpu: str) -> Callable[..., Any]:
     return dispatch
 
 
-class Bound(functools.partial):  # type: ignore[type-arg]  # its type is the kernel's
+class Bound(functools.partial[Any]):
     """:func:`bind`'s call, holding :attr:`keep`: what must outlive it (the memory of addresses it was given)."""
 
     keep: tuple[Any, ...]
