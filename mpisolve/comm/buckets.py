@@ -303,7 +303,9 @@ class GradientBuckets:
     ``weighted``: the result is the sample-weighted mean sum_r n_r g_r / sum_r n_r (each
     rank's gradients the mean over its own ``samples()``; ``lb-bsp``'s uneven micro-batches):
     each rank weighs its bucket by its count before the sum, and the sum is divided by the
-    global count once it is known.
+    global count once it is known. On node-shared sums each rank weighs by its count over the
+    last step's global count, so that a step with the same count (every step of static
+    micro-batches) has the mean as summed, with no pass over it after.
 
     **Node-shared buckets**: with the default sum or ``weighted`` (not half precision:
     there sum_r n_r g_r would overflow before the division), CPU parameters MPI takes
@@ -326,7 +328,8 @@ class GradientBuckets:
     rank its own copy first, as do ``shared_result=False`` (for solvers that change
     gradients in place, as K-FAC's preconditioner does), a step some ranks withheld from
     (the average's divisor is then the contributing ranks, not the one fused into the sum)
-    and ``weighted`` (the divisor, the global sample count, is known only with the sum).
+    and a ``weighted`` step whose global sample count is not the last step's (the sum is
+    then rescaled by the last count over this one).
     The user's optimizer may write ``p.grad`` in place too (``SGD(nesterov=True,
     foreach=True)`` adds its momentum there, a user's optimizer may scale it): its first
     applied step runs on this rank's own copy, and :meth:`stepped` looks whether it wrote
@@ -460,14 +463,18 @@ class GradientBuckets:
         self._shared_buckets = any(bucket.shared for bucket in self.buckets)
         shared = [p for bucket in self.buckets if bucket.shared for p in bucket.params]
         self._hooks += [p.register_hook(functools.partial(self._before_accumulate, p)) for p in shared]
-        # A step whose shared sums were read in place ends waiting for the node's other ranks
-        # (weighted: each rank stepped on its own copy).
-        self._release = self.node.release if self.node is not None and shared_result and not weighted else None
+        # A step whose shared sums were read in place ends waiting for the node's other ranks.
+        self._release = self.node.release if self.node is not None and shared_result else None
         #: Whether the optimizer reads the shared sums in place: None until its first applied step
         #: (on this rank's own copy) shows whether it writes ``p.grad`` (:meth:`stepped`); False where
         #: no sum is shared.
         self._read_in_place: bool | None = None if self._release is not None and self._shared_buckets else False
         self._window_version = [0] * len(self.buckets)  # each shared sum's version, as the optimizer got it
+        #: Whether this step's own copy of the shared sums was rescaled (:meth:`stepped` cannot compare it).
+        self._rescaled_copy = False
+        #: Weighted node-shared sums: the global sample count each rank divides its weight by (the
+        #: last step's; 1 before the first), the same on every rank.
+        self._expected_samples = 1
 
     @property
     def accumulating(self) -> bool:
@@ -538,8 +545,8 @@ class GradientBuckets:
         if bucket.index == 0:
             self._write_tally()
             self._tally.send()
-        if self.weighted and self.node is not None:  # weighed by this rank's samples (MPI's path: by the reducer)
-            bucket.buffer.flat.mul_(float(self._local_samples))
+        if self.weighted and self.node is not None:  # weighed by this rank's share (MPI's path: by the reducer)
+            bucket.buffer.flat.mul_(self._local_samples / self._expected_samples)
         self.reducer.start(bucket)
         self._started_version[bucket.index] = bucket.buffer.flat._version
 
@@ -662,8 +669,8 @@ class GradientBuckets:
         samples, ranks = reduction.samples, reduction.ranks
         if self._shared_buckets:  # local ranks may still be reading this round's slots, the buckets' storage
             self._writable = [not bucket.shared for bucket in self.buckets]
-        if self.weighted:
-            self._own(1.0 / samples if samples > 0 else 0.0)  # sum_r n_r g_r, divided by the samples
+        if self.weighted and samples != self._expected_samples:  # sum_r n_r g_r / expected, made / samples
+            self._own(self._expected_samples / samples if samples > 0 else 0.0)
         elif self.average and 0 < ranks < self.comm.size:
             self._own(self.comm.size / ranks)  # the sum was scaled by 1 / size: make it 1 / ranks
         elif self._read_in_place:
@@ -675,6 +682,8 @@ class GradientBuckets:
                     self._in_window = True
         else:
             self._own()
+        if self.weighted and samples > 0:
+            self._expected_samples = samples
         return reduction
 
     def _average_scale(self) -> torch.Tensor | None:
@@ -695,12 +704,14 @@ class GradientBuckets:
     def stepped(self) -> None:
         """After the optimizer stepped on this step's gradients (before :meth:`rearm`).
 
-        Node-shared sums: the first time, whether the optimizer wrote ``p.grad`` (its own
-        copy, compared bit for bit with the shared sums) decides whether it may read them in
-        place from now on. Once it does, a write (seen by the version counter: one through
+        Node-shared sums: the first time its copy is the sums as they are (not rescaled),
+        whether the optimizer wrote ``p.grad`` (its own copy, compared bit for bit with the
+        shared sums) decides whether it may read them in place from now on. Once it does, a write (seen by the version counter: one through
         ``.data`` is not) is an error: the node's ranks read those sums at once.
         """
         if self._read_in_place is None:
+            if self._rescaled_copy:  # not the sums as they are: a later step's copy decides
+                return
             self._read_in_place = all(_same_bits(b.buffer.flat, b.result.flat) for b in self.buckets if b.shared)
         elif self._in_window:
             version = self._window_version
@@ -737,6 +748,7 @@ class GradientBuckets:
     def _own(self, rescale: float | None = None) -> None:
         """Node-shared buckets: the shared sums copied into this rank's storage, every sum times ``rescale``
         (a shared sum copied and scaled in one pass)."""
+        self._rescaled_copy = rescale is not None
         for bucket in self.buckets:
             if bucket.shared:
                 self._claim(bucket)

@@ -169,29 +169,39 @@ def test_a_step_waits_for_the_nodes_ranks_only_where_its_sums_are_shared(bandwid
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
 @pytest.mark.parametrize("bandwidth", [False, True], ids=["latency", "bandwidth"])
-def test_weighted_buckets_give_the_sample_weighted_mean_in_each_ranks_own_copy(bandwidth, monkeypatch):
+def test_weighted_buckets_give_the_sample_weighted_mean_as_the_counts_change(bandwidth, monkeypatch):
     """lb-bsp's sum_r n_r g_r / sum_r n_r, against the same mean made here from every
-    rank's gradients; the result is each rank's own copy, so the step ends without the
-    node-wide wait. On the latency path the tally is summed in place, in the tensor this
-    rank's sample count was written to."""
+    rank's gradients, over steps whose counts stay, change, and stay again. Each rank
+    weighs by its count over the last step's global count: a step with the same count
+    reads the sum as it is, in place in the window once the optimizer is seen not to
+    write it (:meth:`stepped`); a changed count gets each rank its own rescaled copy. On
+    the latency path the tally is summed in place, in the tensor this rank's sample count
+    was written to."""
     if bandwidth:
         monkeypatch.setattr(shm, "LATENCY_MAX_BYTES", 0)
     comm = Communicator()
-    samples = [3 + 2 * r for r in range(comm.size)]
+    samples = [0]
     param = nn.Parameter(torch.zeros(50))
-    grads = GradientBuckets([param], comm, bucket_bytes=1000, samples=lambda: samples[comm.rank], weighted=True)
+    grads = GradientBuckets([param], comm, bucket_bytes=1000, samples=lambda: samples[0], weighted=True)
     assert grads.node is not None and grads.node.ops[0].latency != bandwidth
     mine = [torch.linspace(-1, 1, 50) * (r + 1) for r in range(comm.size)]
-    want = sum(n * g for n, g in zip(samples, mine)) / sum(samples)
-    for _ in range(2):
+    # The first step's count differs from the 1 assumed before it, the third's from the second's.
+    for step, factor in enumerate([1, 1, 2, 2, 2]):
+        counts = [(3 + 2 * r) * factor for r in range(comm.size)]
+        samples[0] = counts[comm.rank]
+        want = sum(n * g for n, g in zip(counts, mine)) / sum(counts)
         grads.zero_()
         param.grad.copy_(mine[comm.rank])
         reduction = grads.finish()
-        assert reduction.samples == sum(samples)
+        assert reduction.samples == sum(counts)
         torch.testing.assert_close(param.grad, want)
-        assert param.grad.data_ptr() == grads.buckets[0].buffer.flat.data_ptr()  # this rank's own slot
+        in_window = param.grad.data_ptr() != grads.buckets[0].buffer.flat.data_ptr()
+        # Own copies: the first step (rescaled), the second (unscaled: stepped() sees the optimizer
+        # not write it), the third (rescaled); then the sums are read in place.
+        assert in_window == (bandwidth and step >= 3), step
+        grads.stepped()
         grads.rearm()
-    assert grads.node._release._seq == 0
+    assert grads.node._release._seq == (5 if bandwidth else 0)  # the node-wide waits at the steps' ends
     grads.close()
 
 
