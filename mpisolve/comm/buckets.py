@@ -706,8 +706,9 @@ class GradientBuckets:
 
         Node-shared sums: the first time its copy is the sums as they are (not rescaled),
         whether the optimizer wrote ``p.grad`` (its own copy, compared bit for bit with the
-        shared sums) decides whether it may read them in place from now on. Once it does, a write (seen by the version counter: one through
-        ``.data`` is not) is an error: the node's ranks read those sums at once.
+        shared sums) decides whether it may read them in place from now on. Once it does, a
+        write (seen by the version counter: one through ``.data`` is not) is an error: the
+        node's ranks read those sums at once.
         """
         if self._read_in_place is None:
             if self._rescaled_copy:  # not the sums as they are: a later step's copy decides
