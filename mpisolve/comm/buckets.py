@@ -218,48 +218,6 @@ class Unreduced:
         pass
 
 
-class SampleWeightedSum:
-    """MPI's path for ``GradientBuckets(weighted=True)``: the sample-weighted mean sum_r n_r g_r / sum_r n_r.
-
-    Each rank's gradients are the mean over its own micro-batch; the bucket is scaled by
-    this rank's sample count before its allreduce starts, and by the global count (which
-    rides with the first bucket) when it completes. A rank that contributes no samples
-    (under ``join()``) weighs nothing: the mean is over the samples present.
-    """
-
-    def __init__(self, comm: Communicator) -> None:
-        self._sum = SumReducer(comm)
-        # This rank's count and 1 / the global one, on the buckets' device (set in prepare).
-        self._local = self._global = torch.ones(())
-
-    def prepare(self, bucket: Bucket) -> None:
-        self._sum.prepare(bucket)
-        if bucket.index == 0:
-            self._local = torch.ones((), dtype=bucket.wire.dtype, device=bucket.wire.device)
-            self._global = torch.ones((), dtype=bucket.wire.dtype, device=bucket.wire.device)
-
-    def start(self, bucket: Bucket) -> None:
-        # Called from autograd hooks: device operations only, no read back to the host
-        # (that would synchronize the stream inside backward).
-        if bucket.index == 0:  # started first; its first extra element holds this rank's count
-            self._local.copy_(bucket.wire[bucket.buffer.numel])  # a copy: the element itself is summed in flight
-        bucket.wire_values.mul_(self._local)
-        self._sum.start(bucket)
-
-    def progress(self) -> None:
-        self._sum.progress()
-
-    def finish(self, bucket: Bucket) -> None:
-        self._sum.finish(bucket)
-        if bucket.index == 0:  # finished first; on the device: the host reads it with the step's tally
-            # No samples anywhere: every rank weighed its gradients by 0, and the sum stays 0.
-            torch.clamp(bucket.wire[bucket.buffer.numel], min=1.0, out=self._global).reciprocal_()
-        bucket.wire_values.mul_(self._global)
-
-    def close(self) -> None:
-        self._sum.close()
-
-
 @dataclass(frozen=True)
 class Reduction:
     """What one step's reduction covered: ``samples`` summed over the ranks, and the
@@ -302,10 +260,10 @@ class GradientBuckets:
     many ranks contributed. On MPI's path they ride at the end of the first bucket.
     ``weighted``: the result is the sample-weighted mean sum_r n_r g_r / sum_r n_r (each
     rank's gradients the mean over its own ``samples()``; ``lb-bsp``'s uneven micro-batches):
-    each rank weighs its bucket by its count before the sum, and the sum is divided by the
-    global count once it is known. On node-shared sums each rank weighs by its count over the
-    last step's global count, so that a step with the same count (every step of static
-    micro-batches) has the mean as summed, with no pass over it after.
+    each rank weighs its bucket by its count over the last step's global count (1 before the
+    first; the same on every rank), so that a step with the same count (every step of static
+    micro-batches) has the mean as summed, with no pass over it after; another count scales
+    the sum by the last count over this one.
 
     **Node-shared buckets**: with the default sum or ``weighted`` (not half precision:
     there sum_r n_r g_r would overflow before the division), CPU parameters MPI takes
@@ -394,7 +352,7 @@ class GradientBuckets:
         elif reducer is not None:
             self.reducer = reducer
         else:
-            self.reducer = SampleWeightedSum(comm) if weighted else SumReducer(comm)
+            self.reducer = SumReducer(comm)
         self.buckets: list[Bucket] = []
         self._slot: dict[int, int] = {}  # id(param) -> its index in the two lists below
         self._bucket_of: list[Bucket] = []
@@ -429,13 +387,15 @@ class GradientBuckets:
         self._probes_at = slice(self.TALLY.size, self.TALLY.size + probes)
         #: ``extra_reads`` slots a solver fills on the device before ``finish``, read with the step's tally.
         self.extra_reads = self._readback.values[self.TALLY.size + probes :]
-        #: Average on MPI's path: 1 / the contributing ranks, on the buckets' device (never read by the host).
+        #: MPI's path: what the sums are scaled by (the average's 1 / the contributing ranks, the weighted
+        #: mean's expected over actual count), on the buckets' device (on a device, never read by the host).
         self._scale = torch.ones((), dtype=summed.dtype, device=summed.device)
-        self._ranks_at = self.TALLY.at["ranks"]
-        self._ranks_out = summed[self._ranks_at]
-        #: Where the summed tally is host memory, the host reads the contributing ranks there as the first
-        #: sum lands (no wait); then every rank contributing, the usual step, takes this kept 1 / size.
-        self._ranks_host = self._tally.summed_host if summed.device.type == "cpu" else None
+        self._expected = torch.ones((), dtype=summed.dtype, device=summed.device)  # on a device: its numerator
+        self._ranks_at, self._samples_at = self.TALLY.at["ranks"], self.TALLY.at["samples"]
+        self._ranks_out, self._samples_out = summed[self._ranks_at], summed[self._samples_at]
+        #: Where the summed tally is host memory, the host reads the counts there as the first sum lands
+        #: (no wait); then every rank contributing, the usual step, takes this kept 1 / size.
+        self._summed_host = self._tally.summed_host if summed.device.type == "cpu" else None
         self._one_over_size = torch.full((), 1.0 / comm.size, dtype=summed.dtype, device=summed.device)
         #: Reductions by their summed tally: most steps repeat one, and making one costs more than finding it.
         self._reductions: dict[tuple[float, float, bool], Reduction] = {}
@@ -545,8 +505,8 @@ class GradientBuckets:
         if bucket.index == 0:
             self._write_tally()
             self._tally.send()
-        if self.weighted and self.node is not None:  # weighed by this rank's share (MPI's path: by the reducer)
-            bucket.buffer.flat.mul_(self._local_samples / self._expected_samples)
+        if self.weighted:  # this rank's samples over the expected count (half precision: in its float32 twin)
+            bucket.wire_values.mul_(self._local_samples / self._expected_samples)
         self.reducer.start(bucket)
         self._started_version[bucket.index] = bucket.buffer.flat._version
 
@@ -658,19 +618,24 @@ class GradientBuckets:
         for bucket in self.buckets:
             self.reducer.finish(bucket)
             if self.node is None:
-                if bucket.index == 0 and self.average:  # 1 / the contributing ranks, summed in the first bucket
+                if bucket.index == 0 and self.average:  # the counts are summed in the first bucket
                     scale = self._average_scale()
+                elif bucket.index == 0 and self.weighted:
+                    scale = self._weighted_scale()
                 bucket.from_wire(scale)
             if check_finite:  # as the bucket's sum completes, while it is fresh (on a GPU: queued behind it)
                 write_finite_probe([bucket.result.flat], self._probes[bucket.index])
-        if self.node is None:
-            return self._read_back(check_finite)
+        expected = self._expected_samples
         reduction = self._read_back(check_finite)
         samples, ranks = reduction.samples, reduction.ranks
+        if self.weighted and samples > 0:  # every rank's next weight (the same count on every rank)
+            self._expected_samples = samples
+        if self.node is None:
+            return reduction
         if self._shared_buckets:  # local ranks may still be reading this round's slots, the buckets' storage
             self._writable = [not bucket.shared for bucket in self.buckets]
-        if self.weighted and samples != self._expected_samples:  # sum_r n_r g_r / expected, made / samples
-            self._own(self._expected_samples / samples if samples > 0 else 0.0)
+        if self.weighted and samples != expected:  # sum_r n_r g_r / expected, made / samples
+            self._own(expected / samples if samples > 0 else 0.0)
         elif self.average and 0 < ranks < self.comm.size:
             self._own(self.comm.size / ranks)  # the sum was scaled by 1 / size: make it 1 / ranks
         elif self._read_in_place:
@@ -682,8 +647,6 @@ class GradientBuckets:
                     self._in_window = True
         else:
             self._own()
-        if self.weighted and samples > 0:
-            self._expected_samples = samples
         return reduction
 
     def _average_scale(self) -> torch.Tensor | None:
@@ -693,13 +656,25 @@ class GradientBuckets:
         contributing: the sums are 0 and stay 0). In host memory, the host reads the count:
         the kept ``1 / size`` where every rank contributed, none where none did, else ``1 / ranks``.
         """
-        host = self._ranks_host
+        host = self._summed_host
         if host is None:
             return torch.clamp(self._ranks_out, min=1.0, out=self._scale).reciprocal_()
         ranks = host[self._ranks_at]
         if ranks == self.comm.size:
             return self._one_over_size
         return self._scale.fill_(1.0 / ranks) if ranks else None
+
+    def _weighted_scale(self) -> torch.Tensor | None:
+        """MPI's path, weighted, the first bucket's sum complete: what to scale the sums by (None: nothing),
+        expected / actual count. On a device computed there, never read by the host; in host memory none
+        where the count is the expected one (the usual step) or 0 (every rank weighed its sums by 0)."""
+        expected = self._expected_samples
+        host = self._summed_host
+        if host is None:
+            torch.clamp(self._samples_out, min=1.0, out=self._scale)
+            return torch.div(self._expected.fill_(expected), self._scale, out=self._scale)
+        samples = host[self._samples_at]
+        return None if samples == expected or not samples else self._scale.fill_(expected / samples)
 
     def stepped(self) -> None:
         """After the optimizer stepped on this step's gradients (before :meth:`rearm`).

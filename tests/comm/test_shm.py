@@ -168,22 +168,28 @@ def test_a_step_waits_for_the_nodes_ranks_only_where_its_sums_are_shared(bandwid
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
-@pytest.mark.parametrize("bandwidth", [False, True], ids=["latency", "bandwidth"])
-def test_weighted_buckets_give_the_sample_weighted_mean_as_the_counts_change(bandwidth, monkeypatch):
+@pytest.mark.parametrize("path", ["latency", "bandwidth", "mpi", "mpi-as-on-a-device"])
+def test_weighted_buckets_give_the_sample_weighted_mean_as_the_counts_change(path, monkeypatch):
     """lb-bsp's sum_r n_r g_r / sum_r n_r, against the same mean made here from every
     rank's gradients, over steps whose counts stay, change, and stay again. Each rank
     weighs by its count over the last step's global count: a step with the same count
-    reads the sum as it is, in place in the window once the optimizer is seen not to
-    write it (:meth:`stepped`); a changed count gets each rank its own rescaled copy. On
-    the latency path the tally is summed in place, in the tensor this rank's sample count
-    was written to."""
-    if bandwidth:
+    has the mean as summed, read in place in the window once the optimizer is seen not to
+    write it (:meth:`stepped`); a changed count rescales the sum (node-shared: each rank's
+    own copy). On the latency path the tally is summed in place, in the tensor this rank's
+    sample count was written to; MPI's path weighs alike, its scale computed by the host
+    or, as on a device, where the sums are (never read by the host)."""
+    if path == "bandwidth":
         monkeypatch.setattr(shm, "LATENCY_MAX_BYTES", 0)
-    comm = Communicator()
+    comm = Communicator(node_shm=not path.startswith("mpi"))
     samples = [0]
     param = nn.Parameter(torch.zeros(50))
     grads = GradientBuckets([param], comm, bucket_bytes=1000, samples=lambda: samples[0], weighted=True)
-    assert grads.node is not None and grads.node.ops[0].latency != bandwidth
+    if path.startswith("mpi"):
+        assert grads.node is None
+        if path == "mpi-as-on-a-device":
+            grads._summed_host = None
+    else:
+        assert grads.node is not None and grads.node.ops[0].latency == (path == "latency")
     mine = [torch.linspace(-1, 1, 50) * (r + 1) for r in range(comm.size)]
     # The first step's count differs from the 1 assumed before it, the third's from the second's.
     for step, factor in enumerate([1, 1, 2, 2, 2]):
@@ -198,10 +204,11 @@ def test_weighted_buckets_give_the_sample_weighted_mean_as_the_counts_change(ban
         in_window = param.grad.data_ptr() != grads.buckets[0].buffer.flat.data_ptr()
         # Own copies: the first step (rescaled), the second (unscaled: stepped() sees the optimizer
         # not write it), the third (rescaled); then the sums are read in place.
-        assert in_window == (bandwidth and step >= 3), step
+        assert in_window == (path == "bandwidth" and step >= 3), step
         grads.stepped()
         grads.rearm()
-    assert grads.node._release._seq == (5 if bandwidth else 0)  # the node-wide waits at the steps' ends
+    if grads.node is not None:
+        assert grads.node._release._seq == (5 if path == "bandwidth" else 0)  # the node-wide waits at the steps' ends
     grads.close()
 
 
