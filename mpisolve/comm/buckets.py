@@ -390,7 +390,7 @@ class GradientBuckets:
         #: MPI's path: what the sums are scaled by (the average's 1 / the contributing ranks, the weighted
         #: mean's expected over actual count), on the buckets' device (on a device, never read by the host).
         self._scale = torch.ones((), dtype=summed.dtype, device=summed.device)
-        self._expected = torch.ones((), dtype=summed.dtype, device=summed.device)  # on a device: its numerator
+        self._expected_on_device = torch.ones((), dtype=summed.dtype, device=summed.device)  # its numerator there
         self._ranks_at, self._samples_at = self.TALLY.at["ranks"], self.TALLY.at["samples"]
         self._ranks_out, self._samples_out = summed[self._ranks_at], summed[self._samples_at]
         #: Where the summed tally is host memory, the host reads the counts there as the first sum lands
@@ -432,8 +432,8 @@ class GradientBuckets:
         self._window_version = [0] * len(self.buckets)  # each shared sum's version, as the optimizer got it
         #: Whether this step's own copy of the shared sums was rescaled (:meth:`stepped` cannot compare it).
         self._rescaled_copy = False
-        #: Weighted node-shared sums: the global sample count each rank divides its weight by (the
-        #: last step's; 1 before the first), the same on every rank.
+        #: Weighted sums: the global sample count each rank divides its weight by (the last step's;
+        #: 1 before the first), the same on every rank.
         self._expected_samples = 1
 
     @property
@@ -672,7 +672,7 @@ class GradientBuckets:
         host = self._summed_host
         if host is None:
             torch.clamp(self._samples_out, min=1.0, out=self._scale)
-            return torch.div(self._expected.fill_(expected), self._scale, out=self._scale)
+            return torch.div(self._expected_on_device.fill_(expected), self._scale, out=self._scale)
         samples = host[self._samples_at]
         return None if samples == expected or not samples else self._scale.fill_(expected / samples)
 

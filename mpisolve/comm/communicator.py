@@ -436,11 +436,7 @@ class Communicator:
     def wait_posted(self, postings: Sequence[Posting], what: str) -> None:
         """Complete started operations through the watchdogged wait."""
         test = self.test
-        if len(postings) == 1:  # most waits: one posting, polled without a generator per poll
-            posting = postings[0]
-            self.wait_for(lambda: test(posting), what)
-        else:
-            self.wait_for(lambda: all(test(p) for p in postings), what)
+        self.wait_for(lambda: all(map(test, postings)), what)
 
     def unqueue(self, posting: Posting) -> None:
         """Drop ``posting`` if it is still queued (its operation is being freed unposted)."""
