@@ -8,7 +8,7 @@ nodes) and two of B (a large model's last bucket and small layers). Variants, in
 
 - ``mpi``: ``comm.Allreduce(send, recv)`` of each bucket's bytes in turn, on kept numpy buffers;
 - ``buckets``: ``GradientBuckets.rearm()`` then ``finish()`` of the model, averaging (the solvers'
-  step), each bucket on the path its size takes (rank 0 prints which);
+  step), on the path the model's gradient bytes take (rank 0 prints each bucket's);
 - ``small_mpi``, ``small_buckets``: the same for a model of the two small buckets alone.
 """
 
@@ -34,7 +34,7 @@ def model_round(sizes: list[int], comm: mpisolve.Communicator, world: MPI.Intrac
     grads = GradientBuckets(params, comm, bucket_bytes=max(sizes), average=True)
     assert [b.buffer.numel * 4 for b in grads.buckets] == sizes, "one parameter per bucket"
     if world.rank == 0:
-        # Before each bucket took its own path (18d3fb4 and earlier), all took the model's.
+        # Every bucket takes the model's path; e787d5e (measured by this probe, then reverted) had each take its own.
         on_node = [getattr(b, "on_node", grads.node is not None) for b in grads.buckets]
         paths = ", ".join(f"{n} B {'node-shared' if node else 'MPI'}" for n, node in zip(sizes, on_node))
         print(f"buckets: {paths}", flush=True)

@@ -51,7 +51,7 @@ def variants(nbytes: int, world: MPI.Intracomm, comm: mpisolve.Communicator) -> 
         param = torch.nn.Parameter(torch.zeros(numel))
         buckets[average] = GradientBuckets([param], comm, bucket_bytes=nbytes, average=average)
     if world.rank == 0:
-        print(f"bytes={nbytes}: buckets take {'+'.join(type(r).__name__ for r in buckets[True].reducers)}", flush=True)
+        print(f"bytes={nbytes}: buckets take {type(buckets[True].reducer).__name__}", flush=True)
     atexit.register(request.Free)  # before MPI's own finalization, registered earlier
     atexit.register(reusable.free)
     for grads in buckets.values():

@@ -44,8 +44,8 @@ def variants(nbytes: int, world: MPI.Intracomm, comm: mpisolve.Communicator) -> 
     send, recv = np.ones(numel, dtype=np.float32), np.empty(numel, dtype=np.float32)
     param = torch.nn.Parameter(torch.zeros(numel))
     grads = GradientBuckets([param], comm, bucket_bytes=nbytes, average=True)
-    (reducer,) = grads.reducers
-    assert isinstance(reducer, SumReducer), "this probe times MPI's path (below the node crossover)"
+    assert isinstance(grads.reducer, SumReducer), "this probe times MPI's path (below the node crossover)"
+    reducer = grads.reducer
     request = reducer.requests[0]
 
     def bucketed() -> None:
@@ -72,8 +72,8 @@ def variants(nbytes: int, world: MPI.Intracomm, comm: mpisolve.Communicator) -> 
     CloseNotices(solver_comm, lambda: 0, "probe", "steps")  # never closed: it posts nothing
     solver_param = torch.nn.Parameter(torch.zeros(numel))
     solver_grads = GradientBuckets([solver_param], solver_comm, bucket_bytes=nbytes, average=True)
-    (solver_reducer,) = solver_grads.reducers
-    assert isinstance(solver_reducer, SumReducer)
+    assert isinstance(solver_grads.reducer, SumReducer)
+    solver_reducer = solver_grads.reducer
     solver_request = solver_reducer.requests[0]
 
     def solver_bucketed() -> None:

@@ -46,10 +46,6 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(bits), b.view(bits))
 
 
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
-
-
 def plan_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
     """Group tensor indices, in the given order, into buckets of one dtype and device.
 
@@ -63,7 +59,7 @@ def plan_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[lis
     closed: list[list[int]] = []
     for i, t in enumerate(tensors):
         key = (t.dtype, t.device)
-        nbytes = _nbytes(t)
+        nbytes = t.numel() * t.element_size()
         members, size = open_buckets.get(key, ([], 0))
         if members and size + nbytes > bucket_bytes:
             closed.append(members)
@@ -114,10 +110,8 @@ class Bucket:
             self.wire = self.buffer.flat if wire == dtype else torch.zeros_like(self.buffer.flat, dtype=wire)
         else:
             numel = sum(s.numel() for s in shapes) + extra
-            self.buffer = FusedBuffer(shapes, dtype, extra=extra, flat=node.allocate(index, numel, dtype))
+            self.buffer = FusedBuffer(shapes, dtype, extra=extra, flat=node.allocate(numel, dtype))
             self.wire = self.buffer.flat  # the node-shared kernel reads half precision as it is
-        #: Whether the bucket is summed in node-shared memory (else by MPI's path, or the reducer given).
-        self.on_node = node is not None
         self.result = self.buffer
         if node is not None and node.shared(index):
             self.result = FusedBuffer(shapes, dtype, extra=extra, flat=node.result(index))
@@ -178,13 +172,11 @@ class SumReducer:
 
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm
-        self.requests: dict[int, Reusable] = {}  # by bucket index
+        self.requests: dict[int, Reusable] = {}
         self._completions: dict[int, Callable[[], None]] = {}
         self._inflight = InFlight()
-        self._last = -1  # the last bucket's index
 
     def prepare(self, bucket: Bucket) -> None:
-        self._last = bucket.index
         request = self.requests[bucket.index] = reusable_allreduce(self.comm, bucket.wire, "sum")
         self._completions[bucket.index] = _completion(request, f"gradient allreduce of bucket {bucket.index}")
 
@@ -196,7 +188,7 @@ class SumReducer:
 
     def finish(self, bucket: Bucket) -> None:
         self._completions[bucket.index]()
-        if bucket.index == self._last:  # buckets finish in order: the step's last
+        if bucket.index == len(self.requests) - 1:  # buckets finish in order: the step's last
             self._inflight.clear()
 
     def close(self) -> None:
@@ -205,6 +197,25 @@ class SumReducer:
         self.requests.clear()
         self._completions.clear()
         self._inflight.clear()
+
+
+class Unreduced:
+    """One rank: a bucket's reduction over the ranks is the bucket as it is, so nothing is done."""
+
+    def prepare(self, bucket: Bucket) -> None:
+        pass
+
+    def start(self, bucket: Bucket) -> None:
+        pass
+
+    def progress(self) -> None:
+        pass
+
+    def finish(self, bucket: Bucket) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -257,13 +268,13 @@ class GradientBuckets:
     **Node-shared buckets**: with the default sum or ``weighted`` (not half precision:
     there sum_r n_r g_r would overflow before the division), CPU parameters MPI takes
     directly, more than one rank per node (:func:`.shm.node_group`; off with
-    ``Communicator(node_shm=False)`` or ``MPISOLVE_NODE_SHM=0``), each bucket of at least the
-    group's crossover (:func:`.shm.node_path`; smaller buckets of the same model take MPI's
-    path, faster there: across nodes, a large model's last bucket and small layers) is summed in
+    ``Communicator(node_shm=False)`` or ``MPISOLVE_NODE_SHM=0``) and gradients of at least
+    the group's crossover in all (:func:`.shm.node_path`; smaller ones take MPI's path, faster
+    there), each bucket is summed in
     a node-shared window (:class:`.shm.NodeSumReducer`): the node's ranks sum as soon as
     all have written the bucket (the average's ``1 / ranks`` fused into the sum), nodes
-    exchange by MPI, and the tally rides in the first bucket's round, on the node path in
-    float64 rows of its own (exact whatever the gradients' dtype). A bucket of the latency path keeps its
+    exchange by MPI, and the tally rides in the first bucket's round in float64 rows of
+    its own (exact whatever the gradients' dtype). A bucket of the latency path keeps its
     own storage and its sum lands there, in place, as on MPI's path. A bucket of the
     bandwidth path lives in the window, where backward writes this rank's slot; after
     ``finish`` each of its ``p.grad`` is a view of the sum in the window, read in place by
@@ -327,47 +338,43 @@ class GradientBuckets:
         #: stay the parameters' own (no buckets, no hooks; zeroing sets them to None, as torch's
         #: default), and ``finish`` only reads the tally and the finite probe.
         self.alone = comm.size == 1 and not comm.stage_all and reducer is None
-        plan = plan_buckets(ordered, bucket_bytes)  # alone: for its checks of bucket_bytes only
         if self.alone:
-            plan = []
-        node_ok = group is not None and all(takes(comm, p) for p in self.params) and not (weighted and half)
-        # Each bucket takes the path its size is fastest on (node_path: the same answer on every rank).
-        on_node = [node_ok and node_path(group, sum(_nbytes(ordered[j]) for j in members)) for members in plan]
-        if any(on_node):
-            assert group is not None  # node_ok says there is one
-            tally = self.TALLY.size if on_node[0] else 0  # the tally rides in the first bucket's round
-            self.node = NodeSumReducer(group, 1.0 / comm.size if average else 1.0, tally)
-        other: BucketReducer = reducer if reducer is not None else SumReducer(comm)
-        self._reducer_of: list[BucketReducer] = []  # by bucket index
-        #: The distinct reducers the buckets take (none alone), in bucket order: hooks drive them, close frees them.
-        self.reducers: list[BucketReducer] = []
+            plan_buckets(ordered, bucket_bytes)  # the same checks of bucket_bytes
+            self.reducer: BucketReducer = Unreduced()
+        elif (
+            node_path(group, sum(p.numel() * p.element_size() for p in self.params))
+            and all(takes(comm, p) for p in self.params)
+            and not (weighted and half)
+        ):
+            assert group is not None  # node_path says there is one
+            self.node = NodeSumReducer(group, 1.0 / comm.size if average else 1.0, self.TALLY.size)
+            self.reducer = self.node
+        elif reducer is not None:
+            self.reducer = reducer
+        else:
+            self.reducer = SumReducer(comm)
         self.buckets: list[Bucket] = []
         self._slot: dict[int, int] = {}  # id(param) -> its index in the two lists below
         self._bucket_of: list[Bucket] = []
         self._view_of: list[torch.Tensor] = []
-        for i, members in enumerate(plan):
-            extra = self.TALLY.size if i == 0 and not on_node[0] else 0
-            bucket = Bucket(i, [ordered[j] for j in members], extra=extra, node=self.node if on_node[i] else None)
+        for i, members in enumerate([] if self.alone else plan_buckets(ordered, bucket_bytes)):
+            extra = self.TALLY.size if i == 0 and self.node is None else 0
+            bucket = Bucket(i, [ordered[j] for j in members], extra=extra, node=self.node)
             self.buckets.append(bucket)
             for p, view in zip(bucket.params, bucket.buffer.views):
                 self._slot[id(p)] = len(self._view_of)
                 self._bucket_of.append(bucket)
                 self._view_of.append(view)
                 p.grad = view
-            bucket_reducer = self.node if on_node[i] and self.node is not None else other
-            bucket_reducer.prepare(bucket)
-            self._reducer_of.append(bucket_reducer)
-            if bucket_reducer not in self.reducers:
-                self.reducers.append(bucket_reducer)
+            self.reducer.prepare(bucket)
         if self.alone:  # summed over this rank only: the host reads back what it wrote
             sent = summed = torch.zeros(self.TALLY.size, dtype=torch.float64)
-        elif not self.buckets[0].on_node:
+        elif self.node is None:
             first = self.buckets[0]
             # Written into the wire buffer and summed in place: half-precision buckets travel in
             # float32, which holds any realistic count exactly, where bfloat16 would round it past 256.
             sent = summed = first.wire[first.buffer.numel :]
         else:
-            assert self.node is not None  # the first bucket is on it
             sent, summed = self.node.tally_input, self.node.tally_result
         self._local_samples = 0  # this step's, as the tally is summed in place
         #: What the host reads of a step, in one read: the summed tally, then the finite probe of the
@@ -490,8 +497,7 @@ class GradientBuckets:
         bucket.pending -= 1
         if bucket.pending == 0:
             self._start_ready()
-        for reducer in self.reducers:
-            reducer.progress()
+        self.reducer.progress()
 
     def _start(self, bucket: Bucket) -> None:
         self._claim(bucket)  # a bucket backward did not touch (unused parameters); the first: the tally too
@@ -501,7 +507,7 @@ class GradientBuckets:
             self._tally.send()
         if self.weighted:  # this rank's samples over the expected count (half precision: in its float32 twin)
             bucket.wire_values.mul_(self._local_samples / self._expected_samples)
-        self._reducer_of[bucket.index].start(bucket)
+        self.reducer.start(bucket)
         self._started_version[bucket.index] = bucket.buffer.flat._version
 
     def _write_tally(self) -> None:
@@ -608,13 +614,14 @@ class GradientBuckets:
         started = self._started_version
         if not self._refused:
             self._changed = [b for b in self.buckets if b.buffer.flat._version != started[b.index]]
-        scale, scaled = None, False
+        scale = None
         for bucket in self.buckets:
-            self._reducer_of[bucket.index].finish(bucket)
-            if not bucket.on_node:  # MPI's path scales its sums (the tally is summed: the first bucket finished)
-                if not scaled:
-                    scale = self._average_scale() if self.average else self._weighted_scale() if self.weighted else None
-                    scaled = True
+            self.reducer.finish(bucket)
+            if self.node is None:
+                if bucket.index == 0 and self.average:  # the counts are summed in the first bucket
+                    scale = self._average_scale()
+                elif bucket.index == 0 and self.weighted:
+                    scale = self._weighted_scale()
                 bucket.from_wire(scale)
             if check_finite:  # as the bucket's sum completes, while it is fresh (on a GPU: queued behind it)
                 write_finite_probe([bucket.result.flat], self._probes[bucket.index])
@@ -715,8 +722,8 @@ class GradientBuckets:
         return self._readback.host[self._probes_at.stop :]
 
     def _own(self, rescale: float | None = None) -> None:
-        """Node-shared buckets: the shared sums copied into this rank's storage, every node-shared sum times
-        ``rescale`` (a shared sum copied and scaled in one pass; MPI's path scaled its own as they landed)."""
+        """Node-shared buckets: the shared sums copied into this rank's storage, every sum times ``rescale``
+        (a shared sum copied and scaled in one pass)."""
         self._rescaled_copy = rescale is not None
         for bucket in self.buckets:
             if bucket.shared:
@@ -727,7 +734,7 @@ class GradientBuckets:
                     torch.mul(bucket.result.flat, rescale, out=bucket.buffer.flat)
                 for p, view in zip(bucket.params, bucket.buffer.views):
                     p.grad = view
-            elif rescale is not None and bucket.on_node:
+            elif rescale is not None:
                 bucket.buffer.flat.mul_(rescale)
         self._in_window = False
 
@@ -792,5 +799,4 @@ class GradientBuckets:
             for p in self.params:
                 if p.grad is not None:
                     p.grad = p.grad.clone()
-        for reducer in self.reducers:
-            reducer.close()
+        self.reducer.close()

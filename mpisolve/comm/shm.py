@@ -606,13 +606,11 @@ class NodeSumReducer:
     ``finish`` drive the rounds in bucket order (a bucket is reduced as soon as every local
     rank has written it, while backward goes on); the sum, scaled by ``scale``, is in
     :meth:`result` (shared by the node's ranks on the bandwidth path: read it in place,
-    never write it; on the latency path the bucket's own storage). Buckets are known by
-    their index among all of a model's, some of which may take MPI's path. The step's
-    ``tally`` (``tally`` float64 elements, 0 where the first bucket takes MPI's path: counts
-    the sum must hold exactly whatever the buckets' dtype and ``scale``) rides in the first
-    bucket's round, unscaled (:attr:`tally_input`, :attr:`tally_result`). :meth:`release` ends
-    a step whose shared results were read in place: no rank writes them before every local
-    rank has stepped.
+    never write it; on the latency path the bucket's own storage). The step's ``tally``
+    (``tally`` float64 elements: counts the sum must hold exactly whatever the buckets'
+    dtype and ``scale``) rides in the first bucket's round, unscaled (:attr:`tally_input`,
+    :attr:`tally_result`). :meth:`release` ends a step whose shared results were read in
+    place: no rank writes them before every local rank has stepped.
     """
 
     def __init__(self, group: NodeGroup, scale: float, tally: int) -> None:
@@ -620,17 +618,14 @@ class NodeSumReducer:
         self.scale = scale
         self.tally = tally
         self.ops: list[NodeAllreduce] = []
-        self._op_of: dict[int, NodeAllreduce] = {}  # by bucket index
-        self._numel_of: dict[int, int] = {}  # each bucket's elements (its op has one more where it has none)
-        self._last = -1  # the last bucket's index
+        self._numels: list[int] = []  # each bucket's elements (its op has one more where it has none)
         self._inflight = InFlight()
         self._release = NodeRelease(group)
         #: Whether some bucket's sum is shared by the node's ranks (the bandwidth path).
         self._shared = False
 
-    def allocate(self, index: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """Storage for bucket ``index``, the next (collective): its round's input, zeroed; the first round
-        carries the tally.
+    def allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Storage for the next bucket (collective): its round's input, zeroed; the first round carries the tally.
 
         An empty bucket (a parameter of no elements alone in it) still has its round (the
         tally may ride in it): one element of padding, zero, that nobody writes."""
@@ -638,9 +633,7 @@ class NodeSumReducer:
         op.input.zero_()
         op.tally_input.zero_()
         self.ops.append(op)
-        self._op_of[index] = op
-        self._numel_of[index] = numel
-        self._last = index
+        self._numels.append(numel)
         self._shared = self._shared or not op.latency
         return op.input[:numel]
 
@@ -656,30 +649,30 @@ class NodeSumReducer:
 
     def result(self, index: int) -> torch.Tensor:
         """Where bucket ``index``'s sum lies: the window's shared sum (bandwidth path), else its input, in place."""
-        return self._op_of[index].result[: self._numel_of[index]]
+        return self.ops[index].result[: self._numels[index]]
 
     def shared(self, index: int) -> bool:
         """Whether bucket ``index``'s sum is shared by the node's ranks (read in place, written by none)."""
-        return not self._op_of[index].latency
+        return not self.ops[index].latency
 
     def wait_writable(self, index: int) -> None:
         """Wait until bucket ``index``'s input may be written (the first bucket's: and its tally)."""
-        self._op_of[index].wait_writable(f"gradient bucket {index} slot reuse")
+        self.ops[index].wait_writable(f"gradient bucket {index} slot reuse")
 
     def prepare(self, bucket: Bucket) -> None:
         """Nothing: the bucket's round was set up by :meth:`allocate`."""
 
     def start(self, bucket: Bucket) -> None:
-        self._inflight.start(self._op_of[bucket.index])
+        self._inflight.start(self.ops[bucket.index])
 
     def progress(self) -> None:
         self._inflight.progress()
 
     def finish(self, bucket: Bucket) -> None:
-        op = self._op_of[bucket.index]
+        op = self.ops[bucket.index]
         if not op.test():  # tested first: the message is made only for a wait
             op.wait(f"node-shared gradient sum of bucket {bucket.index}")
-        if bucket.index == self._last:  # buckets finish in order: the step's last
+        if bucket.index == len(self.ops) - 1:  # buckets finish in order: the step's last
             self._inflight.clear()
 
     def release(self) -> None:
@@ -696,5 +689,4 @@ class NodeSumReducer:
             op.free()
         self._release.free()
         self.ops.clear()
-        self._op_of.clear()
         self._inflight.clear()

@@ -119,7 +119,7 @@ def _train(comm: Communicator, mode: str) -> tuple[list[torch.Tensor], list[bool
     solver = mpisolve.make_solver(
         "adasum", model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), comm=comm, mode=mode
     )
-    reducer = solver.grads.reducers[0] if mode == "gradient" else solver.deltas.reducer
+    reducer = solver.grads.reducer if mode == "gradient" else solver.deltas.reducer
     on_node = [r.node is not None for r in reducer.reductions.values()]
     in_place = [r.node is not None and r.in_place for r in reducer.reductions.values()]
     windows = [r.node.win for r in reducer.reductions.values() if r.node is not None]

@@ -4,7 +4,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from mpisolve.comm.buckets import GradientBuckets, plan_buckets, wire_dtype
+from mpisolve.comm.buckets import GradientBuckets, Unreduced, plan_buckets, wire_dtype
 from mpisolve.comm.communicator import Communicator
 
 
@@ -41,7 +41,7 @@ def test_one_rank_has_no_buckets_and_leaves_the_gradients_as_backward_made_them(
     grads = GradientBuckets(
         model.parameters(), Communicator(MPI.COMM_SELF), bucket_bytes=40, average=True, samples=lambda: 6
     )
-    assert grads.alone and not grads.reducers and not grads._hooks and not grads.buckets
+    assert grads.alone and isinstance(grads.reducer, Unreduced) and not grads._hooks and not grads.buckets
     x = torch.randn(6, 5).to(torch.float16)
     plain = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Linear(4, 3)).to(torch.float16)
     for p, r in zip(plain.parameters(), reference):

@@ -104,69 +104,6 @@ def test_gradient_buckets_sum_exactly_on_either_side_of_the_crossover(numel, mon
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.cluster
-@pytest.mark.ranks(2, 3, 4)
-@pytest.mark.parametrize("first", ["below", "above"])
-@pytest.mark.parametrize("mode", ["sum", "average", "weighted"])
-def test_each_bucket_of_a_model_takes_the_path_of_its_own_size(first, mode, monkeypatch):
-    """A model's small buckets take MPI's path and its large ones node-shared memory, in one step.
-
-    Against numpy, over steps where every rank contributes, where one withholds (the average
-    of the others), where the sample counts change (the weighted mean), and where one rank's
-    gradient is not finite, in a bucket of either path. The first bucket carries the step's
-    tally on either path (``first``); one large bucket takes the latency path and one the
-    bandwidth path (its sum read in place once the optimizer is seen not to write it)."""
-    comm = fresh(monkeypatch, str(CROSSOVER))
-    big = shm.LATENCY_MAX_BYTES // 4 + 100  # node-shared, bandwidth path
-    sizes = [BELOW, ABOVE, BELOW, big] if first == "below" else [ABOVE, BELOW, big, BELOW]
-    params = [torch.nn.Parameter(torch.zeros(n)) for n in reversed(sizes)]  # bucketed last to first
-    samples = [0]
-    kind = {"average": {"average": True}, "weighted": {"weighted": True, "samples": lambda: samples[0]}}
-    grads = GradientBuckets(params, comm, bucket_bytes=CROSSOVER, **kind.get(mode, {}))
-    assert [b.buffer.numel for b in grads.buckets] == sizes
-    on_node = shm.node_group(comm) is not None
-    assert [b.on_node for b in grads.buckets] == [on_node and n * 4 >= CROSSOVER for n in sizes]
-    assert len(grads.reducers) == 1 + on_node
-    ranks = range(comm.size)
-
-    def gradient(rank: int, step: int, k: int) -> np.ndarray:  # small integers, as inputs() makes them
-        return np.random.default_rng(100 * (100 * step + 10 * k) + rank).integers(-50, 50, sizes[k]).astype(np.float32)
-
-    for step in range(6):
-        withheld = 1 if mode != "weighted" and step == 2 else None
-        contributing = [r for r in ranks if r != withheld]
-        counts = [(2 + r) * (1 + (step >= 3)) for r in ranks]  # they change at step 3 (weighted)
-        samples[0] = counts[comm.rank]
-        not_finite = {4: 0, 5: 1}.get(step)  # rank 0's gradient in this bucket is Inf
-        grads.rearm()
-        grads.zero_()  # every p.grad its bucket's view again (not the shared sum read in place)
-        if comm.rank == withheld:
-            grads.withhold()
-        else:
-            for k, bucket in enumerate(grads.buckets):
-                mine = torch.from_numpy(gradient(comm.rank, step, k))
-                if not_finite == k and comm.rank == 0:
-                    mine[7] = float("inf")
-                bucket.params[0].grad.copy_(mine)
-        reduction = grads.finish(check_finite=True)
-        assert (reduction.ranks, reduction.finite) == (len(contributing), not_finite is None)
-        for k, bucket in enumerate(grads.buckets):
-            every = {r: gradient(r, step, k).astype(np.float64) for r in ranks}
-            if mode == "weighted":
-                want = sum(counts[r] * every[r] for r in ranks) / sum(counts)
-            else:
-                want = sum(every[r] for r in contributing) / (len(contributing) if mode == "average" else 1)
-            if not_finite != k:
-                got = bucket.params[0].grad.numpy()
-                np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5, err_msg=f"step {step}, bucket {k}")
-        grads.stepped()
-    shared = grads.buckets[sizes.index(big)]
-    assert (shared.params[0].grad.data_ptr() != shared.buffer.flat.data_ptr()) == on_node  # read in place
-    grads.close()
-    comm.free()
-
-
-@pytest.mark.mpi(min_size=2)
-@pytest.mark.cluster
 @SIZES
 @pytest.mark.parametrize("min_bytes", [str(CROSSOVER), None])
 def test_one_tensor_sums_match_numpy_and_the_general_path_on_every_size(min_bytes, monkeypatch):
