@@ -75,7 +75,7 @@ test-mpi: install
 # one fault job (hogwild-sgd's rank killed) at 2x2.
 CLUSTER := -launcher ssh -launcher-exec $(CURDIR)/tests/cluster/fake-ssh
 CLUSTER_LAYOUTS := 2 3
-CLUSTER_TESTS := tests/cluster tests/comm/test_shm.py tests/comm/test_paths.py tests/comm/test_adasum_node.py tests/conformance tests/solvers/test_abs_sgd.py
+CLUSTER_TESTS := tests/cluster tests/bench/test_sweep.py tests/comm/test_shm.py tests/comm/test_paths.py tests/comm/test_adasum_node.py tests/conformance tests/solvers/test_abs_sgd.py
 test-cluster: install
 	@set -e; for k in $(CLUSTER_LAYOUTS); do \
 		echo "== MPI tests on the emulated cluster nodeA:$$k,nodeB:$$k"; \

@@ -13,6 +13,13 @@ and each operation:
   bucket (a persistent allreduce, then the average).
 - ``adasum``: ``mpisolve.allreduce([t], op="adasum")`` (in the default ``--ops`` wherever the
   functional collective offers that op).
+- ``bucketed-node``, ``bucketed-mpi`` (not in the default ``--ops``): ``bucketed`` with its sums
+  in node-shared memory at every size, and on MPI's path at every size, whatever the crossover
+  (:attr:`.shm.NodeGroup.min_bytes`). With both, rank 0 also prints the crossover measured on
+  this layout: the smallest size from which the node-shared buckets are no slower than MPI's
+  path at every larger size measured, the ``MPISOLVE_NODE_SHM_MIN_BYTES`` to set for it
+  (``crossover_bytes`` in the JSON; None where MPI's path was faster at the largest size).
+  ``bucketed-node`` needs node-shared sums on this layout (several ranks per node).
 
 Each operation's result is checked once per size before it is timed, against the exact
 reduction of known inputs (for Adasum, orthogonal ones, whose Adasum is their sum). The
@@ -43,11 +50,14 @@ from ..comm.buckets import GradientBuckets
 from ..comm.collectives import REDUCE_OPS, allreduce
 from ..comm.communicator import Communicator, mpi_buffer
 from ..comm.ops import allreduce as one_allreduce
+from ..comm.shm import node_group
 from ..errors import InputError
 from . import interleaved_medians, write_csv
 
 #: Operations every mpisolve has; "adasum" joins when the functional collective offers it.
 BASE_OPS = ("mpi", "sum", "average", "bucketed")
+#: The bucket path forced to node-shared memory, and to MPI's path, at every size (asked for by name).
+PATH_OPS = ("bucketed-node", "bucketed-mpi")
 #: Messages up to this size are timed ``--small-repeats`` times (OSU also repeats small ones more).
 SMALL_BYTES = 64 * 1024
 CSV_FIELDS = ("ranks", "op", "bytes", "latency_us", "algbw_GBps", "busbw_GBps", "repeats")
@@ -72,7 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ops",
         default=",".join(available_ops()),
         help=f"comma-separated operations (default: {','.join(available_ops())}; "
-        "'adasum' needs mpisolve.allreduce(op='adasum'))",
+        "'adasum' needs mpisolve.allreduce(op='adasum'); add bucketed-node,bucketed-mpi to measure this layout's "
+        "crossover)",
     )
     parser.add_argument("--min-bytes", type=parse_bytes, default=4, help="smallest message (default 4)")
     parser.add_argument("--max-bytes", type=parse_bytes, default=64 * 1024**2, help="largest message (default 64M)")
@@ -104,9 +115,10 @@ def parse_ops(text: str) -> list[str]:
     if not ops:
         raise InputError("--ops is empty")
     for op in ops:
-        if op not in BASE_OPS + ("adasum",):
-            raise InputError(f"unknown op {op!r} in --ops (choose from {', '.join(available_ops())})")
-        if op not in available_ops():
+        if op not in BASE_OPS + PATH_OPS + ("adasum",):
+            choices = ", ".join(available_ops() + PATH_OPS)
+            raise InputError(f"unknown op {op!r} in --ops (choose from {choices})")
+        if op not in available_ops() + PATH_OPS:
             raise InputError(
                 "--ops adasum needs mpisolve.allreduce(op='adasum'), which this mpisolve does not have yet"
             )
@@ -146,7 +158,7 @@ def make_case(op: str, numel: int, comm: Communicator) -> Case:
             out[:] = allreduce([data], op=op, comm=comm) if op == "adasum" else [one_allreduce(data, op=op, comm=comm)]
 
         return Case(functional, lambda: out[0], want)
-    param = torch.nn.Parameter(torch.zeros_like(data))  # op == "bucketed"
+    param = torch.nn.Parameter(torch.zeros_like(data))  # the bucketed ops, on the path ``comm`` gives them
     grads = GradientBuckets([param], comm, bucket_bytes=data.numel() * data.element_size(), average=True)
     assert param.grad is not None  # GradientBuckets made it a view into its bucket
     param.grad.copy_(data)
@@ -171,19 +183,36 @@ def check(case: Case, op: str, comm: Communicator) -> None:
         raise RuntimeError(f"bench sweep: {op} of {nbytes} bytes gave a wrong result on rank {comm.rank}")
 
 
-def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
-    ops = parse_ops(args.ops)
-    sizes = message_sizes(args.min_bytes, args.max_bytes, args.factor)
-    if args.small_repeats < 1:
-        raise InputError("--small-repeats must be >= 1")
-    load_before = os.getloadavg()[0]
+def path_communicators(ops: list[str], comm: Communicator) -> dict[str, Communicator]:
+    """Communicators of ``comm``'s ranks for the ops that force a path: node-shared sums at every
+    size (``bucketed-node``; an InputError, on every rank, where they do not apply), MPI's path."""
+    forced: dict[str, Communicator] = {}
+    if "bucketed-node" in ops:
+        node = forced["bucketed-node"] = Communicator(comm.comm, node_shm=True)
+        group = node_group(node)
+        if group is None or node.stage_all:
+            node.free()
+            raise InputError(
+                "--ops bucketed-node needs node-shared sums on this layout: several ranks on every node, the same "
+                "number on each, tensors not staged (MPISOLVE_STAGE)"
+            )
+        group.min_bytes = 0  # node-shared at every size, whatever the crossover
+    if "bucketed-mpi" in ops:
+        forced["bucketed-mpi"] = Communicator(comm.comm, node_shm=False)
+    return forced
+
+
+def timed_rows(
+    ops: list[str], sizes: list[int], args: argparse.Namespace, comm: Communicator, forced: dict[str, Communicator]
+) -> list[dict[str, Any]]:
+    """Each op's checked, timed row at each size (the forced ops on their own communicators)."""
     rows = []
     for nbytes in sizes:
         repeats = args.small_repeats if nbytes <= SMALL_BYTES else args.repeats
         cases: dict[str, Case] = {}
         try:
             for op in ops:
-                cases[op] = make_case(op, nbytes // ELEMENT_BYTES, comm)
+                cases[op] = make_case(op, nbytes // ELEMENT_BYTES, forced.get(op, comm))
                 check(cases[op], op, comm)
             timings = interleaved_medians({op: case.run for op, case in cases.items()}, comm, repeats, args.warmup)
         finally:
@@ -202,6 +231,21 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
                     "repeats": repeats,
                 }
             )
+    return rows
+
+
+def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
+    ops = parse_ops(args.ops)
+    sizes = message_sizes(args.min_bytes, args.max_bytes, args.factor)
+    if args.small_repeats < 1:
+        raise InputError("--small-repeats must be >= 1")
+    load_before = os.getloadavg()[0]
+    forced = path_communicators(ops, comm)
+    try:
+        rows = timed_rows(ops, sizes, args, comm, forced)
+    finally:
+        for forced_comm in forced.values():
+            forced_comm.free()
     if args.csv and comm.rank == 0:
         write_csv(args.csv, rows, CSV_FIELDS)
     layout = f"{comm.nodes} node(s) x {comm.local_size} ranks" if comm.nodes > 1 else f"one node, {comm.size} ranks"
@@ -210,7 +254,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         print(ratio_table(layout, ratios), file=sys.stderr, flush=True)
     # The machine's 1-minute load (this run's own ranks included) before and after: a
     # load well above the rank count means other work shared the cores and the figures.
-    return {
+    result = {
         "bench": "sweep",
         "ranks": comm.size,
         "mpi_library": comm.library_version(),
@@ -222,6 +266,13 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         "ratios": ratios,
         "rows": rows,
     }
+    if set(PATH_OPS) <= set(ops):
+        group = node_group(comm)
+        result["crossover_bytes"] = measured = measured_crossover(rows)
+        result["default_crossover_bytes"] = default = group.min_bytes if group is not None else None
+        if comm.rank == 0:
+            print(crossover_line(layout, measured, default), file=sys.stderr, flush=True)
+    return result
 
 
 def ratios_to_mpi(rows: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
@@ -249,3 +300,32 @@ def ratio_table(layout: str, ratios: dict[str, dict[int, float]]) -> str:
             cells.append("-" if ratio is None else f"{ratio:.2f}x" + ("*" if ratio > 1 else " "))
         lines.append(f"{size:>10}" + "".join(f"{cell:>12}" for cell in cells))
     return "\n".join(lines)
+
+
+def measured_crossover(rows: list[dict[str, Any]]) -> int | None:
+    """From rows of both ``PATH_OPS``: the smallest size from which ``bucketed-node`` is no slower than
+    ``bucketed-mpi`` at that size and every larger one (0 where that is every size measured; None where
+    it is slower at the largest)."""
+    node = {row["bytes"]: row["latency_us"] for row in rows if row["op"] == "bucketed-node"}
+    mpi = {row["bytes"]: row["latency_us"] for row in rows if row["op"] == "bucketed-mpi"}
+    sizes = sorted(node)
+    crossover: int | None = None
+    for size in reversed(sizes):
+        if node[size] > mpi[size]:
+            break
+        crossover = size
+    return 0 if crossover == sizes[0] else crossover
+
+
+def crossover_line(layout: str, measured: int | None, default: int | None) -> str:
+    """What the measured crossover tells a user of this layout to set."""
+    now = f"(this layout's default: {default})" if default is not None else "(node-shared sums do not apply here)"
+    if measured is None:
+        return (
+            f"bench sweep, {layout}: MPI's path was faster than node-shared buckets at the largest size measured: "
+            f"measure larger sizes, or set MPISOLVE_NODE_SHM=0 {now}"
+        )
+    return (
+        f"bench sweep, {layout}: node-shared buckets no slower than MPI's path from {measured} bytes up: "
+        f"MPISOLVE_NODE_SHM_MIN_BYTES={measured} {now}"
+    )

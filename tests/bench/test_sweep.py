@@ -8,7 +8,9 @@ import torch
 
 from mpisolve import bench
 from mpisolve.bench import sweep
+from mpisolve.comm.buckets import GradientBuckets
 from mpisolve.comm.communicator import Communicator
+from mpisolve.comm.shm import MIN_BYTES_ENV, node_group
 from mpisolve.errors import InputError
 
 
@@ -91,3 +93,62 @@ def test_adasum_is_offered_exactly_when_mpisolve_has_it():
     else:
         with pytest.raises(InputError, match="does not have yet"):
             sweep.run(sweep_args("--ops", "adasum"), Communicator())
+
+
+def path_rows(node: list[float], mpi: list[float]) -> list[dict]:
+    sizes = [4096 * 4**i for i in range(len(node))]
+    return [
+        {"op": op, "bytes": size, "latency_us": latency}
+        for op, latencies in (("bucketed-node", node), ("bucketed-mpi", mpi))
+        for size, latency in zip(sizes, latencies)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("node", "mpi", "crossover"),
+    [
+        ([30, 20, 10, 5], [20, 20, 20, 20], 16384),  # no slower from 16 KiB (a tie counts)
+        ([30, 10, 30, 5], [20, 20, 20, 20], 262144),  # faster at 16 KiB, then slower: from 256 KiB
+        ([10, 10, 10, 10], [20, 20, 20, 20], 0),  # every size measured
+        ([10, 10, 10, 30], [20, 20, 20, 20], None),  # slower at the largest size: none
+    ],
+)
+def test_the_measured_crossover_is_where_node_shared_buckets_stay_no_slower(node, mpi, crossover):
+    assert sweep.measured_crossover(path_rows(node, mpi)) == crossover
+
+
+def test_the_crossover_line_names_what_to_set():
+    line = sweep.crossover_line("2 node(s) x 2 ranks", 262144, 1048576)
+    assert "from 262144 bytes up: MPISOLVE_NODE_SHM_MIN_BYTES=262144 (this layout's default: 1048576)" in line
+    assert "MPISOLVE_NODE_SHM=0" in sweep.crossover_line("one node, 2 ranks", None, 0)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@pytest.mark.ranks(2, 3)
+def test_the_bucket_path_timed_on_each_path_at_every_size_gives_the_crossover(monkeypatch):
+    comm = Communicator()
+    args = sweep_args("--ops", "mpi,bucketed-node,bucketed-mpi", "--max-bytes", "4K", "--repeats", "2")
+    result = sweep.run(args, comm)
+    assert {r["op"] for r in result["rows"]} == {"mpi", "bucketed-node", "bucketed-mpi"}
+    assert result["crossover_bytes"] == sweep.measured_crossover(result["rows"])
+    assert result["default_crossover_bytes"] == node_group(comm).min_bytes
+    assert "crossover_bytes" not in sweep.run(sweep_args("--ops", "mpi,bucketed", "--max-bytes", "4"), comm)
+    # Each forced path is the one named, whatever the crossover: a 4-byte bucket below one of 1 MiB.
+    monkeypatch.setenv(MIN_BYTES_ENV, str(1 << 20))
+    forced = sweep.path_communicators(list(sweep.PATH_OPS), comm)
+    on_node = []
+    for op in sweep.PATH_OPS:
+        grads = GradientBuckets([torch.nn.Parameter(torch.zeros(1))], forced[op], bucket_bytes=4)
+        on_node.append(grads.node is not None)
+        grads.close()
+        forced[op].free()
+    assert on_node == [True, False]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2)
+def test_node_shared_buckets_are_refused_by_name_where_they_do_not_apply():
+    alone = Communicator().split(Communicator().rank)  # one rank per communicator: no node-shared sums
+    with pytest.raises(InputError, match="bucketed-node needs node-shared sums on this layout"):
+        sweep.run(sweep_args("--ops", "bucketed-node"), alone)
