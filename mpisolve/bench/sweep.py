@@ -270,8 +270,9 @@ def run(args: argparse.Namespace, comm: Communicator) -> dict[str, Any]:
         group = node_group(comm)
         result["crossover_bytes"] = measured = measured_crossover(rows)
         result["default_crossover_bytes"] = default = group.min_bytes if group is not None else None
+        result["node_no_slower_bytes"] = no_slower = no_slower_sizes(rows)
         if comm.rank == 0:
-            print(crossover_line(layout, measured, default), file=sys.stderr, flush=True)
+            print(crossover_line(layout, measured, default, no_slower), file=sys.stderr, flush=True)
     return result
 
 
@@ -289,16 +290,17 @@ def ratio_table(layout: str, ratios: dict[str, dict[int, float]]) -> str:
     """The ratios as a text table: a row per size, a column per operation (``*``: slower than MPI)."""
     ops = list(ratios)
     sizes = sorted({size for by_size in ratios.values() for size in by_size})
+    widths = [max(12, len(op) + 2) for op in ops]
     lines = [
         f"bench sweep, {layout}: latency / flat MPI_Allreduce",
-        "bytes".rjust(10) + "".join(f"{op:>12}" for op in ops),
+        "bytes".rjust(10) + "".join(f"{op:>{width}}" for op, width in zip(ops, widths)),
     ]
     for size in sizes:
         cells = []
         for op in ops:
             ratio = ratios[op].get(size)
             cells.append("-" if ratio is None else f"{ratio:.2f}x" + ("*" if ratio > 1 else " "))
-        lines.append(f"{size:>10}" + "".join(f"{cell:>12}" for cell in cells))
+        lines.append(f"{size:>10}" + "".join(f"{cell:>{width}}" for cell, width in zip(cells, widths)))
     return "\n".join(lines)
 
 
@@ -317,13 +319,21 @@ def measured_crossover(rows: list[dict[str, Any]]) -> int | None:
     return 0 if crossover == sizes[0] else crossover
 
 
-def crossover_line(layout: str, measured: int | None, default: int | None) -> str:
-    """What the measured crossover tells a user of this layout to set."""
+def no_slower_sizes(rows: list[dict[str, Any]]) -> list[int]:
+    """The sizes at which ``bucketed-node`` was no slower than ``bucketed-mpi``."""
+    mpi = {row["bytes"]: row["latency_us"] for row in rows if row["op"] == "bucketed-mpi"}
+    return sorted(r["bytes"] for r in rows if r["op"] == "bucketed-node" and r["latency_us"] <= mpi[r["bytes"]])
+
+
+def crossover_line(layout: str, measured: int | None, default: int | None, no_slower: list[int]) -> str:
+    """What the measured crossover tells a user of this layout to set (``no_slower``: :func:`no_slower_sizes`)."""
     now = f"(this layout's default: {default})" if default is not None else "(node-shared sums do not apply here)"
     if measured is None:
+        where = ", ".join(map(str, no_slower)) or "no size measured"
         return (
-            f"bench sweep, {layout}: MPI's path was faster than node-shared buckets at the largest size measured: "
-            f"measure larger sizes, or set MPISOLVE_NODE_SHM=0 {now}"
+            f"bench sweep, {layout}: MPI's path was faster than node-shared buckets at the largest size measured "
+            f"(node-shared no slower at: {where}): no crossover below it; buckets that large keep MPI's path with "
+            f"MPISOLVE_NODE_SHM=0 {now}"
         )
     return (
         f"bench sweep, {layout}: node-shared buckets no slower than MPI's path from {measured} bytes up: "

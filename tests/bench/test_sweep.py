@@ -118,9 +118,17 @@ def test_the_measured_crossover_is_where_node_shared_buckets_stay_no_slower(node
 
 
 def test_the_crossover_line_names_what_to_set():
-    line = sweep.crossover_line("2 node(s) x 2 ranks", 262144, 1048576)
+    line = sweep.crossover_line("2 node(s) x 2 ranks", 262144, 1048576, [262144, 1048576])
     assert "from 262144 bytes up: MPISOLVE_NODE_SHM_MIN_BYTES=262144 (this layout's default: 1048576)" in line
-    assert "MPISOLVE_NODE_SHM=0" in sweep.crossover_line("one node, 2 ranks", None, 0)
+    rows = path_rows([10, 30, 10, 30], [20, 20, 20, 20])  # no slower at 4 KiB and 64 KiB only
+    assert sweep.no_slower_sizes(rows) == [4096, 65536]
+    line = sweep.crossover_line("one node, 2 ranks", None, 0, sweep.no_slower_sizes(rows))
+    assert "(node-shared no slower at: 4096, 65536)" in line and "MPISOLVE_NODE_SHM=0" in line
+
+
+def test_the_table_keeps_long_op_names_apart():
+    header = sweep.ratio_table("one node, 2 ranks", {"bucketed": {4: 1.0}, "bucketed-node": {4: 0.5}}).splitlines()[1]
+    assert header.split() == ["bytes", "bucketed", "bucketed-node"]
 
 
 @pytest.mark.mpi(min_size=2)
@@ -133,6 +141,7 @@ def test_the_bucket_path_timed_on_each_path_at_every_size_gives_the_crossover(mo
     assert {r["op"] for r in result["rows"]} == {"mpi", "bucketed-node", "bucketed-mpi"}
     assert result["crossover_bytes"] == sweep.measured_crossover(result["rows"])
     assert result["default_crossover_bytes"] == node_group(comm).min_bytes
+    assert result["node_no_slower_bytes"] == sweep.no_slower_sizes(result["rows"])
     assert "crossover_bytes" not in sweep.run(sweep_args("--ops", "mpi,bucketed", "--max-bytes", "4"), comm)
     # Each forced path is the one named, whatever the crossover: a 4-byte bucket below one of 1 MiB.
     monkeypatch.setenv(MIN_BYTES_ENV, str(1 << 20))
