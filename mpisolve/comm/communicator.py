@@ -254,19 +254,22 @@ class Communicator:
         reqs = [requests] if isinstance(requests, MPI.Request) else list(requests)
         self.wait_for(lambda: _all_done(reqs), what)
 
-    def wait_for(self, done: Callable[[], bool], what: str | Callable[[], str]) -> None:
+    def wait_for(self, done: Callable[[], bool], what: str | Callable[[], str], *, transfers: bool = False) -> None:
         """Poll ``done`` (which drives MPI, e.g. by testing requests) until it returns True.
 
         The same polite polling and watchdog as :meth:`wait`, for waits that do work
         between polls (a multi-stage reduction advancing whichever stage is ready).
         ``what`` may be a callable, asked at a timeout (to say where the wait is stuck).
+        ``transfers``: ``done`` moves MPI transfers between nodes along, whose data MPI moves
+        only while this rank calls into it: the wait yields between polls and never sleeps
+        (a sleep between polls would let a large message through a socket buffer at a time).
         """
         if done():
             return
         start = time.perf_counter()
         deadline = start + self.timeout_s
         # Short operations finish while yielding; only long waits start sleeping.
-        sleep_after = start + YIELD_BEFORE_SLEEP_S
+        sleep_after = math.inf if transfers else start + YIELD_BEFORE_SLEEP_S
         pause = 5e-5
         try:
             while not done():

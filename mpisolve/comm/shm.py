@@ -318,6 +318,8 @@ class NodeAllreduce:
         itemsize = torch.empty(0, dtype=dtype).element_size()
         ranks = group.local_size
         self.latency = numel * itemsize <= LATENCY_MAX_BYTES
+        #: Whether a round ends with an exchange between nodes (which its waits must keep moving).
+        self.across_nodes = group.cross is not None
         # The latency path's slots alternate by round and it has no "done" counters.
         self._copies = copies = 2 if self.latency else 1
         row = padded(numel * itemsize)
@@ -428,7 +430,9 @@ class NodeAllreduce:
         return self.test(self._polls)
 
     def wait(self, what: str | None = None) -> None:
-        self.comm.wait_for(self.poll, lambda: f"{what or 'node-shared allreduce'} ({self.where()})")
+        self.comm.wait_for(
+            self.poll, lambda: f"{what or 'node-shared allreduce'} ({self.where()})", transfers=self.across_nodes
+        )
 
     def writable(self) -> bool:
         """Whether ``input`` may be written for the next round (on the bandwidth path: no local rank still reads it)."""
@@ -532,7 +536,9 @@ class NodePersistentAllreduce:
 
     def wait(self, what: str | None = None) -> None:
         """Complete the round and bring its sum into the tensor (once: as MPI's wait, a no-op after that)."""
-        self.comm.wait_for(self._poll, lambda: f"{what or self.kind} ({self.op.where()})")
+        self.comm.wait_for(
+            self._poll, lambda: f"{what or self.kind} ({self.op.where()})", transfers=self.op.across_nodes
+        )
         if self._unread:
             self._flat.copy_(self.op.result)
             self._unread = False
@@ -569,7 +575,7 @@ def sum_kept(comm: Communicator, ops: Sequence[NodeAllreduce], what: str) -> Non
     """Start every sum of :func:`kept_sums` (their inputs written) and complete them all."""
     for op in ops:
         op.start()
-    comm.wait_for(lambda: all([op.poll() for op in ops]), what)
+    comm.wait_for(lambda: all([op.poll() for op in ops]), what, transfers=any(op.across_nodes for op in ops))
 
 
 class NodeRelease:

@@ -2,6 +2,7 @@
 
 import math
 import os
+import threading
 import time
 
 import pytest
@@ -172,3 +173,26 @@ def test_ranks_share_cores_when_they_outnumber_the_cores_they_may_use_together()
         assert bound.wait_policy == ("yield" if bound.shares_cores else "spin")
     assert not bound.shares_cores_evenly or len(cpus) == 1
     bound.free()
+
+
+@pytest.mark.parametrize("transfers", [False, True])
+def test_a_long_yielding_wait_sleeps_unless_it_moves_transfers_between_nodes(transfers, monkeypatch):
+    """MPI moves a large message between nodes only while a rank calls into it: such a wait
+    never sleeps between polls, where any other long wait of the yield policy does."""
+    comm = Communicator(wait="yield")
+    waiting, slept, real = threading.current_thread(), [], time.sleep
+
+    class Clock:  # the communicator module's time, its sleeps on this thread recorded (not taken)
+        perf_counter = staticmethod(time.perf_counter)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            if threading.current_thread() is waiting:
+                slept.append(seconds)
+            else:
+                real(seconds)
+
+    monkeypatch.setattr(communicator, "time", Clock)
+    end = time.perf_counter() + 3 * communicator.YIELD_BEFORE_SLEEP_S
+    comm.wait_for(lambda: time.perf_counter() > end, "a long wait", transfers=transfers)
+    assert bool(slept) != transfers

@@ -461,3 +461,40 @@ def test_a_latency_round_is_not_overwritten_by_ranks_that_run_ahead():
         want = sum(100.0 * round_ + r for r in summed)
         assert torch.equal(op.input, torch.full((1000,), want)), round_
     op.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@pytest.mark.ranks(2, 4)
+def test_node_shared_sums_across_nodes_keep_their_exchange_moving(monkeypatch):
+    """Every wait for a node-shared sum with an exchange between nodes asks for one that never
+    sleeps (:meth:`Communicator.wait_for`'s ``transfers``); on one node none has one. (Other
+    waits, for a node's own ranks or a setup's collectives, keep the usual polling.)"""
+    comm = Communicator()
+    asked = []
+    wait_for = Communicator.wait_for
+
+    def spy(self, done, what, **kwargs):
+        named = what() if callable(what) else what
+        if named.startswith(("node-shared allreduce (", "kept sum")):
+            asked.append((named, kwargs.get("transfers", False)))
+        return wait_for(self, done, what, **kwargs)
+
+    monkeypatch.setattr(Communicator, "wait_for", spy)
+    group = node_group(comm)
+    for numel in (10, LATENCY_MAX_BYTES):  # the latency path and the bandwidth path
+        op = NodeAllreduce(group, numel, torch.float32)
+        op.input.fill_(1.0)
+        op.start()
+        op.wait()
+        tensor = torch.ones(numel)
+        persistent = shm.NodePersistentAllreduce(group, tensor)
+        persistent.start()
+        persistent.wait()
+        assert torch.equal(tensor, torch.full((numel,), float(comm.size)))
+        kept = shm.kept_sums(comm, [(numel, torch.float32, torch.device("cpu"))])
+        kept[0].input.fill_(2.0)
+        shm.sum_kept(comm, kept, "kept sum")
+        for one in (op, persistent):
+            one.free()
+    assert len(asked) == 6 and all(flag == (comm.nodes > 1) for _, flag in asked), asked
