@@ -10,6 +10,7 @@ MPIEXEC=.venv/bin/mpiexec
 SSH=(-launcher ssh -launcher-exec "$PWD/tests/cluster/fake-ssh")
 ARGS=(bench sweep --ops mpi,bucketed,bucketed-node,bucketed-mpi --min-bytes 4K --max-bytes 16M --factor 4
   --repeats 20 --small-repeats 100)
+echo "commit $(git rev-parse --short HEAD)"
 for round in 1 2; do
   for layout in n2 n4 n8 2x2 2x3; do
     echo "== round $round $layout $(date -u +%H:%M:%S) $(uptime)"
