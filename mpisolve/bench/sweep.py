@@ -329,7 +329,7 @@ def crossover_line(layout: str, measured: int | None, default: int | None, no_sl
     """What the measured crossover tells a user of this layout to set (``no_slower``: :func:`no_slower_sizes`)."""
     now = f"(this layout's default: {default})" if default is not None else "(node-shared sums do not apply here)"
     if measured is None:
-        where = ", ".join(map(str, no_slower)) or "no size measured"
+        where = ", ".join(map(str, no_slower)) or "none"
         return (
             f"bench sweep, {layout}: MPI's path was faster than node-shared buckets at the largest size measured "
             f"(node-shared no slower at: {where}): no crossover below it; buckets that large keep MPI's path with "

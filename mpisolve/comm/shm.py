@@ -40,7 +40,9 @@ order, K-FAC's factor groups in start order, ABS-SGD has one round in flight, an
 
 Counters are int64 in their own cache lines (:class:`NodeCounters`), published with
 release order and read with acquire order. Every wait goes through
-:meth:`Communicator.wait_for`, with its watchdog. Inter-node collectives are posted in the
+:meth:`Communicator.wait_for`, with its watchdog; across nodes one that never sleeps between
+polls, since MPI moves the exchange between nodes only while the rank calls into it.
+Inter-node collectives are posted in the
 order rounds were started (:meth:`NodeGroup.post_ready`), so every rank posts them in the
 same order.
 
