@@ -18,7 +18,9 @@ and each operation:
   (:attr:`.shm.NodeGroup.min_bytes`). With both, rank 0 also prints the crossover measured on
   this layout: the smallest size from which the node-shared buckets are no slower than MPI's
   path at every larger size measured, the ``MPISOLVE_NODE_SHM_MIN_BYTES`` to set for it
-  (``crossover_bytes`` in the JSON; None where MPI's path was faster at the largest size).
+  (``crossover_bytes`` in the JSON; None where MPI's path was faster at the largest size),
+  beside the layout's default (``default_crossover_bytes``) and the sizes at which the
+  node-shared buckets were no slower (``node_no_slower_bytes``).
   ``bucketed-node`` needs node-shared sums on this layout (several ranks per node).
 
 Each operation's result is checked once per size before it is timed, against the exact
@@ -308,12 +310,11 @@ def measured_crossover(rows: list[dict[str, Any]]) -> int | None:
     """From rows of both ``PATH_OPS``: the smallest size from which ``bucketed-node`` is no slower than
     ``bucketed-mpi`` at that size and every larger one (0 where that is every size measured; None where
     it is slower at the largest)."""
-    node = {row["bytes"]: row["latency_us"] for row in rows if row["op"] == "bucketed-node"}
-    mpi = {row["bytes"]: row["latency_us"] for row in rows if row["op"] == "bucketed-mpi"}
-    sizes = sorted(node)
+    sizes = sorted(row["bytes"] for row in rows if row["op"] == "bucketed-node")
+    no_slower = set(no_slower_sizes(rows))
     crossover: int | None = None
     for size in reversed(sizes):
-        if node[size] > mpi[size]:
+        if size not in no_slower:
             break
         crossover = size
     return 0 if crossover == sizes[0] else crossover

@@ -158,6 +158,7 @@ def test_the_bucket_path_timed_on_each_path_at_every_size_gives_the_crossover(mo
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2)
 def test_node_shared_buckets_are_refused_by_name_where_they_do_not_apply():
-    alone = Communicator().split(Communicator().rank)  # one rank per communicator: no node-shared sums
+    comm = Communicator()
+    alone = comm.split(comm.rank)  # one rank per communicator: no node-shared sums
     with pytest.raises(InputError, match="bucketed-node needs node-shared sums on this layout"):
         sweep.run(sweep_args("--ops", "bucketed-node"), alone)
