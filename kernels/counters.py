@@ -86,6 +86,17 @@ def _spin_hint_typing(typingctx: Any) -> Any:  # noqa: ARG001
     return types.void(), codegen
 
 
+def _yield_cpu_typing(typingctx: Any) -> Any:  # noqa: ARG001
+    """``sched_yield()``: give this core to another runnable process, if any."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:  # noqa: ARG001
+        function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), []), "sched_yield")
+        builder.call(function, [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
 def _compare_exchange_typing(typingctx: Any, words: Any, index: Any, expected: Any, desired: Any) -> Any:  # noqa: ARG001
     """Set ``words[index]`` to ``desired`` if it is ``expected``, atomically; the value found (acquire-release)."""
 
@@ -114,6 +125,7 @@ _compare_exchange: Any = intrinsic(_compare_exchange_typing)
 _fetch_add: Any = intrinsic(_fetch_add_typing)
 _store_release: Any = intrinsic(_store_release_typing)
 _spin_hint: Any = intrinsic(_spin_hint_typing)
+_yield_cpu: Any = intrinsic(_yield_cpu_typing)
 
 
 @njit(nogil=True, cache=CACHE)
@@ -138,12 +150,16 @@ def reached_one(counters: np.ndarray, index: int, value: int) -> bool:
 
 
 @njit(nogil=True, cache=CACHE)
-def reached_within(counters: np.ndarray, value: int, polls: int) -> bool:
-    """:func:`reached`, checked again up to ``polls`` times with a spin-wait hint between (a bounded spin)."""
+def reached_within(counters: np.ndarray, value: int, polls: int, yielding: bool = False) -> bool:
+    """:func:`reached`, checked again up to ``polls`` times with a spin-wait hint between (a bounded
+    spin), or where ``yielding`` with ``sched_yield`` between (the core to a process that shares it)."""
     for _ in range(polls):
         if reached(counters, value):
             return True
-        _spin_hint()
+        if yielding:
+            _yield_cpu()
+        else:
+            _spin_hint()
     return reached(counters, value)
 
 

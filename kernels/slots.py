@@ -155,9 +155,9 @@ def _sum_rows_by_dtype(slots: Any, start: Any, stop: Any, out: Any, scale: Any, 
 # are rebuilt inside as views of the same memory. Positions in that vector:
 _COUNTERS, _COUNTERS_N, _COUNTERS_STEP = 0, 1, 2  # address, how many, elements from one to the next
 _ROWS, _ROWS_R, _ROWS_M, _START, _STOP, _OUT, _OUT_N, _SCALE, _KIND = 3, 4, 5, 6, 7, 8, 9, 10, 11
-_TALLY_ROWS, _TALLY_ROWS_R, _TALLY_ROWS_M, _TALLY_OUT, _TALLY_N = 12, 13, 14, 15, 16
-_SOURCE, _SOURCE_BYTES, _SLOT, _TALLY, _TALLY_SLOT, _TALLY_IN_N, _INDEX = 17, 18, 19, 20, 21, 22, 23
-_ROUND_SIZE, _ARRIVAL_SIZE = 17, 24
+_TALLY_ROWS, _TALLY_ROWS_R, _TALLY_ROWS_M, _TALLY_OUT, _TALLY_N, _YIELDING = 12, 13, 14, 15, 16, 17
+_SOURCE, _SOURCE_BYTES, _SLOT, _TALLY, _TALLY_SLOT, _TALLY_IN_N, _INDEX, _SUMS = 18, 19, 20, 21, 22, 23, 24, 25
+_ROUND_SIZE, _ARRIVAL_SIZE = 18, 26
 #: ``_KIND``: what the rows hold.
 _FLOAT32, _FLOAT64, _FLOAT16, _BFLOAT16 = 0, 1, 2, 3
 
@@ -189,7 +189,7 @@ def _sums_at(at: np.ndarray) -> None:
 
 @njit(nogil=True, cache=CACHE)
 def _round(at: np.ndarray, seq: int, polls: int) -> bool:
-    if not reached_within(_counters_at(at), seq, polls):
+    if not reached_within(_counters_at(at), seq, polls, at[_YIELDING] != 0):
         return False
     _sums_at(at)
     return True
@@ -207,7 +207,23 @@ def _arrive(at: np.ndarray, seq: int) -> bool:
     for j in range(t):
         tally_slot[j] = tally[j]
     publish(_counters_at(at), at[_INDEX], seq)
-    return _round(at, seq, 0)
+    return bool(at[_SUMS]) and _round(at, seq, 0)
+
+
+@njit(nogil=True, cache=CACHE)
+def _copy_published(at: np.ndarray, seq: int, polls: int) -> bool:
+    if not reached_within(_counters_at(at), seq, polls, at[_YIELDING] != 0):
+        return False
+    n, t = at[_SOURCE_BYTES], at[_TALLY_IN_N]
+    source = carray(_pointer(at[_SOURCE]), (n,), np.uint8)
+    destination = carray(_pointer(at[_SLOT]), (n,), np.uint8)
+    for j in range(n):
+        destination[j] = source[j]
+    tally = carray(_pointer(at[_TALLY]), (t,), np.float64)
+    tally_destination = carray(_pointer(at[_TALLY_SLOT]), (t,), np.float64)
+    for j in range(t):
+        tally_destination[j] = tally[j]
+    return True
 
 
 def host_rows(slots: torch.Tensor) -> np.ndarray:
@@ -263,6 +279,7 @@ class SlotRound:
     tally_out: np.ndarray
     scale: float = 1.0
     brain: bool = False
+    yielding: bool = False
 
     def __post_init__(self) -> None:
         _check_sum(self.rows, self.start, self.stop, self.out)
@@ -295,6 +312,7 @@ class SlotRound:
         at[_SCALE] = np.float64(self.scale).view(np.int64)
         at[[_TALLY_ROWS, _TALLY_ROWS_R, _TALLY_ROWS_M]] = _address(self.tally_rows), *self.tally_rows.shape
         at[[_TALLY_OUT, _TALLY_N]] = _address(self.tally_out), self.tally_out.size
+        at[_YIELDING] = self.yielding
         return at
 
     def arrays(self) -> tuple[np.ndarray, ...]:
@@ -314,29 +332,95 @@ def _require_contiguous(**arrays: np.ndarray) -> None:
 
 def round_sum(sums: SlotRound) -> Callable[[int, int], bool]:
     """A call ``(seq, polls) -> bool``: if every counter has reached ``seq`` (checked up to
-    ``polls`` more times: :func:`mpisolve.kernels.counters.reached_within`), the round's sums,
+    ``polls`` more times: :func:`mpisolve.kernels.counters.reached_within`, yielding between where
+    the round is ``yielding``), the round's sums,
     and True; else False, having done nothing. One compiled call for a round's wait and sums."""
     return bind(_round, sums.layout(), per_call=(types.int64, types.int64), keep=sums.arrays())
 
 
 def arrival(
-    source: np.ndarray, slot: np.ndarray, tally: np.ndarray, tally_slot: np.ndarray, index: int, sums: SlotRound
+    source: np.ndarray,
+    slot: np.ndarray,
+    tally: np.ndarray,
+    tally_slot: np.ndarray,
+    index: int,
+    sums: SlotRound,
+    *,
+    sum_at_arrival: bool = True,
 ) -> Callable[[int], bool]:
     """A call ``(seq) -> bool`` starting a round: copy ``source`` into ``slot`` and ``tally``
     into ``tally_slot``, publish ``sums.counters[index] = seq`` (release order:
-    :func:`mpisolve.kernels.counters.publish`), then :func:`round_sum`'s call with no more
-    polls (the rank that arrives last sums at once). One compiled call; checked once, here."""
-    if source.shape != slot.shape or source.dtype != slot.dtype:
-        raise ValueError(f"cannot copy {source.dtype}{source.shape} into {slot.dtype}{slot.shape}")
-    if tally.shape != tally_slot.shape or tally.dtype != tally_slot.dtype:
-        raise ValueError(f"cannot copy a tally of {tally.dtype}{tally.shape} into {tally_slot.dtype}{tally_slot.shape}")
-    if tally.dtype != np.float64 or tally.ndim != 1:
-        raise TypeError(f"a tally is a vector of float64, got {tally.dtype}{tally.shape}")
+    :func:`mpisolve.kernels.counters.publish`), then, if ``sum_at_arrival``, :func:`round_sum`'s
+    call with no more polls (the rank that arrives last sums at once; else False). One compiled
+    call; checked once, here."""
+    _check_copy(source, slot, tally, tally_slot)
     if not 0 <= index < sums.counters.size:
         raise ValueError(f"index {index} names no counter of {sums.counters.size}")
-    _require_contiguous(source=source, slot=slot, tally=tally, tally_slot=tally_slot)
     at = sums.layout(_ARRIVAL_SIZE)
     at[[_SOURCE, _SOURCE_BYTES, _SLOT]] = _address(source), source.nbytes, _address(slot)
     at[[_TALLY, _TALLY_SLOT, _TALLY_IN_N, _INDEX]] = _address(tally), _address(tally_slot), tally.size, index
+    at[_SUMS] = sum_at_arrival
     keep = (*sums.arrays(), source, slot, tally, tally_slot)
     return bind(_arrive, at, per_call=(types.int64,), keep=keep)
+
+
+def publication(
+    source: np.ndarray,
+    destination: np.ndarray,
+    tally: np.ndarray,
+    tally_destination: np.ndarray,
+    counters: np.ndarray,
+    index: int,
+) -> Callable[[int], object]:
+    """A call ``(seq)`` publishing a result: copy ``source`` into ``destination`` and ``tally``
+    into ``tally_destination``, then set ``counters[index] = seq`` (release order), where
+    :func:`published_copy` waits for it. One compiled call; checked once, here."""
+    _check_copy(source, destination, tally, tally_destination)
+    if counters.dtype != np.int64 or counters.ndim != 1 or counters.strides[0] <= 0 or counters.strides[0] % 8:
+        raise TypeError("counters are a vector of int64, one every whole number of int64s")
+    if not 0 <= index < counters.size:
+        raise ValueError(f"index {index} names no counter of {counters.size}")
+    at = np.zeros(_ARRIVAL_SIZE, dtype=np.int64)
+    at[[_COUNTERS, _COUNTERS_N, _COUNTERS_STEP]] = _address(counters), counters.size, counters.strides[0] // 8
+    at[[_SOURCE, _SOURCE_BYTES, _SLOT]] = _address(source), source.nbytes, _address(destination)
+    at[[_TALLY, _TALLY_SLOT, _TALLY_IN_N, _INDEX]] = _address(tally), _address(tally_destination), tally.size, index
+    keep = (counters, source, destination, tally, tally_destination)
+    return bind(_arrive, at, per_call=(types.int64,), keep=keep)  # _SUMS 0: copied and published, no sum
+
+
+def published_copy(
+    counter: np.ndarray,
+    source: np.ndarray,
+    destination: np.ndarray,
+    tally: np.ndarray,
+    tally_destination: np.ndarray,
+    *,
+    yielding: bool = False,
+) -> Callable[[int, int], bool]:
+    """A call ``(seq, polls) -> bool``: once ``counter`` (a vector of one int64 from a node-shared
+    window) has reached ``seq`` (checked up to ``polls`` more times, acquire order, yielding the core
+    between checks where ``yielding``), copy ``source`` into ``destination`` and ``tally`` into
+    ``tally_destination``, and True; else False, having done nothing. How a node's ranks take a
+    result one rank published. Checked once, here."""
+    _check_copy(source, destination, tally, tally_destination)
+    if counter.dtype != np.int64 or counter.shape != (1,):
+        raise TypeError(f"the counter is a vector of one int64, got {counter.dtype}{counter.shape}")
+    at = np.zeros(_ARRIVAL_SIZE, dtype=np.int64)
+    at[[_COUNTERS, _COUNTERS_N, _COUNTERS_STEP]] = _address(counter), 1, 1
+    at[[_SOURCE, _SOURCE_BYTES, _SLOT]] = _address(source), source.nbytes, _address(destination)
+    at[[_TALLY, _TALLY_SLOT, _TALLY_IN_N]] = _address(tally), _address(tally_destination), tally.size
+    at[_YIELDING] = yielding
+    keep = (counter, source, destination, tally, tally_destination)
+    return bind(_copy_published, at, per_call=(types.int64, types.int64), keep=keep)
+
+
+def _check_copy(source: np.ndarray, destination: np.ndarray, tally: np.ndarray, tally_destination: np.ndarray) -> None:
+    if source.shape != destination.shape or source.dtype != destination.dtype:
+        raise ValueError(f"cannot copy {source.dtype}{source.shape} into {destination.dtype}{destination.shape}")
+    if tally.shape != tally_destination.shape or tally.dtype != tally_destination.dtype:
+        raise ValueError(
+            f"cannot copy a tally of {tally.dtype}{tally.shape} into {tally_destination.dtype}{tally_destination.shape}"
+        )
+    if tally.dtype != np.float64 or tally.ndim != 1:
+        raise TypeError(f"a tally is a vector of float64, got {tally.dtype}{tally.shape}")
+    _require_contiguous(source=source, destination=destination, tally=tally, tally_destination=tally_destination)

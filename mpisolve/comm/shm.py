@@ -67,15 +67,15 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 import torch
 from mpi4py import MPI
 
 from ..kernels import counters
-from ..kernels.slots import SlotRound, arrival, host_rows, round_sum
-from .communicator import Communicator, mpi_buffer
+from ..kernels.slots import SlotRound, arrival, host_rows, publication, published_copy, round_sum
+from .communicator import Communicator, PersistentAllreduce
 from .engine import InFlight
 from .windows import CACHE_LINE, free_window, shard_bounds, shared_window
 
@@ -98,6 +98,9 @@ MIN_BYTES_ENV = "MPISOLVE_NODE_SHM_MIN_BYTES"
 #: How many more times a wait checks the local ranks' counters in compiled code, between two
 #: polls of its watchdogged loop, under the "spin" wait policy (a few microseconds to tens).
 SPIN_POLLS = 1000
+#: The same under the "yield" policy, giving the core away between checks (``sched_yield``): a
+#: local rank's turn on a shared core comes sooner than through a poll of the loop in Python.
+YIELD_POLLS = 32
 
 #: Element types a node-shared sum takes; half precision is summed in float32.
 NODE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -322,18 +325,30 @@ class NodeAllreduce:
         self.latency = numel * itemsize <= LATENCY_MAX_BYTES
         #: Whether a round ends with an exchange between nodes (which its waits must keep moving).
         self.across_nodes = group.cross is not None
+        #: Whether only the node's leader (local rank 0) sums and exchanges with the other nodes and
+        #: publishes the whole sum, which the node's other ranks copy: the latency path across nodes.
+        self.leader_only = self.latency and self.across_nodes
+        #: Whether this rank sums the node's slots (and, across nodes, exchanges its share).
+        self.sums = not self.leader_only or group.local_rank == 0
         # The latency path's slots alternate by round and it has no "done" counters.
         self._copies = copies = 2 if self.latency else 1
         row = padded(numel * itemsize)
         tally_row = padded(tally * 8)
         counters_bytes = ranks * CACHE_LINE
-        flags_bytes = (1 if self.latency else 2) * counters_bytes
-        result_bytes = 0 if self.latency else row + (padded(numel * 4) if self.half else 0)
+        second_counters = not self.latency or self.leader_only  # "done" (bandwidth path) or "published"
+        flags_bytes = (2 if second_counters else 1) * counters_bytes
+        if self.leader_only:  # the leader's published sum and tally
+            result_bytes = row + tally_row
+        else:
+            result_bytes = 0 if self.latency else row + (padded(numel * 4) if self.half else 0)
         slots_end = flags_bytes + ranks * copies * row
         tally_end = slots_end + ranks * copies * tally_row
         self.win, memory = shared_window(group.comm, tally_end + result_bytes, flags_bytes, "node-shared window")
         self._arrived = NodeCounters(memory[:counters_bytes], group.local_rank)
-        self._done = None if self.latency else NodeCounters(memory[counters_bytes:flags_bytes], group.local_rank)
+        second = NodeCounters(memory[counters_bytes:flags_bytes], group.local_rank) if second_counters else None
+        #: The bandwidth path's "done" counters; on the latency path across nodes the leader's "published" one.
+        self._done = None if self.latency else second
+        self._published = second if self.leader_only else None
         self._me = group.local_rank
         # Slots by copy, then local rank: one copy's rows are one (ranks, m) matrix for the kernel.
         slots = memory[flags_bytes:slots_end].view(dtype).view(copies, ranks, -1)
@@ -360,9 +375,16 @@ class NodeAllreduce:
         # (gradient buckets check theirs, :class:`.buckets.GradientBuckets`).
         self._acc_share = acc[lo:hi].data
         self._result_share = self.result[lo:hi].data
+        #: This rank's exchange between nodes (where it sums): MPI's persistent sums of its share and the tally.
+        self._exchange: list[PersistentAllreduce] = []
+        if group.cross is not None and self.sums:
+            self._exchange.append(group.cross.persistent_allreduce(self._acc_share))
+            if tally:
+                self._exchange.append(group.cross.persistent_allreduce(self.tally_result))
         # Each copy's round, its kernels checked once: the sum, once every local rank has arrived,
         # of this rank's share of the slots and of the whole tally; on the latency path also the
-        # round's start (the copy in of raw bytes, the arrival, and one try at the sum).
+        # round's start (the copy in of raw bytes, the arrival, and one try at the sum where this
+        # rank sums).
         scale = self.scale if group.cross is None else 1.0  # across nodes: scaled once the nodes' sums are in
         rounds = [
             SlotRound(
@@ -375,6 +397,7 @@ class NodeAllreduce:
                 self.tally_result.numpy(),
                 scale,
                 brain=dtype == torch.bfloat16,
+                yielding=group.comm.wait_policy == "yield",
             )
             for c in range(copies)
         ]
@@ -388,18 +411,44 @@ class NodeAllreduce:
                     tally_rows[c, self._me, :tally].numpy(),
                     self._me,
                     r,
+                    sum_at_arrival=self.sums,
                 )
                 for c, r in enumerate(rounds)
             ]
             if self.latency
             else []
         )
-        self._polls = SPIN_POLLS if self.comm.wait_policy == "spin" else 0
+        # The latency path across nodes: the leader publishes the whole sum and tally, the others copy them.
+        self._publish: Callable[[int], object] | None = None
+        self._take: Callable[[int, int], bool] | None = None
+        if self.leader_only:
+            assert self._published is not None
+            published = memory[tally_end : tally_end + numel * itemsize].view(dtype)
+            published_tally = memory[tally_end + row : tally_end + row + tally * 8].view(torch.float64)
+            if self.sums:
+                self._publish = publication(
+                    host_rows(self.result),
+                    host_rows(published),
+                    self.tally_result.numpy(),
+                    published_tally.numpy(),
+                    self._published.values,
+                    self._me,
+                )
+            else:
+                self._take = published_copy(
+                    self._published.values[:1],
+                    host_rows(published),
+                    host_rows(self.result),
+                    published_tally.numpy(),
+                    self.tally_result.numpy(),
+                    yielding=group.comm.wait_policy == "yield",
+                )
+        self._polls = SPIN_POLLS if self.comm.wait_policy == "spin" else YIELD_POLLS
         self._seq = 0
         #: idle -> arrived -> reduced -> (internode ->) published (bandwidth path) -> idle; a latency
-        #: round's start goes straight to reduced (and on one node to idle) when this rank arrives last.
+        #: round's start goes straight to reduced (and on one node to idle) when this rank arrives last;
+        #: across nodes the leader's other local ranks go idle -> awaiting (its published sum) -> idle.
         self.stage = "idle"
-        self._requests: list[MPI.Request] = []
 
     # ----------------------------------------------------------------- round
     def start(self) -> None:
@@ -413,9 +462,12 @@ class NodeAllreduce:
             else:
                 self._arrived.publish(self._seq)
                 summed = False
-            self.stage = "reduced" if summed else "arrived"
-            if self.group.cross is not None:
-                self.group.unposted.append(self)
+            if not self.sums:
+                self.stage = "awaiting"
+            else:
+                self.stage = "reduced" if summed else "arrived"
+                if self.group.cross is not None:
+                    self.group.unposted.append(self)
             self._advance(0)
 
     def test(self, polls: int = 0) -> bool:
@@ -427,14 +479,31 @@ class NodeAllreduce:
             return self._advance(polls)
 
     def poll(self) -> bool:
-        """:meth:`test` for a wait: under the "spin" wait policy it checks the arrivals up to
-        :data:`SPIN_POLLS` more times in compiled code."""
+        """:meth:`test` for a wait: it checks the local ranks' counters up to :data:`SPIN_POLLS` more
+        times in compiled code under the "spin" wait policy, :data:`YIELD_POLLS` under "yield"."""
         return self.test(self._polls)
 
     def wait(self, what: str | None = None) -> None:
-        self.comm.wait_for(
-            self.poll, lambda: f"{what or 'node-shared allreduce'} ({self.where()})", transfers=self.across_nodes
-        )
+        """Complete the round. Where the communicator allows it (:meth:`.Communicator.waits_in_mpi`), a rank
+        that exchanges with the other nodes polls only until its exchange is posted, then waits in MPI's own
+        wait, which hands a shared core to the ranks it waits for sooner than a poll."""
+
+        def where() -> str:
+            return f"{what or 'node-shared allreduce'} ({self.where()})"
+
+        if self._exchange and self.comm.waits_in_mpi():
+            self.comm.wait_for(self._posted_or_done, where, transfers=True)
+            with self.group.lock:
+                if self.stage == "internode":
+                    for request in self._exchange:
+                        request.wait(what or "node-shared allreduce", in_mpi=True)
+                    self._exchanged()
+            if self.stage == "idle":
+                return
+        self.comm.wait_for(self.poll, where, transfers=self.across_nodes)
+
+    def _posted_or_done(self) -> bool:
+        return self.poll() or self.stage == "internode"
 
     def writable(self) -> bool:
         """Whether ``input`` may be written for the next round (on the bandwidth path: no local rank still reads it)."""
@@ -446,6 +515,8 @@ class NodeAllreduce:
 
     def where(self) -> str:
         done = "" if self._done is None else f", done {self._done.tolist()}"
+        if self._published is not None:
+            done = f", the leader published round {self._published.tolist()[0]}"
         return f"round {self._seq}, stage {self.stage}; local ranks arrived {self._arrived.tolist()}{done}"
 
     def reduce_if_ready(self, polls: int = 0) -> None:
@@ -456,14 +527,16 @@ class NodeAllreduce:
 
     def post(self) -> None:
         """Start the inter-node sums of this share and the tally (in start order: :meth:`NodeGroup.post_ready`)."""
-        assert self.group.cross is not None
-        cross = self.group.cross.comm
-        self._requests = [cross.Iallreduce(MPI.IN_PLACE, mpi_buffer(self._acc_share), MPI.SUM)]
-        if self.tally_result.numel():
-            self._requests.append(cross.Iallreduce(MPI.IN_PLACE, mpi_buffer(self.tally_result), MPI.SUM))
+        for request in self._exchange:
+            request.start()
         self.stage = "internode"
 
     def _advance(self, polls: int) -> bool:
+        if self.stage == "awaiting":
+            assert self._take is not None
+            if self._take(self._seq, polls):
+                self.stage = "idle"
+            return self.stage == "idle"
         self.reduce_if_ready(polls)
         if self.stage == "reduced":
             if self.group.cross is None:
@@ -471,11 +544,9 @@ class NodeAllreduce:
             else:
                 self.group.post_ready()
         if self.stage == "internode":
-            if not all(r.Test() for r in self._requests):  # one by one, as Communicator.wait
+            if not all(request.test() for request in self._exchange):  # one by one, as Communicator.wait
                 return False
-            if self.scale != 1.0:
-                self._acc_share.mul_(self.scale)
-            self._finish_share()
+            self._exchanged()
         if self.stage == "published":
             assert self._done is not None  # the bandwidth path's stage
             if not self._done.reached(self._seq):
@@ -483,9 +554,17 @@ class NodeAllreduce:
             self.stage = "idle"
         return self.stage == "idle"
 
+    def _exchanged(self) -> None:
+        """This rank's exchange between nodes is complete: the sum scaled, this rank's share done."""
+        if self.scale != 1.0:
+            self._acc_share.mul_(self.scale)
+        self._finish_share()
+
     def _finish_share(self) -> None:
         if self.half:
             self._result_share.copy_(self._acc_share)  # rounded to half once, from the float32 sum
+        if self._publish is not None:
+            self._publish(self._seq)
         if self._done is None:
             self.stage = "idle"
         else:
@@ -493,7 +572,9 @@ class NodeAllreduce:
             self.stage = "published"
 
     def free(self) -> None:
-        """Release the window (collective over the node)."""
+        """Release the exchange's requests and the window (collective over the node)."""
+        for request in self._exchange:
+            request.free()
         free_window(self.comm, self.win)
 
 
@@ -532,15 +613,15 @@ class NodePersistentAllreduce:
         self._join()
         return self._joined and self.op.test()
 
-    def _poll(self) -> bool:
+    def _joins(self) -> bool:
         self._join()
-        return self._joined and self.op.poll()
+        return self._joined
 
     def wait(self, what: str | None = None) -> None:
         """Complete the round and bring its sum into the tensor (once: as MPI's wait, a no-op after that)."""
-        self.comm.wait_for(
-            self._poll, lambda: f"{what or self.kind} ({self.op.where()})", transfers=self.op.across_nodes
-        )
+        if not self._joined:
+            self.comm.wait_for(self._joins, lambda: f"{what or self.kind}: slot reuse ({self.op.where()})")
+        self.op.wait(what or self.kind)
         if self._unread:
             self._flat.copy_(self.op.result)
             self._unread = False

@@ -14,7 +14,7 @@ from torch import nn
 import mpisolve
 from mpisolve.comm import shm
 from mpisolve.comm.buckets import GradientBuckets
-from mpisolve.comm.communicator import Communicator
+from mpisolve.comm.communicator import Communicator, PersistentAllreduce
 from mpisolve.comm.shm import LATENCY_MAX_BYTES, NodeAllreduce, node_group
 from mpisolve.errors import CommTimeout
 
@@ -77,6 +77,48 @@ def test_sums_equal_the_ordered_reference_round_after_round(dtype):
                     op.result.float(), want.float(), rtol=1e-2 if itemsize == 2 else 1e-6, atol=1e-5
                 )
     for op in ops:
+        op.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@ALL_SIZES
+def test_a_small_sum_crosses_between_nodes_once_per_node_from_its_leader(monkeypatch):
+    """The latency path across nodes: local rank 0 alone sums the node's slots, exchanges the sum and
+    the tally with the other nodes' local rank 0 and publishes them; the node's other ranks copy them
+    (every rank gets the same bits). On one node nothing crosses; the bandwidth path's ranks each cross."""
+    comm = Communicator()
+    group = node_group(comm)
+    assert group is not None  # several ranks per node here
+    started = []
+    start = PersistentAllreduce.start
+
+    def spy(self):
+        started.append(self.comm)
+        start(self)
+
+    monkeypatch.setattr(PersistentAllreduce, "start", spy)
+    small = NodeAllreduce(group, 100, torch.float32, scale=0.5, tally=2)
+    large = NodeAllreduce(group, LATENCY_MAX_BYTES // 4 + 1, torch.float32)
+    assert small.latency and not large.latency
+    for round_ in range(3):
+        small.input.copy_(rank_input(comm.rank, round_, small.numel, torch.float32))
+        small.tally_input.copy_(torch.tensor([comm.rank + 1, 2.0**40 + round_], dtype=torch.float64))
+        small.start()
+        small.wait()
+        want = oracle(comm, round_, small.numel, torch.float32, 0.5)
+        torch.testing.assert_close(small.result, want, rtol=1e-6, atol=1e-5)
+        assert small.tally_result.tolist() == [comm.size * (comm.size + 1) / 2, comm.size * (2.0**40 + round_)]
+        every = comm.comm.allgather(small.result.numpy().tobytes())
+        assert all(bits == every[0] for bits in every)
+    leader = comm.local_rank == 0
+    assert started == ([group.cross] * 6 if comm.nodes > 1 and leader else []), (comm.local_rank, len(started))
+    large.input.fill_(1.0)
+    large.start()
+    large.wait()
+    assert torch.equal(large.result, torch.full((large.numel,), float(comm.size)))
+    assert len(started) == (6 if leader else 0) + 1 if comm.nodes > 1 else not started
+    for op in (small, large):
         op.free()
 
 
@@ -497,4 +539,5 @@ def test_node_shared_sums_across_nodes_keep_their_exchange_moving(monkeypatch):
         shm.sum_kept(comm, kept, "kept sum")
         for one in (op, persistent):
             one.free()
-    assert len(asked) == 6 and all(flag == (comm.nodes > 1) for _, flag in asked), asked
+    # Six waits; across nodes a rank that exchanges polls until its exchange is posted, then waits in MPI.
+    assert len(asked) >= 6 and all(flag == (comm.nodes > 1) for _, flag in asked), asked

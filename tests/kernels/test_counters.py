@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mpisolve.kernels import counters
-from mpisolve.kernels.slots import SlotRound, arrival, host_rows, round_sum
+from mpisolve.kernels.slots import SlotRound, arrival, host_rows, publication, published_copy, round_sum
 
 STRIDE = 8  # one int64 counter per 64-byte cache line
 
@@ -30,10 +30,11 @@ def test_publish_sets_one_counter_and_reached_reads_every_one():
     assert counters.reached(c, 7) and not counters.reached(c, 8)
 
 
-def test_a_bounded_spin_gives_up_after_its_polls():
+@pytest.mark.parametrize("yielding", [False, True])
+def test_a_bounded_spin_gives_up_after_its_polls(yielding):
     c = strided([3, 2])
-    assert counters.reached_within(c, 2, 0) and counters.reached_within(c, 2, 5)
-    assert not counters.reached_within(c, 3, 1000)
+    assert counters.reached_within(c, 2, 0, yielding) and counters.reached_within(c, 2, 5, yielding)
+    assert not counters.reached_within(c, 3, 1000, yielding)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
@@ -69,6 +70,35 @@ def test_an_arrival_copies_in_publishes_and_sums_only_if_it_came_last(dtype):
     assert (out == -1).all() and (tally_out == 0).all()
     assert arrival(source * 10, rows[0], tally, tally_rows[0], 0, sums)(6)  # the last to arrive sums
     assert c.tolist() == [6, 6] and out.tolist() == (source * 10 + source).tolist() and tally_out.tolist() == [6.0, 2.0]
+
+
+def test_an_arrival_that_does_not_sum_copies_in_and_publishes_only():
+    rows, tally_rows = np.zeros((2, 3), np.float32), np.zeros((2, 1))
+    out, tally_out = np.full(3, -1.0, np.float32), np.zeros(1)
+    c = strided([5, 0])  # rank 0 has arrived: an arrival that sums would sum now
+    sums = SlotRound(c, rows, 0, 3, out, tally_rows, tally_out)
+    source = np.array([1.0, 2.0, 3.0], np.float32)
+    assert not arrival(source, rows[1], np.ones(1), tally_rows[1], 1, sums, sum_at_arrival=False)(5)
+    assert rows[1].tolist() == [1.0, 2.0, 3.0] and tally_rows[1].tolist() == [1.0] and c.tolist() == [5, 5]
+    assert (out == -1).all() and (tally_out == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("yielding", [False, True])
+def test_a_published_result_is_copied_only_once_its_counter_reaches_the_round(dtype, yielding):
+    values = torch.tensor([1.5, -0.0, float("inf"), float("nan"), 3e-5], dtype=dtype)
+    shared, mine = torch.zeros(5, dtype=dtype), torch.full((5,), 7.0, dtype=dtype)
+    shared_tally, my_tally = np.zeros(2), np.zeros(2)
+    c = strided([0, 0])  # the publisher's counter first, as a leader's
+    publish = publication(host_rows(values), host_rows(shared), np.array([4.0, 2.0**40]), shared_tally, c, 0)
+    take = published_copy(c[:1], host_rows(shared), host_rows(mine), shared_tally, my_tally, yielding=yielding)
+    assert not take(1, 3)  # nothing published: nothing copied
+    assert (mine == 7).all() and (my_tally == 0).all()
+    publish(1)
+    assert c.tolist() == [1, 0] and shared.view(torch.uint8).tolist() == values.view(torch.uint8).tolist()
+    assert take(1, 0) and not take(2, 2)
+    assert mine.view(torch.uint8).tolist() == values.view(torch.uint8).tolist()  # every bit, NaN's and -0's too
+    assert my_tally.tolist() == [4.0, 2.0**40]
 
 
 def test_an_arrival_of_half_precision_copies_its_bits():
@@ -111,6 +141,19 @@ def test_arrays_a_round_cannot_take_by_address_are_refused():
         arrival(np.zeros(20, np.float32)[::2], rows[0], np.zeros(0), np.zeros(0), 0, sums)
     with pytest.raises(TypeError, match="tally is a vector of float64"):
         arrival(out, rows[0], np.zeros(1, np.float32), np.zeros(1, np.float32), 0, sums)
+
+
+def test_a_publication_and_its_copy_refuse_what_they_cannot_take():
+    c = strided([0, 0])
+    with pytest.raises(ValueError, match="cannot copy"):
+        publication(np.zeros(5, np.float32), np.zeros(4, np.float32), np.zeros(0), np.zeros(0), c, 0)
+    with pytest.raises(ValueError, match="names no counter"):
+        publication(np.zeros(5, np.float32), np.zeros(5, np.float32), np.zeros(0), np.zeros(0), c, 2)
+    with pytest.raises(TypeError, match="one int64"):
+        published_copy(c, np.zeros(5, np.float32), np.zeros(5, np.float32), np.zeros(0), np.zeros(0))
+    with pytest.raises(TypeError, match="float64"):
+        single = np.zeros(1, np.float32)
+        published_copy(c[:1], np.zeros(5, np.float32), np.zeros(5, np.float32), single, single.copy())
 
 
 def test_mismatched_arguments_are_named():
