@@ -22,11 +22,15 @@ A round:
      local rank is done (:meth:`NodeAllreduce.wait_writable`; completion implies it); or
    - **latency path** (at most :data:`LATENCY_MAX_BYTES`): the input is this rank's own
      memory, copied at ``start`` into one of two slots, alternating by round. This rank
-     sums that round's slots over the whole range back into its input, in place, and with
-     several nodes allreduces it over the cross communicator. One counter-synchronised
-     pass: no rank waits for another to finish reading, since a rank that completed round
-     ``n + 1`` saw every local rank arrive at it, so all have finished reading round
-     ``n``'s slots, the ones round ``n + 2`` writes.
+     sums that round's slots over the whole range back into its input, in place. One
+     counter-synchronised pass: no rank waits for another to finish reading, since a rank
+     that completed round ``n + 1`` saw every local rank arrive at it, so all have finished
+     reading round ``n``'s slots, the ones round ``n + 2`` writes. With several nodes only
+     local rank 0, the node's leader, sums; it allreduces the node's sum (and the tally)
+     over the cross communicator, with the other nodes' leaders, and publishes both in the
+     window behind a counter of its own, which the node's other ranks wait for and copy
+     from: one exchange per node, and the same bits on every rank. The leader writes that
+     row again only once every local rank arrived at the next round, so after each copied.
 
 **Completion order.** A bandwidth-path round completes once every local rank has summed
 its own share, which a rank does only while it tests or waits on that round (or on the
@@ -41,8 +45,10 @@ order, K-FAC's factor groups in start order, ABS-SGD has one round in flight, an
 Counters are int64 in their own cache lines (:class:`NodeCounters`), published with
 release order and read with acquire order. Every wait goes through
 :meth:`Communicator.wait_for`, with its watchdog; across nodes one that never sleeps between
-polls, since MPI moves the exchange between nodes only while the rank calls into it.
-Inter-node collectives are posted in the
+polls, since MPI moves the exchange between nodes only while the rank calls into it, and
+where the communicator allows it (:meth:`Communicator.waits_in_mpi`) a rank that exchanges
+polls only until its exchange is posted, then waits in ``MPI_Wait``. The exchanges are MPI
+persistent allreduces made with the sum, posted in the
 order rounds were started (:meth:`NodeGroup.post_ready`), so every rank posts them in the
 same order.
 
