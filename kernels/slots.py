@@ -196,9 +196,10 @@ def _round(at: np.ndarray, seq: int, polls: int) -> bool:
 
 
 @njit(nogil=True, cache=CACHE)
-def _arrive(at: np.ndarray, seq: int) -> bool:
+def _copy_bytes_and_tally(at: np.ndarray) -> None:
+    """The layout's source into its slot (raw bytes: any dtype) and its tally into the tally's slot."""
     n, t = at[_SOURCE_BYTES], at[_TALLY_IN_N]
-    source = carray(_pointer(at[_SOURCE]), (n,), np.uint8)  # raw bytes: any dtype
+    source = carray(_pointer(at[_SOURCE]), (n,), np.uint8)
     slot = carray(_pointer(at[_SLOT]), (n,), np.uint8)
     for j in range(n):
         slot[j] = source[j]
@@ -206,6 +207,11 @@ def _arrive(at: np.ndarray, seq: int) -> bool:
     tally_slot = carray(_pointer(at[_TALLY_SLOT]), (t,), np.float64)
     for j in range(t):
         tally_slot[j] = tally[j]
+
+
+@njit(nogil=True, cache=CACHE)
+def _arrive(at: np.ndarray, seq: int) -> bool:
+    _copy_bytes_and_tally(at)
     publish(_counters_at(at), at[_INDEX], seq)
     return bool(at[_SUMS]) and _round(at, seq, 0)
 
@@ -214,15 +220,7 @@ def _arrive(at: np.ndarray, seq: int) -> bool:
 def _copy_published(at: np.ndarray, seq: int, polls: int) -> bool:
     if not reached_within(_counters_at(at), seq, polls, at[_YIELDING] != 0):
         return False
-    n, t = at[_SOURCE_BYTES], at[_TALLY_IN_N]
-    source = carray(_pointer(at[_SOURCE]), (n,), np.uint8)
-    destination = carray(_pointer(at[_SLOT]), (n,), np.uint8)
-    for j in range(n):
-        destination[j] = source[j]
-    tally = carray(_pointer(at[_TALLY]), (t,), np.float64)
-    tally_destination = carray(_pointer(at[_TALLY_SLOT]), (t,), np.float64)
-    for j in range(t):
-        tally_destination[j] = tally[j]
+    _copy_bytes_and_tally(at)
     return True
 
 

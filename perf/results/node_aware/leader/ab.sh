@@ -5,14 +5,7 @@
 # `BEFORE=fc209e8 BASE=/tmp/base_fc flock /tmp/mpisolve-cpu.lock perf/results/node_aware/leader/ab.sh`;
 # JSON lines and the log (ab-<main's commit>.log) in this directory.
 set -euo pipefail
-MAIN=$(pwd)
-HERE=$MAIN/perf/results/node_aware/leader
-AFTER=$(git rev-parse --short HEAD)
-# The editable install maps mpisolve.kernels to main's kernels/; a link makes the copy import its own.
-[ -e "$BASE/mpisolve/kernels" ] || ln -s ../kernels "$BASE/mpisolve/kernels"
-PY=$MAIN/.venv/bin/python
-MPIEXEC=$MAIN/.venv/bin/mpiexec
-SSH=(-launcher ssh -launcher-exec "$MAIN/tests/cluster/fake-ssh")
+source perf/results/node_aware/leader/common.sh
 ARGS=(bench sweep --ops mpi,bucketed,bucketed-node,bucketed-mpi,average --min-bytes 4K --max-bytes 4M)
 sweep() {  # dir label layout
   local where=()

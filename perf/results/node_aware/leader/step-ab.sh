@@ -5,13 +5,7 @@
 # the repository root as `BEFORE=fc209e8 BASE=/tmp/base_fc flock /tmp/mpisolve-cpu.lock perf/results/node_aware/leader/step-ab.sh`;
 # JSON lines (steps-<main's commit>.jsonl) and the log (step-ab-<main's commit>.log) in this directory.
 set -euo pipefail
-MAIN=$(pwd)
-HERE=$MAIN/perf/results/node_aware/leader
-AFTER=$(git rev-parse --short HEAD)
-[ -e "$BASE/mpisolve/kernels" ] || ln -s ../kernels "$BASE/mpisolve/kernels"
-PY=$MAIN/.venv/bin/python
-MPIEXEC=$MAIN/.venv/bin/mpiexec
-SSH=(-launcher ssh -launcher-exec "$MAIN/tests/cluster/fake-ssh")
+source perf/results/node_aware/leader/common.sh
 step() {  # dir hosts ranks model
   (cd "$1" && "$MPIEXEC" "${SSH[@]}" -hosts "$2" -n "$3" -env PYTHONPATH "$1" "$PY" -m mpi4py -m mpisolve \
     bench step --model "$4" --batch 32 --solver allreduce --repeats 60 --warmup 10 2>/dev/null | tail -1)

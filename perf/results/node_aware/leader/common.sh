@@ -1,0 +1,10 @@
+# Sourced by this directory's A/B scripts (run from the repository root): main's checkout and commit, the copy of
+# $BEFORE in $BASE made to import its own kernels, the venv's Python and mpiexec, and the emulated cluster's launcher.
+MAIN=$(pwd)
+HERE=$MAIN/perf/results/node_aware/leader
+AFTER=$(git rev-parse --short HEAD)
+# The editable install maps mpisolve.kernels to main's kernels/; a link makes the copy import its own.
+[ -e "$BASE/mpisolve/kernels" ] || ln -s ../kernels "$BASE/mpisolve/kernels"
+PY=$MAIN/.venv/bin/python
+MPIEXEC=$MAIN/.venv/bin/mpiexec
+SSH=(-launcher ssh -launcher-exec "$MAIN/tests/cluster/fake-ssh")
