@@ -7,7 +7,9 @@ talks to the others' local rank ``i``, so every rank's network link carries a sl
 
 A :class:`NodeAllreduce` is one persistent sum of ``numel`` elements. Its memory is one
 ``MPI_Win_allocate_shared`` window holding, for each local rank, a *slot* (the rank's
-input; two on the latency path), its *counters*, and on the bandwidth path the *result*.
+input; two on the latency path), its *counters*, and on the bandwidth path the *result*
+(on the latency path across nodes the node leader's *published* sum and tally, with a
+counter of their own).
 A round:
 
 1. ``start``: this rank's input is final: it bumps its ``arrived`` counter (on the
@@ -29,7 +31,7 @@ A round:
      local rank 0, the node's leader, sums; it allreduces the node's sum (and the tally)
      over the cross communicator, with the other nodes' leaders, and publishes both in the
      window behind a counter of its own, which the node's other ranks wait for and copy
-     from: one exchange per node, and the same bits on every rank. The leader writes that
+     from: one exchange per node, and the same bits on every rank of a node. The leader writes that
      row again only once every local rank arrived at the next round, so after each copied.
 
 **Completion order.** A bandwidth-path round completes once every local rank has summed
@@ -492,13 +494,17 @@ class NodeAllreduce:
     def wait(self, what: str | None = None) -> None:
         """Complete the round. Where the communicator allows it (:meth:`.Communicator.waits_in_mpi`), a rank
         that exchanges with the other nodes polls only until its exchange is posted, then waits in MPI's own
-        wait, which hands a shared core to the ranks it waits for sooner than a poll."""
+        wait, which hands a shared core to the ranks it waits for sooner than a poll; past the timeout its
+        watchdog thread aborts the job (:meth:`.Communicator.blocking`), where a polled wait raises
+        :class:`~mpisolve.errors.CommTimeout`, as for MPI's own sums waited in ``MPI_Wait``."""
 
         def where() -> str:
             return f"{what or 'node-shared allreduce'} ({self.where()})"
 
         if self._exchange and self.comm.waits_in_mpi():
             self.comm.wait_for(self._posted_or_done, where, transfers=True)
+            # Held through MPI_Wait: a thread driving the group meanwhile waits (a progress thread drives it
+            # only for abs-sgd, whose rounds register interrupts, so that its waits never block in MPI).
             with self.group.lock:
                 if self.stage == "internode":
                     for request in self._exchange:
@@ -540,6 +546,7 @@ class NodeAllreduce:
     def _advance(self, polls: int) -> bool:
         if self.stage == "awaiting":
             assert self._take is not None
+            self.group.post_ready()  # rounds started earlier wait for no one to post their exchanges
             if self._take(self._seq, polls):
                 self.stage = "idle"
             return self.stage == "idle"
@@ -578,7 +585,10 @@ class NodeAllreduce:
             self.stage = "published"
 
     def free(self) -> None:
-        """Release the exchange's requests and the window (collective over the node)."""
+        """Release the exchange's requests and the window (collective over the node). A round in flight is
+        completed first (on every rank alike: MPI frees no started request, and its ranks' exchanges meet)."""
+        if self.stage != "idle":
+            self.wait("node-shared allreduce, completed before it is freed")
         for request in self._exchange:
             request.free()
         free_window(self.comm, self.win)

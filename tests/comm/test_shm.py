@@ -86,7 +86,7 @@ def test_sums_equal_the_ordered_reference_round_after_round(dtype):
 def test_a_small_sum_crosses_between_nodes_once_per_node_from_its_leader(monkeypatch):
     """The latency path across nodes: local rank 0 alone sums the node's slots, exchanges the sum and
     the tally with the other nodes' local rank 0 and publishes them; the node's other ranks copy them
-    (every rank gets the same bits). On one node nothing crosses; the bandwidth path's ranks each cross."""
+    (every rank of a node gets the same bits). On one node nothing crosses; the bandwidth path's ranks each cross."""
     comm = Communicator()
     group = node_group(comm)
     assert group is not None  # several ranks per node here
@@ -109,7 +109,7 @@ def test_a_small_sum_crosses_between_nodes_once_per_node_from_its_leader(monkeyp
         want = oracle(comm, round_, small.numel, torch.float32, 0.5)
         torch.testing.assert_close(small.result, want, rtol=1e-6, atol=1e-5)
         assert small.tally_result.tolist() == [comm.size * (comm.size + 1) / 2, comm.size * (2.0**40 + round_)]
-        every = comm.comm.allgather(small.result.numpy().tobytes())
+        every = comm.node.allgather(small.result.numpy().tobytes())
         assert all(bits == every[0] for bits in every)
     leader = comm.local_rank == 0
     assert started == ([group.cross] * 6 if comm.nodes > 1 and leader else []), (comm.local_rank, len(started))
@@ -117,9 +117,26 @@ def test_a_small_sum_crosses_between_nodes_once_per_node_from_its_leader(monkeyp
     large.start()
     large.wait()
     assert torch.equal(large.result, torch.full((large.numel,), float(comm.size)))
-    assert len(started) == (6 if leader else 0) + 1 if comm.nodes > 1 else not started
+    assert len(started) == ((6 if leader else 0) + 1 if comm.nodes > 1 else 0)
     for op in (small, large):
         op.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@pytest.mark.ranks(2, 4)
+@pytest.mark.parametrize("numel", [10, LATENCY_MAX_BYTES // 4 + 1])  # the latency path and the bandwidth path
+def test_a_sum_freed_mid_round_completes_the_round_first(numel):
+    """MPI frees no started request, and the window's free is collective: a round started and freed
+    without a wait is completed first, on every rank, then freed (across nodes its exchange is in flight)."""
+    comm = Communicator()
+    op = NodeAllreduce(node_group(comm), numel, torch.float32, tally=1)
+    op.input.fill_(1.0)
+    op.tally_input.fill_(1.0)
+    op.start()
+    op.free()
+    assert op.win == MPI.WIN_NULL and op.stage == "idle"
+    assert op.tally_result.tolist() == [float(comm.size)]
 
 
 class Net(nn.Module):
