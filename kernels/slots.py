@@ -287,11 +287,7 @@ class SlotRound:
         if self.rows.dtype not in (np.float32, np.float64, np.uint16):
             raise TypeError(f"rows are float32, float64 or half patterns (uint16), got {self.rows.dtype}")
         _require_contiguous(rows=self.rows, out=self.out, tally_rows=tally_rows, tally_out=tally_out)
-        counters = self.counters
-        if counters.dtype != np.int64 or counters.ndim != 1 or not counters.size or counters.strides[0] % 8:
-            raise TypeError("counters are a vector of int64, one every whole number of int64s")
-        if counters.strides[0] <= 0:
-            raise ValueError("counters must lie in increasing addresses")
+        _check_counters(self.counters)
 
     def layout(self, size: int = _ROUND_SIZE) -> np.ndarray:
         """The round as its compiled calls take it: ``size`` int64s of addresses, shapes and
@@ -300,11 +296,7 @@ class SlotRound:
             self.rows.dtype.type, _BFLOAT16 if self.brain else _FLOAT16
         )
         at = np.zeros(size, dtype=np.int64)
-        at[[_COUNTERS, _COUNTERS_N, _COUNTERS_STEP]] = (
-            _address(self.counters),
-            self.counters.size,
-            self.counters.strides[0] // 8,
-        )
+        _set_counters(at, self.counters)
         at[[_ROWS, _ROWS_R, _ROWS_M, _START, _STOP]] = _address(self.rows), *self.rows.shape, self.start, self.stop
         at[[_OUT, _OUT_N, _KIND]] = _address(self.out), self.out.size, kind
         at[_SCALE] = np.float64(self.scale).view(np.int64)
@@ -355,9 +347,8 @@ def arrival(
     if not 0 <= index < sums.counters.size:
         raise ValueError(f"index {index} names no counter of {sums.counters.size}")
     at = sums.layout(_ARRIVAL_SIZE)
-    at[[_SOURCE, _SOURCE_BYTES, _SLOT]] = _address(source), source.nbytes, _address(slot)
-    at[[_TALLY, _TALLY_SLOT, _TALLY_IN_N, _INDEX]] = _address(tally), _address(tally_slot), tally.size, index
-    at[_SUMS] = sum_at_arrival
+    _set_copy(at, source, slot, tally, tally_slot)
+    at[[_INDEX, _SUMS]] = index, sum_at_arrival
     keep = (*sums.arrays(), source, slot, tally, tally_slot)
     return bind(_arrive, at, per_call=(types.int64,), keep=keep)
 
@@ -374,14 +365,13 @@ def publication(
     into ``tally_destination``, then set ``counters[index] = seq`` (release order), where
     :func:`published_copy` waits for it. One compiled call; checked once, here."""
     _check_copy(source, destination, tally, tally_destination)
-    if counters.dtype != np.int64 or counters.ndim != 1 or counters.strides[0] <= 0 or counters.strides[0] % 8:
-        raise TypeError("counters are a vector of int64, one every whole number of int64s")
+    _check_counters(counters)
     if not 0 <= index < counters.size:
         raise ValueError(f"index {index} names no counter of {counters.size}")
     at = np.zeros(_ARRIVAL_SIZE, dtype=np.int64)
-    at[[_COUNTERS, _COUNTERS_N, _COUNTERS_STEP]] = _address(counters), counters.size, counters.strides[0] // 8
-    at[[_SOURCE, _SOURCE_BYTES, _SLOT]] = _address(source), source.nbytes, _address(destination)
-    at[[_TALLY, _TALLY_SLOT, _TALLY_IN_N, _INDEX]] = _address(tally), _address(tally_destination), tally.size, index
+    _set_counters(at, counters)
+    _set_copy(at, source, destination, tally, tally_destination)
+    at[_INDEX] = index
     keep = (counters, source, destination, tally, tally_destination)
     return bind(_arrive, at, per_call=(types.int64,), keep=keep)  # _SUMS 0: copied and published, no sum
 
@@ -404,9 +394,8 @@ def published_copy(
     if counter.dtype != np.int64 or counter.shape != (1,):
         raise TypeError(f"the counter is a vector of one int64, got {counter.dtype}{counter.shape}")
     at = np.zeros(_ARRIVAL_SIZE, dtype=np.int64)
-    at[[_COUNTERS, _COUNTERS_N, _COUNTERS_STEP]] = _address(counter), 1, 1
-    at[[_SOURCE, _SOURCE_BYTES, _SLOT]] = _address(source), source.nbytes, _address(destination)
-    at[[_TALLY, _TALLY_SLOT, _TALLY_IN_N]] = _address(tally), _address(tally_destination), tally.size
+    _set_counters(at, counter)
+    _set_copy(at, source, destination, tally, tally_destination)
     at[_YIELDING] = yielding
     keep = (counter, source, destination, tally, tally_destination)
     return bind(_copy_published, at, per_call=(types.int64, types.int64), keep=keep)
@@ -422,3 +411,23 @@ def _check_copy(source: np.ndarray, destination: np.ndarray, tally: np.ndarray, 
     if tally.dtype != np.float64 or tally.ndim != 1:
         raise TypeError(f"a tally is a vector of float64, got {tally.dtype}{tally.shape}")
     _require_contiguous(source=source, destination=destination, tally=tally, tally_destination=tally_destination)
+
+
+def _set_copy(
+    at: np.ndarray, source: np.ndarray, destination: np.ndarray, tally: np.ndarray, tally_destination: np.ndarray
+) -> None:
+    """A layout's copy (:func:`_copy_bytes_and_tally`): ``source``'s bytes and ``tally`` into their destinations."""
+    at[[_SOURCE, _SOURCE_BYTES, _SLOT]] = _address(source), source.nbytes, _address(destination)
+    at[[_TALLY, _TALLY_SLOT, _TALLY_IN_N]] = _address(tally), _address(tally_destination), tally.size
+
+
+def _check_counters(counters: np.ndarray) -> None:
+    if counters.dtype != np.int64 or counters.ndim != 1 or not counters.size or counters.strides[0] % 8:
+        raise TypeError("counters are a vector of int64, one every whole number of int64s")
+    if counters.strides[0] <= 0:
+        raise ValueError("counters must lie in increasing addresses")
+
+
+def _set_counters(at: np.ndarray, counters: np.ndarray) -> None:
+    """A layout's counters: their address, how many, and the int64s from one to the next."""
+    at[[_COUNTERS, _COUNTERS_N, _COUNTERS_STEP]] = _address(counters), counters.size, counters.strides[0] // 8

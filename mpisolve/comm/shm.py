@@ -394,6 +394,7 @@ class NodeAllreduce:
         # round's start (the copy in of raw bytes, the arrival, and one try at the sum where this
         # rank sums).
         scale = self.scale if group.cross is None else 1.0  # across nodes: scaled once the nodes' sums are in
+        yielding = self.comm.wait_policy == "yield"
         rounds = [
             SlotRound(
                 self._arrived.values,
@@ -405,7 +406,7 @@ class NodeAllreduce:
                 self.tally_result.numpy(),
                 scale,
                 brain=dtype == torch.bfloat16,
-                yielding=group.comm.wait_policy == "yield",
+                yielding=yielding,
             )
             for c in range(copies)
         ]
@@ -449,9 +450,9 @@ class NodeAllreduce:
                     host_rows(self.result),
                     published_tally.numpy(),
                     self.tally_result.numpy(),
-                    yielding=group.comm.wait_policy == "yield",
+                    yielding=yielding,
                 )
-        self._polls = SPIN_POLLS if self.comm.wait_policy == "spin" else YIELD_POLLS
+        self._polls = YIELD_POLLS if yielding else SPIN_POLLS
         self._seq = 0
         #: idle -> arrived -> reduced -> (internode ->) published (bandwidth path) -> idle; a latency
         #: round's start goes straight to reduced (and on one node to idle) when this rank arrives last;
