@@ -188,8 +188,14 @@ def _sums_at(at: np.ndarray) -> None:
 
 
 @njit(nogil=True, cache=CACHE)
+def _reached(at: np.ndarray, seq: int, polls: int) -> bool:
+    """Whether the layout's counters reached ``seq``, checked up to ``polls`` more times (yielding where it says)."""
+    return reached_within(_counters_at(at), seq, polls, at[_YIELDING] != 0)
+
+
+@njit(nogil=True, cache=CACHE)
 def _round(at: np.ndarray, seq: int, polls: int) -> bool:
-    if not reached_within(_counters_at(at), seq, polls, at[_YIELDING] != 0):
+    if not _reached(at, seq, polls):
         return False
     _sums_at(at)
     return True
@@ -218,7 +224,7 @@ def _arrive(at: np.ndarray, seq: int) -> bool:
 
 @njit(nogil=True, cache=CACHE)
 def _copy_published(at: np.ndarray, seq: int, polls: int) -> bool:
-    if not reached_within(_counters_at(at), seq, polls, at[_YIELDING] != 0):
+    if not _reached(at, seq, polls):
         return False
     _copy_bytes_and_tally(at)
     return True
