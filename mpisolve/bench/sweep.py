@@ -6,9 +6,10 @@ and each operation:
 - ``mpi``: one blocking ``MPI_Allreduce`` (sum) from a send to a receive buffer, as
   osu_allreduce does: the MPI library's own figure.
 - ``sum``, ``average``: ``mpisolve.allreduce(t, op=...)`` of the one tensor, the functional
-  collective (below the node-shared crossover one checked blocking allreduce,
-  :mod:`mpisolve.comm.onetensor`; above it fused into a node-shared window, or a
-  nonblocking allreduce with a watchdogged wait).
+  collective (:mod:`mpisolve.comm.onetensor`: one node-shared round where node-shared sums
+  apply, else one MPI allreduce, its signature checked in the same message). With both in
+  ``--ops``, ``average`` runs on a communicator of its own: calls that alternate signatures
+  on one communicator agree each one anew, which is not either op's latency.
 - ``bucketed``: the solvers' gradient path, ``GradientBuckets.finish()`` (averaging) on one
   bucket (a persistent allreduce, then the average).
 - ``adasum``: ``mpisolve.allreduce([t], op="adasum")`` (in the default ``--ops`` wherever the
@@ -187,8 +188,11 @@ def check(case: Case, op: str, comm: Communicator) -> None:
 
 def path_communicators(ops: list[str], comm: Communicator) -> dict[str, Communicator]:
     """Communicators of ``comm``'s ranks for the ops that force a path: node-shared sums at every
-    size (``bucketed-node``; an InputError, on every rank, where they do not apply), MPI's path."""
+    size (``bucketed-node``; an InputError, on every rank, where they do not apply), MPI's path;
+    and for ``average`` beside ``sum``, so that each keeps its own agreed signature."""
     forced: dict[str, Communicator] = {}
+    if {"sum", "average"} <= set(ops):
+        forced["average"] = Communicator(comm.comm)
     if "bucketed-node" in ops:
         node = forced["bucketed-node"] = Communicator(comm.comm, node_shm=True)
         group = node_group(node)

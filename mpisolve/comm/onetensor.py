@@ -1,57 +1,65 @@
-"""An allreduce of one CPU tensor: its signature agreed once, then one MPI call a call.
+"""An allreduce of one CPU tensor: its signature agreed once, then one message a call.
 
 ``mpisolve.allreduce`` of one tensor and ``hvd.allreduce`` (each allreduce of one tensor that
 :class:`.ops.TensorOps` starts, :class:`.ops.OneCall`) come here. The general path
 (:func:`.collectives.allreduce`, or :mod:`.ops`' header round and data round) fuses, posts
 nonblocking rounds and waits for them through the watchdog: per call costs that are several
-times MPI's own latency for a few KiB. Here a sum or average of one float CPU tensor below
-the one-shot crossover (:attr:`.shm.NodeGroup.one_shot_min_bytes`; any size where
-node-shared sums do not apply) is checked across ranks once per signature (dtype, shape,
-reduction, prescale and postscale factors), then each call is one MPI call, waited for at
-once, on a communicator of its own: up to :data:`INLINE_MAX_BYTES`, one start of a
-persistent allreduce (``MPI_Allreduce_init``, made by every rank when they agree the
-signature, on a buffer kept with it: :class:`InlineMessage`) of the values and one more
-element, a *miss* flag; above it (reached only where node-shared sums do not apply or their
-crossover is set higher), an ``MPI_Iallreduce`` of the flag alone and then (one blocking ``MPI_Allreduce``) of the
-tensor from where it lies into a kept buffer. Up to the one-shot crossover the copy into the
-message costs less than the flag's own allreduce, a second latency before the values'
-(docs/studies/node-aware.md). The sum is copied out into the new result: MPI moves messages
-between buffers it has seen before faster than into new memory each call. A call with the agreed
-signature is told by comparing its dtype, shape, reduction and scales with the agreed ones
-as they are, and a tensor sent again reuses its numpy view.
+times MPI's own latency for a few KiB. Here a sum or average of one float32 or float64 CPU
+tensor is checked across ranks once per signature (dtype, shape, reduction, prescale and
+postscale factors), then each call is one message, waited for at once, that carries the
+values and one more number, a *miss* flag (:class:`Message`):
+
+- where node-shared sums apply (:func:`.shm.node_group`), from the one-shot crossover
+  (:attr:`.shm.NodeGroup.one_shot_min_bytes`, by default every size), one round of a
+  node-shared sum (:class:`NodeMessage`: a :class:`.shm.NodeAllreduce` kept per element
+  count and dtype, its float64 tally the flag): the values copied into the node's window,
+  summed there and, across nodes, among the nodes' ranks, with no MPI call on one node;
+- else, up to :data:`INLINE_MAX_BYTES`, one start of a persistent allreduce
+  (``MPI_Allreduce_init``, made by every rank when they agree the signature, on a buffer
+  kept with it: :class:`InlineMessage`) of the values and the flag, on a communicator of
+  its own; above it, an ``MPI_Iallreduce`` of the flag alone and then one blocking
+  ``MPI_Allreduce`` of the tensor from where it lies into a kept buffer (for large tensors
+  the copy into the message would cost more than the flag's own latency).
+
+The sum is copied out into the new result: MPI moves messages between buffers it has seen
+before faster than into new memory each call. A call with the agreed signature is told by
+comparing its dtype, shape, reduction and scales with the agreed ones as they are, and a
+tensor sent again reuses its numpy view.
 
 **The check, kept cheap.** Every rank holds the same *agreed* signature (the last one every
 rank negotiated, or none): it changes only after a negotiation, which every rank runs alike.
-A call whose signature is the agreed one sends the flag 0 (with its values, inline); any
-other call sends a miss (and, inline, as many elements as the agreed signature has, so
-every rank's message has the same length; with none agreed, the flag alone). The flags'
+A call whose signature is the agreed one sends the flag 0 with its values; any other call
+sends a miss in the agreed signature's message (so every rank takes part in the same
+message, whatever its own call; with none agreed, the flag alone). The flags'
 sum is the same on every rank: 0 means every rank called with the agreed signature;
 otherwise every rank negotiates: the ranks' signatures are gathered (one small
 ``allgather``), and where they differ every rank raises :class:`TensorMismatchError`
 naming them, as the checked collectives of :mod:`.ops` do, and nothing hangs. Where they
 agree, that signature becomes the agreed one. Where the agreed signature does not take
-this path (a larger tensor, another reduction, a dtype MPI has no arithmetic for, a GPU or
-non-contiguous tensor on some rank), each call sends only the flag before taking the
+this path (another reduction, another dtype, a GPU or non-contiguous tensor on some rank),
+each call sends only the flag before taking the
 general path, so a rank that calls with another signature is still noticed.
 
 **Join.** A rank in :meth:`.ops.TensorOps.join` cannot know whether the others' next call
 comes here or to a header round, so it posts both: its header, and here a message of the
-agreed length flagged :data:`JOINED` (:meth:`start_joined`): a start of the same persistent
-allreduce where the agreed signature goes inline, else an ``MPI_Iallreduce`` of the flag.
-That is why the flag-carrying messages are persistent or nonblocking, each kind where every
-rank uses it (MPI matches a persistent collective only with persistent ones, a nonblocking
-one only with nonblocking ones). The others see a miss and negotiate with it; a joined rank's signature is none, and
-every rank then takes the general path, which the joined rank answers. The flags sum to
-the communicator's size only where every rank has joined.
+agreed length flagged :data:`JOINED` (:meth:`start_joined`), its values zeros: a start of
+the agreed signature's message where it goes in one, else an ``MPI_Iallreduce`` of the flag.
+That is why the flag-carrying MPI messages are persistent or nonblocking, each kind where
+every rank uses it (MPI matches a persistent collective only with persistent ones, a
+nonblocking one only with nonblocking ones). The others see a miss and negotiate with it; a
+joined rank's signature is none, and every rank then takes the general path, which the
+joined rank answers. The flags sum to the communicator's size only where every rank has
+joined.
 
-The waits are watched: the nonblocking ones, and the persistent one where ranks wait by
+The waits are watched: a node-shared round's as :meth:`.shm.NodeAllreduce.wait` watches it; the
+nonblocking ones, and the persistent one where ranks wait by
 polling (the communicator's ``wait_policy`` ``"spin"``: a core each; a few tests, then), by
 the communicator's polled wait, which raises :class:`CommTimeout` past the timeout; the
 blocking one, and the persistent one where ranks yield their cores (``"yield"``, the default
 where ranks share cores: ``MPI_Wait``, as MPI's own wait gives the core to the ranks it waits
 for sooner than a poll from Python), by its watchdog thread (:meth:`Communicator.blocking`),
-which aborts. A :class:`CommTimeout` leaves its request started (MPI can neither cancel nor
-free a started collective, and the late ranks may still meet it): later calls here (and a
+which aborts. A :class:`CommTimeout` leaves its request or round started (MPI can neither cancel nor
+free a started collective, and the late ranks may still meet either): later calls here (and a
 join) raise :class:`CommTimeout` naming it, starting nothing, until it has completed as a hit
 on every rank (the ranks in step again: calls go on), e.g. where the late ranks met it while
 this rank moved MPI along. On a communicator whose waits drive other work
@@ -64,7 +72,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -72,25 +80,25 @@ from mpi4py import MPI
 
 from ..errors import CommTimeout, TensorMismatchError
 from .communicator import Communicator
-from .shm import ONE_SHOT_MIN_BYTES, node_group
+from .shm import ONE_SHOT_KEPT, NodeAllreduce, node_group
 
 #: The dtypes this path sums as they are (MPI's own arithmetic), with their numpy and MPI twins.
 FAST_DTYPES: dict[torch.dtype, tuple[type[np.floating[Any]], MPI.Datatype]] = {
     torch.float32: (np.float32, MPI.FLOAT),
     torch.float64: (np.float64, MPI.DOUBLE),
 }
-#: Tensors up to this many bytes travel with the flag in one message (copied into it); larger
-#: ones are summed from where they lie, after the flag's own allreduce. The one-shot crossover's
-#: default: every tensor below it goes inline where node-shared sums apply.
-INLINE_MAX_BYTES = ONE_SHOT_MIN_BYTES
+#: Tensors up to this many bytes travel with the flag in one MPI message (copied into it); larger
+#: ones are summed from where they lie, after the flag's own allreduce.
+INLINE_MAX_BYTES = 4 * 1024 * 1024
 
 SUM = "MPI_Iallreduce (one tensor)"
 CHECK = "MPI_Iallreduce (one tensor's signature check)"
 
 #: (dtype, shape, reduction, prescale, postscale): what the ranks must agree on.
 Signature = tuple[torch.dtype, torch.Size, str, float, float]
-#: How a signature's calls go: its values with the flag, after the flag, or the general path after it.
-INLINE, SEPARATE, GENERAL = "inline", "separate", "general"
+#: How a signature's calls go: its values with the flag in one MPI message, in a node-shared sum whose
+#: tally is the flag, after the flag, or the general path after it.
+INLINE, NODE, SEPARATE, GENERAL = "inline", "node", "separate", "general"
 #: The flag of a rank in :meth:`.ops.TensorOps.join` (a miss's is the communicator's size + 1, a hit's 0).
 JOINED = 1
 #: Tests of a started message before the polled wait (with its clock reads and interrupt walk) begins,
@@ -106,8 +114,9 @@ class OneTensor:
         self.sums = comm.split(0, name=("mpisolve.onetensor", "sums"))
         #: The signature every rank agreed last, how its calls go, and its element count.
         self.agreed: tuple[Signature, str, int] | None = None
-        #: The agreed signature's message where its calls go inline (every rank holds one alike).
-        self.inline: InlineMessage | None = None
+        #: The agreed signature's message where its calls go in one (inline or node-shared; every rank
+        #: holds one alike).
+        self.message: Message | None = None
         #: A miss's flag: flags sum to the communicator's size only where every rank has joined.
         self.miss = comm.size + 1
         self._flag = np.zeros(1, dtype=np.int64)
@@ -115,15 +124,19 @@ class OneTensor:
         self._joined = self._flag  # a joined rank's message (see start_joined)
         #: The watchdog of the blocking sums (:meth:`Communicator.blocking`), kept: armed for each call.
         self._watchdog = comm.blocking(SUM)
-        group = node_group(comm)
-        #: Tensors below this many bytes take this path (where node-shared sums apply: their crossover).
-        self.max_bytes = sys.maxsize if group is None else group.one_shot_min_bytes
-        #: Tensors up to this many bytes go inline (:data:`INLINE_MAX_BYTES`; the same on every rank).
+        self.group = node_group(comm)
+        #: Tensors of at least this many bytes go through a node-shared sum where one applies (its one-shot
+        #: crossover); smaller ones, and every one where none applies, through MPI.
+        self.node_min_bytes = sys.maxsize if self.group is None else self.group.one_shot_min_bytes
+        #: Tensors up to this many bytes go inline with MPI (:data:`INLINE_MAX_BYTES`; the same on every rank).
         self.inline_max_bytes = INLINE_MAX_BYTES
+        #: The node-shared sums of the signatures agreed for :data:`NODE`, by element count and dtype, kept
+        #: for the next agreement (the oldest freed past :data:`.shm.ONE_SHOT_KEPT`, every rank alike).
+        self._node_sums: dict[tuple[int, torch.dtype], NodeAllreduce] = {}
         #: What timed out here, the request it left started (None: the negotiation's) and the agreed
-        #: inline message, set aside: no later call runs here until that call completed as a hit everywhere.
-        self.stuck: tuple[str, MPI.Request | None, InlineMessage | None] | None = None
-        comm.on_free(lambda: self._agree(None))
+        #: message, set aside: no later call runs here until that call completed as a hit everywhere.
+        self.stuck: tuple[str, Started | None, Message | None] | None = None
+        comm.on_free(self._free)
         #: Whether ranks yield their cores while they wait (they share them, or were asked to): then a
         #: hit's message is waited for by MPI's own blocking wait (under the watchdog thread), not polled.
         self._blocking_wait = comm.wait_policy == "yield"
@@ -136,17 +149,18 @@ class OneTensor:
             or tensor.dtype not in FAST_DTYPES
             or tensor.device.type != "cpu"
             or not tensor.is_contiguous()
-            or nbytes >= self.max_bytes
             or self.comm.stage_all
         ):
             return GENERAL
+        if 0 < nbytes and self.node_min_bytes <= nbytes:
+            return NODE
         return INLINE if nbytes <= self.inline_max_bytes else SEPARATE
 
     def allreduce(self, tensor: torch.Tensor, op: str, scales: tuple[float, float] = (1.0, 1.0)) -> torch.Tensor | None:
         """The sum or average of ``tensor`` (``scales``: multiplied by the first before, by the second
         after), or None where the general path is to reduce it (the ranks agreed on that); raises alike
         on every rank when the ranks' signatures differ."""
-        hit = self.inline
+        hit = self.message
         # A hit, told by comparing with the agreed values as they are (the same test as mode()'s and
         # the signature's, which the agreed inline signature passed): no tuple built, no lookup.
         if (
@@ -161,9 +175,9 @@ class OneTensor:
             and not self.comm.has_interrupts()
         ):
             self._send(hit, tensor, scales[0])
-            if hit.buffer[hit.numel] == 0:
+            if hit.flags[0] == 0:
                 return self._result(hit, op, scales[1])
-            return self._settle(tensor, op, scales, INLINE)  # another rank missed
+            return self._settle(tensor, op, scales, self.mode(tensor, op))  # another rank missed
         if self.stuck is not None:
             self._resume()  # raises unless the call that timed out here has since completed as a hit everywhere
             return self.allreduce(tensor, op, scales)
@@ -173,8 +187,9 @@ class OneTensor:
         agreed = self.agreed
         if agreed is None:
             self._flags(self.miss)  # nothing agreed: every rank misses (a joined rank's message matches it)
-        elif hit is not None:  # the agreed signature goes inline and this call is not it: a miss
-            hit.buffer[hit.numel] = self.miss
+        elif hit is not None:  # the agreed signature goes in one message and this call is not it: a miss
+            hit.writable()
+            hit.flag[0] = self.miss
             self._start(hit)
         elif self._flags(0 if agreed[:2] == ((tensor.dtype, tensor.shape, op, *scales), mode) else self.miss) == 0:
             return None if agreed[1] == GENERAL else self._separate(tensor, op, scales)
@@ -183,11 +198,11 @@ class OneTensor:
     def _settle(self, tensor: torch.Tensor, op: str, scales: tuple[float, float], mode: str) -> torch.Tensor | None:
         """After a miss (every rank saw it): negotiate, then reduce ``tensor`` the way the ranks agreed."""
         mode = self._negotiate((tensor.dtype, tensor.shape, op, *scales), mode, tensor.numel())
-        if mode == INLINE:
-            hit = self.inline
+        if mode in (INLINE, NODE):
+            hit = self.message
             assert hit is not None  # made by the negotiation
             self._send(hit, tensor, scales[0])
-            assert hit.buffer[hit.numel] == 0  # every rank sent the agreed signature
+            assert hit.flags[0] == 0  # every rank sent the agreed signature
             return self._result(hit, op, scales[1])
         return self._separate(tensor, op, scales) if mode == SEPARATE else None
 
@@ -218,19 +233,41 @@ class OneTensor:
 
     def _agree(self, agreed: tuple[Signature, str, int] | None) -> None:
         """Make ``agreed`` the agreed signature (every rank alike, so their persistent requests pair up)."""
-        message = self.inline if self.stuck is None else self.stuck[2]
-        self.inline = None
+        message = self.message if self.stuck is None else self.stuck[2]
+        self.message = None
         if message is not None:
             if message.request.Test():
-                message.request.Free()
+                message.release()
             else:  # left started by a timeout: MPI frees no started request; kept, with its buffer
                 _LEFT_STARTED.append(message)
         self.agreed = agreed
         if agreed is not None and agreed[1] == INLINE:
-            self.inline = InlineMessage(agreed[0], agreed[2], self.sums.comm)
+            self.message = InlineMessage(agreed[0], agreed[2], self.sums.comm)
+        elif agreed is not None and agreed[1] == NODE:
+            self.message = NodeMessage(agreed[0], agreed[2], self._node_sum(agreed[2], agreed[0][0]))
+
+    def _node_sum(self, numel: int, dtype: torch.dtype) -> NodeAllreduce:
+        """A node-shared sum of ``numel`` elements of ``dtype`` with one tally element (the flag), kept
+        (collective: every rank agrees the same signatures in the same order, so keeps and frees alike)."""
+        assert self.group is not None  # NODE is agreed only where a node-shared sum applies
+        key = (numel, dtype)
+        op = self._node_sums.pop(key, None)
+        if op is None:
+            op = NodeAllreduce(self.group, numel, dtype, tally=1)
+            if len(self._node_sums) >= ONE_SHOT_KEPT:
+                self._node_sums.pop(next(iter(self._node_sums))).free()
+        self._node_sums[key] = op  # the newest last
+        return op
+
+    def _free(self) -> None:
+        """Release the agreed message and the kept node-shared sums (collective; run by ``comm.free()``)."""
+        self._agree(None)
+        for op in self._node_sums.values():
+            op.free()
+        self._node_sums.clear()
 
     # ------------------------------------------------------------------ join
-    def start_joined(self) -> MPI.Request | None:
+    def start_joined(self) -> Started | None:
         """A joined rank's part in the others' next call here (:meth:`.ops.TensorOps.join`), started:
         the message they send, flagged :data:`JOINED`, so that they negotiate with it. None where
         calls here take the general path (which join answers)."""
@@ -238,14 +275,15 @@ class OneTensor:
             return None
         if self.stuck is not None:
             self._resume()
-        hit = self.inline
+        hit = self.message
         if self.comm.has_queued():
             self.comm.flush(SUM)
-        if hit is not None:  # the others' message is the agreed signature's persistent one: so is this
-            hit.buffer[:] = 0
-            hit.buffer[hit.numel] = JOINED
-            self._joined = hit.buffer
-            hit.request.Start()
+        if hit is not None:  # the others' message is the agreed signature's: so is this, with zeros
+            hit.writable()
+            hit.values[:] = 0
+            hit.flag[0] = JOINED
+            self._joined = hit.flags
+            hit.start()
             return hit.request
         self._joined = np.array([JOINED], dtype=np.int64)
         return self.sums.comm.Iallreduce(MPI.IN_PLACE, [self._joined, MPI.INT64_T], MPI.SUM)
@@ -259,15 +297,15 @@ class OneTensor:
         return True
 
     # ------------------------------------------------------------- timeouts
-    def timed_out(self, what: str, request: MPI.Request | None) -> None:
+    def timed_out(self, what: str, request: Started | None) -> None:
         """Note that ``what`` timed out here (:class:`CommTimeout`), leaving ``request`` started.
 
         MPI can neither cancel nor free a started collective, nor start a persistent one again
         before it completes, and the other ranks may still join it: until it has completed as a
         hit on every rank (:meth:`_resume`), calls here raise instead of starting anything (the
         agreed inline message is set aside, out of the hit test's reach)."""
-        self.stuck = (what, request, self.inline)
-        self.inline = None
+        self.stuck = (what, request, self.message)
+        self.message = None
 
     def _resume(self) -> None:
         """Go on after a timeout where the call that timed out has since completed with every rank's
@@ -275,8 +313,8 @@ class OneTensor:
         else raise :class:`CommTimeout` naming it."""
         assert self.stuck is not None
         what, request, message = self.stuck
-        if message is not None and request is message.request and request.Test() and message.buffer[-1] == 0:
-            self.inline, self.stuck = message, None
+        if message is not None and request is message.request and request.Test() and message.flags[0] == 0:
+            self.message, self.stuck = message, None
             return
         done = request is not None and request.Test()
         state = "completed out of step with the other ranks" if done else "is still in flight"
@@ -287,26 +325,36 @@ class OneTensor:
         )
 
     # ------------------------------------------------------------------ sums
-    def _send(self, hit: InlineMessage, tensor: torch.Tensor, prescale: float) -> None:
+    def _send(self, hit: Message, tensor: torch.Tensor, prescale: float) -> None:
         """Sum ``tensor``'s values (prescaled) and the flag 0 in the agreed signature's message."""
         if tensor is not hit.source or tensor.data_ptr() != hit.pointer:
             hit.source, hit.pointer, hit.host = tensor, tensor.data_ptr(), _host(tensor)
+        hit.writable()
         if prescale == 1.0:
             hit.values[:] = hit.host
         else:
             np.multiply(hit.host, prescale, out=hit.values)
-        hit.buffer[hit.numel] = 0
+        hit.flag[0] = 0
         self._start(hit)
 
-    def _start(self, hit: InlineMessage) -> None:
-        """Start the agreed signature's persistent allreduce and wait for it: where every rank has a core
-        of its own, a few tests (a small message is often in by then), then the communicator's polled,
+    def _start(self, hit: Message) -> None:
+        """Start the agreed signature's message and wait for it. A node-shared sum waits as it does
+        (:meth:`.shm.NodeAllreduce.wait`). An MPI persistent allreduce, where every rank has a core
+        of its own: a few tests (a small message is often in by then), then the communicator's polled,
         watchdogged wait; where ranks share cores, MPI's own ``MPI_Wait`` under the watchdog thread,
         which yields the core to the ranks it waits for sooner than a poll from Python does."""
         if self.comm.has_queued():
             self.comm.flush(SUM)
-        request = hit.request
-        request.Start()
+        hit.start()
+        if isinstance(hit, NodeMessage):
+            try:
+                hit.node_sum.wait(SUM)
+            except CommTimeout:
+                self.timed_out(SUM, hit.request)
+                raise
+            return
+        assert isinstance(hit, InlineMessage)
+        request = hit.persistent
         if self._blocking_wait:
             with self._watchdog.arm(SUM, None):
                 request.Wait()
@@ -324,9 +372,9 @@ class OneTensor:
             self.timed_out(what, request)
             raise
 
-    def _result(self, hit: InlineMessage, op: str, postscale: float) -> torch.Tensor:
+    def _result(self, hit: Message, op: str, postscale: float) -> torch.Tensor:
         """The sum in the kept message, copied out into a new tensor (averaged, postscaled)."""
-        values = np.divide(hit.values, self.comm.size) if op == "average" else hit.values.copy()
+        values = np.divide(hit.sums, self.comm.size) if op == "average" else hit.sums.copy()
         if postscale != 1.0:
             values *= postscale
         return torch.from_numpy(values if hit.shaped is None else values.reshape(hit.shaped))
@@ -370,24 +418,85 @@ class OneTensor:
         return _result(values.copy(), op, self.comm.size, tensor.shape, scales[1])
 
 
-class InlineMessage:
-    """An agreed signature whose calls go inline: its values as they are (compared with each call's),
-    and its message: a kept buffer of the values and the flag with a persistent allreduce on it
-    (``MPI_Allreduce_init``, made by every rank alike when they agree), started each call. The last
-    tensor sent and its memory as numpy are kept too, so that a call with it again makes no view."""
+class Started(Protocol):
+    """A started message, tested as an MPI request is (``Test``: whether it has completed)."""
 
-    def __init__(self, signature: Signature, numel: int, comm: MPI.Intracomm) -> None:
+    def Test(self) -> bool: ...  # noqa: N802 (MPI's name: an MPI request is one)
+
+
+class Message:
+    """An agreed signature whose calls go in one message: its values as they are (compared with each
+    call's), and where this rank writes its values and flag before each start and reads their sums
+    after. The last tensor sent and its memory as numpy are kept too, so that a call with it again
+    makes no view."""
+
+    values: np.ndarray[Any, Any]
+    sums: np.ndarray[Any, Any]
+    flag: np.ndarray[Any, Any]
+    flags: np.ndarray[Any, Any]
+    request: Started
+
+    def __init__(self, signature: Signature, numel: int) -> None:
         self.dtype, self.shape, self.op = signature[0], signature[1], signature[2]
         self.scales = (signature[3], signature[4])
         self.numel = numel
         self.shaped = None if len(self.shape) == 1 else tuple(self.shape)
-        np_dtype, mpi_type = FAST_DTYPES[self.dtype]
-        self.buffer: np.ndarray[Any, Any] = np.zeros(numel + 1, dtype=np_dtype)
-        self.values = self.buffer[:numel]
-        self.request = comm.Allreduce_init(MPI.IN_PLACE, [self.buffer, mpi_type], MPI.SUM)
         self.source: torch.Tensor | None = None
         self.pointer = 0
-        self.host = self.values
+        self.host: np.ndarray[Any, Any] = np.empty(0)
+
+    def writable(self) -> None:
+        """Wait until ``values`` and ``flag`` may be written for the next start."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Let go of what the message holds once the ranks agree another signature (it has completed)."""
+
+
+class InlineMessage(Message):
+    """A message of MPI's: a kept buffer of the values and the flag with a persistent allreduce on it
+    (``MPI_Allreduce_init``, made by every rank alike when they agree), started each call."""
+
+    def __init__(self, signature: Signature, numel: int, comm: MPI.Intracomm) -> None:
+        super().__init__(signature, numel)
+        np_dtype, mpi_type = FAST_DTYPES[self.dtype]
+        buffer: np.ndarray[Any, Any] = np.zeros(numel + 1, dtype=np_dtype)
+        self.values = self.sums = buffer[:numel]
+        self.flag = self.flags = buffer[numel:]
+        self.persistent = comm.Allreduce_init(MPI.IN_PLACE, [buffer, mpi_type], MPI.SUM)
+        self.request = self.persistent
+
+    def start(self) -> None:
+        self.persistent.Start()
+
+    def release(self) -> None:
+        self.persistent.Free()
+
+
+class NodeMessage(Message):
+    """A message through node-shared memory: a kept :class:`.shm.NodeAllreduce` of the values, whose
+    one float64 tally element is the flag (exact, whatever the values' dtype), started each call."""
+
+    def __init__(self, signature: Signature, numel: int, op: NodeAllreduce) -> None:
+        super().__init__(signature, numel)
+        self.node_sum = op
+        self.values = op.input.numpy()
+        self.sums = op.result.numpy()
+        self.flag = op.tally_input.numpy()
+        self.flags = op.tally_result.numpy()
+        self.request = self
+
+    def writable(self) -> None:
+        self.node_sum.wait_writable(SUM)
+
+    def start(self) -> None:
+        self.node_sum.start()
+
+    def Test(self) -> bool:  # noqa: N802 (an MPI request's name: join and the timeouts test either alike)
+        """Whether the round has completed (moving it along)."""
+        return self.node_sum.poll()
 
 
 def _host(tensor: torch.Tensor) -> np.ndarray[Any, Any]:
@@ -411,7 +520,7 @@ def _shown(view: tuple[Any, ...]) -> str:
 
 #: Messages whose persistent allreduce was left started by a timeout when their communicator was freed:
 #: kept, since MPI may still write into their buffers.
-_LEFT_STARTED: list[InlineMessage] = []
+_LEFT_STARTED: list[Message] = []
 
 _STATES: weakref.WeakKeyDictionary[Communicator, OneTensor] = weakref.WeakKeyDictionary()
 

@@ -98,9 +98,9 @@ LATENCY_MAX_BYTES = 64 * 1024
 #: faster there: the crossovers of docs/studies/node-aware.md. ``MPISOLVE_NODE_SHM_MIN_BYTES``
 #: sets it, and :data:`ONE_SHOT_MIN_BYTES`, on every layout.
 NODE_MIN_BYTES = {False: 0, True: 1024 * 1024}
-#: The same for ``mpisolve.allreduce`` of one tensor, whose node-shared sum copies in and out
-#: (below it: one MPI call, :mod:`.onetensor`).
-ONE_SHOT_MIN_BYTES = 4 * 1024 * 1024
+#: The same for ``mpisolve.allreduce`` of one tensor (:mod:`.onetensor`; below it: one MPI call): its
+#: node-shared sum, flag and all in one round, was the faster at every size and layout measured.
+ONE_SHOT_MIN_BYTES = 0
 MIN_BYTES_ENV = "MPISOLVE_NODE_SHM_MIN_BYTES"
 
 #: How many more times a wait checks the local ranks' counters in compiled code, between two

@@ -10,6 +10,7 @@ from mpisolve import bench
 from mpisolve.bench import sweep
 from mpisolve.comm.buckets import GradientBuckets
 from mpisolve.comm.communicator import Communicator
+from mpisolve.comm.onetensor import one_tensor
 from mpisolve.comm.shm import MIN_BYTES_ENV, node_group
 from mpisolve.errors import InputError
 
@@ -129,6 +130,21 @@ def test_the_crossover_line_names_what_to_set():
 def test_the_table_keeps_long_op_names_apart():
     header = sweep.ratio_table("one node, 2 ranks", {"bucketed": {4: 1.0}, "bucketed-node": {4: 0.5}}).splitlines()[1]
     assert header.split() == ["bytes", "bucketed", "bucketed-node"]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+def test_sum_and_average_timed_together_each_keep_their_agreed_signature():
+    """Timed in turn on one communicator, each call would agree its signature anew (onetensor)."""
+    comm = Communicator()
+    forced = sweep.path_communicators(["mpi", "sum", "average"], comm)
+    args = sweep_args("--repeats", "2", "--small-repeats", "2")
+    rows = sweep.timed_rows(["mpi", "sum", "average"], [4096], args, comm, forced)
+    assert [row["op"] for row in rows] == ["mpi", "sum", "average"]
+    for op, on in (("sum", comm), ("average", forced["average"])):
+        agreed = one_tensor(on).agreed
+        assert agreed is not None and agreed[0][:3] == (torch.float32, (1024,), op)
+    forced["average"].free()
 
 
 @pytest.mark.mpi(min_size=2)

@@ -107,7 +107,11 @@ def test_gradient_buckets_sum_exactly_on_either_side_of_the_crossover(numel, mon
 @SIZES
 @pytest.mark.parametrize("min_bytes", [str(CROSSOVER), None])
 def test_one_tensor_sums_match_numpy_and_the_general_path_on_every_size(min_bytes, monkeypatch):
+    """From the one-shot crossover (by default every size) one tensor goes in one node-shared round
+    where node-shared sums apply; below it, and where they do not, in one MPI message."""
     comm = fresh(monkeypatch, min_bytes)
+    one = onetensor.one_tensor(comm)
+    node_from = 0 if min_bytes is None else CROSSOVER
     sizes = [1, BELOW, ABOVE, 100_000, 300_000]
     for round_, numel in enumerate(sizes * 2):  # twice: each signature agreed, then from its agreement
         tensor, total = inputs(comm, numel, round_)
@@ -115,6 +119,8 @@ def test_one_tensor_sums_match_numpy_and_the_general_path_on_every_size(min_byte
         summed = mpisolve.allreduce(shaped, op="sum", comm=comm)
         assert summed.shape == shaped.shape and summed.dtype == torch.float32
         np.testing.assert_array_equal(summed.reshape(-1).numpy(), total)
+        node = one.group is not None and 4 * numel >= node_from
+        assert one.agreed is not None and one.agreed[1] == (onetensor.NODE if node else onetensor.INLINE)
         averaged = mpisolve.allreduce(shaped, op="average", comm=comm)
         (general,) = general_allreduce([shaped], op="average", comm=comm)
         torch.testing.assert_close(averaged, general)  # same division of the same exact sum
@@ -181,7 +187,8 @@ def test_one_tensor_below_the_one_shot_crossover_goes_with_its_check_in_one_mess
     for _ in range(3):
         np.testing.assert_array_equal(mpisolve.allreduce(tensor, op="sum", comm=comm).numpy(), total)
         assert one.agreed == ((torch.float32, (numel,), "sum", 1.0, 1.0), mode, numel)
-        assert (one.inline is not None and one.inline.numel == numel) == (mode == onetensor.INLINE)
+        inline = isinstance(one.message, onetensor.InlineMessage) and one.message.numel == numel
+        assert inline == (mode == onetensor.INLINE)
     scaled = mpisolve.allreduce(tensor.view(100, -1), op="average", comm=comm)
     torch.testing.assert_close(scaled.reshape(-1), torch.from_numpy(total / comm.size))
     assert torch.equal(tensor, before)

@@ -1,12 +1,14 @@
-"""``hvd.allreduce`` of one small tensor: one MPI call once the ranks agreed its signature.
+"""``hvd.allreduce`` of one tensor: one message once the ranks agreed its signature.
 
-The MPI calls are counted on the communicators themselves (each mpi4py communicator
+Either message: one MPI call, or one node-shared round with no MPI call at all (on one
+node). The MPI calls are counted on the communicators themselves (each mpi4py communicator
 behind the calls wrapped in a counter); the sums are checked against numpy's sum of
 every rank's input (small integers: exact in any order). Ranks whose calls differ in
 shape, dtype, reduction or scales get :class:`HorovodInternalError` on every rank, and
 the next call works; a joined rank answers calls of an agreed signature. At 2 and 3 ranks.
 """
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,23 +18,26 @@ import pytest
 import torch
 
 import mpisolve.horovod as hvd
-from mpisolve.comm import Communicator
+from mpisolve.comm import Communicator, onetensor
 from mpisolve.comm.onetensor import one_tensor
 from mpisolve.comm.ops import tensor_ops
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.ranks(2, 3)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def started():
-    """Horovod started, with the one-tensor path open to every size here (tests/conftest.py puts
-    the node-shared crossover, where that path ends, at 0 bytes), inline up to 128 KiB."""
+@pytest.fixture(scope="module", autouse=True, params=["mpi", "node"])
+def path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Horovod started, one tensor's message taken through MPI at every size (inline up to 128 KiB),
+    or through node-shared memory at every size (where node-shared sums apply: one node here)."""
     hvd.init()
     one = one_tensor(hvd.global_process_set.comm)
-    kept = one.max_bytes, one.inline_max_bytes
-    one.max_bytes, one.inline_max_bytes = 1 << 20, 1 << 17
-    yield
-    one.max_bytes, one.inline_max_bytes = kept
+    if request.param == "node" and one.group is None:
+        pytest.skip("node-shared sums do not apply here")
+    kept = one.node_min_bytes, one.inline_max_bytes
+    one.node_min_bytes = sys.maxsize if request.param == "mpi" else 0
+    one.inline_max_bytes = 1 << 17
+    yield request.param
+    one.node_min_bytes, one.inline_max_bytes = kept
 
 
 class Counted:
@@ -79,8 +84,8 @@ def mine_and_total(numel: int, seed: int) -> tuple[torch.Tensor, np.ndarray]:
     return torch.from_numpy(of(hvd.rank())), np.sum([of(r) for r in range(hvd.size())], axis=0)
 
 
-@pytest.mark.parametrize("numel", [1, 17, 4096])
-def test_each_call_after_the_first_is_one_mpi_call_and_sums_exactly(numel):
+@pytest.mark.parametrize("numel", [1, 17, 4096, 40_000])
+def test_each_call_after_the_first_is_one_message_and_sums_exactly(path, numel):
     tensor, total = mine_and_total(numel, numel)
     hvd.allreduce(tensor, op=hvd.Sum, name="agreeing")  # the signature agreed
     calls = [
@@ -89,16 +94,26 @@ def test_each_call_after_the_first_is_one_mpi_call_and_sums_exactly(numel):
         lambda: hvd.synchronize(hvd.allreduce_async(tensor, op=hvd.Sum)),
         lambda: hvd.synchronize(hvd.allreduce_async_(tensor.clone(), op=hvd.Sum)),
     ]
-    message = one_tensor(hvd.global_process_set.comm).inline
-    assert message is not None
+    message = one_tensor(hvd.global_process_set.comm).message
+    if path == "mpi" and numel > 1 << 15:  # past 128 KiB: the flag's own allreduce, then the values'
+        assert message is None
+        return
+    assert isinstance(message, onetensor.InlineMessage if path == "mpi" else onetensor.NodeMessage)
     for call in calls:
-        request, message.request = message.request, Counted(message.request)  # type: ignore[assignment]
+        if isinstance(message, onetensor.InlineMessage):
+            persistent = message.persistent
+            message.persistent = Counted(persistent)  # type: ignore[assignment]
+        else:
+            rounds = message.node_sum._seq
         try:
             with counted() as mpi:
                 summed = call()
         finally:
-            started, message.request = message.request.calls.count("Start"), request
-        # One start of the agreed signature's persistent allreduce; nothing else on any communicator.
+            if isinstance(message, onetensor.InlineMessage):
+                started, message.persistent = message.persistent.calls.count("Start"), persistent  # type: ignore[attr-defined]
+            else:
+                started = message.node_sum._seq - rounds
+        # One start of the agreed signature's message; nothing else on any communicator.
         assert (started, mpi["sums"].calls, mpi["headers"].calls, mpi["data"].calls) == (1, [], [], [])
         np.testing.assert_array_equal(summed.numpy(), total)
     scaled = hvd.allreduce(tensor, op=hvd.Average, prescale_factor=2.0, postscale_factor=0.25)
@@ -140,13 +155,14 @@ def test_a_call_that_differs_on_one_rank_raises_on_every_rank_and_the_next_call_
     assert hvd.allreduce(**agreed).tolist() == [float(hvd.size())] * 6
 
 
-@pytest.mark.parametrize(
-    "numel", [3, 20_000, 40_000, 300_000], ids=["inline", "inline-past-64KiB", "separate", "general"]
-)
-def test_a_joined_rank_answers_calls_of_the_agreed_signature(numel):
+@pytest.mark.parametrize("numel", [3, 20_000, 40_000, 300_000])
+def test_a_joined_rank_answers_calls_of_the_agreed_signature(path, numel):
     size, rank = hvd.size(), hvd.rank()
     tensor = torch.full((numel,), 3.0)
     assert hvd.allreduce(tensor, op=hvd.Sum)[0].item() == 3.0 * size  # agreed on every rank
+    agreed = one_tensor(hvd.global_process_set.comm).agreed
+    inline = onetensor.INLINE if numel <= 1 << 15 else onetensor.SEPARATE
+    assert agreed is not None and agreed[1] == (inline if path == "mpi" else onetensor.NODE)
     if rank == 0:
         last = hvd.join()
     else:

@@ -23,12 +23,13 @@ import mpisolve.horovod as hvd
 from mpisolve.comm.onetensor import one_tensor
 from mpisolve.errors import CommTimeout
 
-case = sys.argv[1]
+case, path = sys.argv[1:3]
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 world = hvd.global_process_set.comm
 one = one_tensor(world)
-one.max_bytes = 1 << 20  # the one-tensor path, whatever the node-shared crossover
+one.node_min_bytes = sys.maxsize if path == "mpi" else 0  # an MPI message, or a node-shared round
+assert path == "mpi" or one.group is not None
 
 
 def mine(step, numel=5):
@@ -84,12 +85,16 @@ print(f"ok {rank}", flush=True)
 """
 
 
+@pytest.mark.parametrize("path", ["mpi", "node"])
 @pytest.mark.parametrize(
     ("case", "ranks"), [("late", 2), ("late", 3), ("other", 2), ("join", 2)], ids=["late2", "late3", "other", "join"]
 )
-def test_a_timed_out_one_tensor_call_refuses_later_calls_clearly_until_it_completed_in_step(tmp_path, case, ranks):
+def test_a_timed_out_one_tensor_call_refuses_later_calls_clearly_until_it_completed_in_step(
+    tmp_path, case, ranks, path
+):
     """late: the others meet the call later, and the next call sums right; other: they meet it with
-    another signature, so rank 0 stays refused; join: rank 0's join timed out, the others join later."""
+    another signature, so rank 0 stays refused; join: rank 0's join timed out, the others join later.
+    Whether the message is MPI's or a node-shared round."""
     script = tmp_path / "job.py"
     script.write_text(JOB)
     mpiexec = Path(sys.executable).parent / "mpiexec"
@@ -97,7 +102,7 @@ def test_a_timed_out_one_tensor_call_refuses_later_calls_clearly_until_it_comple
     # MPI_Wait under the watchdog, which aborts the job instead
     env = dict(os.environ, MPIEXEC_TIMEOUT="150", MPISOLVE_TIMEOUT="60", MPISOLVE_WAIT="spin")
     job = subprocess.run(
-        [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpi4py", str(script), case],
+        [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpi4py", str(script), case, path],
         env=env,
         capture_output=True,
         text=True,
