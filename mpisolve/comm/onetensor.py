@@ -12,7 +12,7 @@ values and one more number, a *miss* flag (:class:`Message`):
 - where node-shared sums apply (:func:`.shm.node_group`), from the one-shot crossover
   (:attr:`.shm.NodeGroup.one_shot_min_bytes`, by default every size), one round of a
   node-shared sum (:class:`NodeMessage`: a :class:`.shm.NodeAllreduce` kept per element
-  count and dtype, its float64 tally the flag): the values copied into the node's window,
+  count and dtype, of the values and the flag): the values copied into the node's window,
   summed there and, across nodes, among the nodes' ranks, with no MPI call on one node;
 - else, up to :data:`INLINE_MAX_BYTES`, one start of a persistent allreduce
   (``MPI_Allreduce_init``, made by every rank when they agree the signature, on a buffer
@@ -96,8 +96,8 @@ CHECK = "MPI_Iallreduce (one tensor's signature check)"
 
 #: (dtype, shape, reduction, prescale, postscale): what the ranks must agree on.
 Signature = tuple[torch.dtype, torch.Size, str, float, float]
-#: How a signature's calls go: its values with the flag in one MPI message, in a node-shared sum whose
-#: tally is the flag, after the flag, or the general path after it.
+#: How a signature's calls go: its values with the flag in one MPI message or in one node-shared sum,
+#: after the flag, or the general path after it.
 INLINE, NODE, SEPARATE, GENERAL = "inline", "node", "separate", "general"
 #: The flag of a rank in :meth:`.ops.TensorOps.join` (a miss's is the communicator's size + 1, a hit's 0).
 JOINED = 1
@@ -247,13 +247,13 @@ class OneTensor:
             self.message = NodeMessage(agreed[0], agreed[2], self._node_sum(agreed[2], agreed[0][0]))
 
     def _node_sum(self, numel: int, dtype: torch.dtype) -> NodeAllreduce:
-        """A node-shared sum of ``numel`` elements of ``dtype`` with one tally element (the flag), kept
-        (collective: every rank agrees the same signatures in the same order, so keeps and frees alike)."""
+        """A node-shared sum of ``numel`` elements of ``dtype`` and the flag, kept (collective: every
+        rank agrees the same signatures in the same order, so keeps and frees alike)."""
         assert self.group is not None  # NODE is agreed only where a node-shared sum applies
         key = (numel, dtype)
         op = self._node_sums.pop(key, None)
         if op is None:
-            op = NodeAllreduce(self.group, numel, dtype, tally=1)
+            op = NodeAllreduce(self.group, numel + 1, dtype)
             if len(self._node_sums) >= ONE_SHOT_KEPT:
                 self._node_sums.pop(next(iter(self._node_sums))).free()
         self._node_sums[key] = op  # the newest last
@@ -347,6 +347,8 @@ class OneTensor:
             self.comm.flush(SUM)
         hit.start()
         if isinstance(hit, NodeMessage):
+            if hit.node_sum.poll():  # often complete by then: no wait set up
+                return
             try:
                 hit.node_sum.wait(SUM)
             except CommTimeout:
@@ -476,20 +478,24 @@ class InlineMessage(Message):
 
 
 class NodeMessage(Message):
-    """A message through node-shared memory: a kept :class:`.shm.NodeAllreduce` of the values, whose
-    one float64 tally element is the flag (exact, whatever the values' dtype), started each call."""
+    """A message through node-shared memory: a kept :class:`.shm.NodeAllreduce` of the values and the
+    flag (one more element: across nodes one exchange, where a tally would add a second), started each
+    call. The flags' sum is exact in either dtype wherever it is to be told apart: none of them is
+    negative, so it is 0 only where all are, and a sum of the ranks' :data:`JOINED` flags is the size."""
 
     def __init__(self, signature: Signature, numel: int, op: NodeAllreduce) -> None:
         super().__init__(signature, numel)
         self.node_sum = op
-        self.values = op.input.numpy()
-        self.sums = op.result.numpy()
-        self.flag = op.tally_input.numpy()
-        self.flags = op.tally_result.numpy()
+        self.values, self.flag = op.input.numpy()[:numel], op.input.numpy()[numel:]
+        self.sums, self.flags = op.result.numpy()[:numel], op.result.numpy()[numel:]
         self.request = self
+        #: Whether ``values`` is this rank's slot in the window, which the node's ranks may still read
+        #: (the bandwidth path), not memory of the sum's own (copied in at the start: the latency path).
+        self.in_window = not op.latency
 
     def writable(self) -> None:
-        self.node_sum.wait_writable(SUM)
+        if self.in_window:
+            self.node_sum.wait_writable(SUM)
 
     def start(self) -> None:
         self.node_sum.start()
