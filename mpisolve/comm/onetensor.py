@@ -347,8 +347,6 @@ class OneTensor:
             self.comm.flush(SUM)
         hit.start()
         if isinstance(hit, NodeMessage):
-            if hit.node_sum.poll():  # often complete by then: no wait set up
-                return
             try:
                 hit.node_sum.wait(SUM)
             except CommTimeout:
