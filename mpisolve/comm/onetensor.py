@@ -62,15 +62,20 @@ which aborts. A :class:`CommTimeout` leaves its request or round started (MPI ca
 free a started collective, and the late ranks may still meet either): later calls here (and a
 join) raise :class:`CommTimeout` naming it, starting nothing, until it has completed as a hit
 on every rank (the ranks in step again: calls go on), e.g. where the late ranks met it while
-this rank moved MPI along. On a communicator whose waits drive other work
-(:attr:`Communicator.interrupts`, e.g. abs-sgd's node-shared round, set alike on every rank)
-calls take the general path with no check of their own, as before this path existed: a rank
-blocked in MPI would not drive that work for the others.
+this rank moved MPI along; a node-shared round left started is moved along by a thread of
+its own (:meth:`NodeMessage.drive`), and until it completes it holds back the communicator's
+later node-shared sums between nodes, whose exchanges are posted in start order. On a
+communicator whose waits drive other work (:attr:`Communicator.interrupts`, e.g. abs-sgd's
+node-shared round, set alike on every rank) calls take the general path with no check of
+their own, as before this path existed: a rank blocked in MPI would not drive that work for
+the others.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
+import time
 import weakref
 from typing import Any, Protocol
 
@@ -80,6 +85,7 @@ from mpi4py import MPI
 
 from ..errors import CommTimeout, TensorMismatchError
 from .communicator import Communicator
+from .progress import PROGRESS_INTERVAL_S, threads_multiple
 from .shm import ONE_SHOT_KEPT, NodeAllreduce, node_group
 
 #: The dtypes this path sums as they are (MPI's own arithmetic), with their numpy and MPI twins.
@@ -238,8 +244,8 @@ class OneTensor:
         if message is not None:
             if message.request.Test():
                 message.release()
-            else:  # left started by a timeout: MPI frees no started request; kept, with its buffer
-                _LEFT_STARTED.append(message)
+            elif isinstance(message, InlineMessage):  # left started by a timeout: MPI frees no started
+                _LEFT_STARTED.append(message)  # request; kept, with its buffer (a node round: its driver)
         self.agreed = agreed
         if agreed is not None and agreed[1] == INLINE:
             self.message = InlineMessage(agreed[0], agreed[2], self.sums.comm)
@@ -303,9 +309,14 @@ class OneTensor:
         MPI can neither cancel nor free a started collective, nor start a persistent one again
         before it completes, and the other ranks may still join it: until it has completed as a
         hit on every rank (:meth:`_resume`), calls here raise instead of starting anything (the
-        agreed inline message is set aside, out of the hit test's reach)."""
+        agreed message is set aside, out of the hit test's reach). A node-shared round moves only
+        while its ranks drive it (this rank's share of the sum; across nodes, the leader's exchange
+        and publication), not with MPI's progress: a thread drives this rank's part until the round
+        completes (:meth:`NodeMessage.drive`), so that the late ranks can still complete it."""
         self.stuck = (what, request, self.message)
         self.message = None
+        if isinstance(request, NodeMessage):
+            request.drive()
 
     def _resume(self) -> None:
         """Go on after a timeout where the call that timed out has since completed with every rank's
@@ -502,6 +513,18 @@ class NodeMessage(Message):
         """Whether the round has completed (moving it along)."""
         return self.node_sum.poll()
 
+    def drive(self) -> None:
+        """Drive the round, which a timeout left started, from a thread of its own until it completes
+        (every :data:`.progress.PROGRESS_INTERVAL_S`; the node group's lock orders it with this rank's
+        other rounds). Its MPI calls, across nodes, need ``MPI_THREAD_MULTIPLE``: without it the round
+        moves only when this rank tests it again (a later call here)."""
+        if threads_multiple():
+            threading.Thread(target=self._drive, name="mpisolve-onetensor-late-round", daemon=True).start()
+
+    def _drive(self) -> None:
+        while not self.Test():
+            time.sleep(PROGRESS_INTERVAL_S)
+
 
 def _host(tensor: torch.Tensor) -> np.ndarray[Any, Any]:
     """A contiguous CPU tensor's memory as a flat numpy array (no copy)."""
@@ -524,7 +547,7 @@ def _shown(view: tuple[Any, ...]) -> str:
 
 #: Messages whose persistent allreduce was left started by a timeout when their communicator was freed:
 #: kept, since MPI may still write into their buffers.
-_LEFT_STARTED: list[Message] = []
+_LEFT_STARTED: list[InlineMessage] = []
 
 _STATES: weakref.WeakKeyDictionary[Communicator, OneTensor] = weakref.WeakKeyDictionary()
 

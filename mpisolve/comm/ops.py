@@ -1073,7 +1073,7 @@ def allreduce(
     the fused, node-aware path of :func:`.collectives.allreduce`; other dtypes and
     reductions are checked across ranks first (:class:`TensorMismatchError` on every
     rank when shapes or dtypes differ), and so is a sum or average of one CPU tensor, which
-    below the node-shared crossover is one MPI call (:mod:`.onetensor`).
+    is one message a call (:mod:`.onetensor`: a node-shared round, or one MPI call).
     The inputs are untouched.
     """
     if isinstance(tensors, torch.Tensor) and tensors.is_cpu and op in ("sum", "average"):

@@ -65,7 +65,8 @@ from the measurements of docs/studies/node-aware.md, or ``MPISOLVE_NODE_SHM_MIN_
 sum takes flat MPI, as MPI libraries pick an algorithm by size: across nodes one
 ``MPI_Allreduce`` on the whole communicator costs less there than the node-shared round and
 the exchange after it. ``mpisolve.allreduce`` of one tensor has a crossover of its own
-(:attr:`NodeGroup.one_shot_min_bytes`; its node-shared sum copies in and out). The crossovers
+(:attr:`NodeGroup.one_shot_min_bytes`: its node-shared round carries the check of the ranks'
+calls too, where MPI's path would need a message of its own for it). The crossovers
 are agreed when the group is made (the largest any rank asks for), so ranks summing the same
 bytes take the same path (:func:`node_path`).
 """

@@ -5,8 +5,9 @@ process set's): a header round that every rank sees, then the data round, so a t
 whose shape, dtype or name differs across ranks raises :class:`HorovodInternalError` on
 every rank instead of hanging. An allreduce of one tensor skips the header round: the
 ranks agree its signature (dtype, shape, op, prescale and postscale factors; not its name)
-once, and each call with that signature is one MPI call, run when this rank waits for a
-result (:mod:`mpisolve.comm.onetensor`); one whose signature differs raises on every rank.
+once, and each call with that signature is one message (a node-shared round, or one MPI
+call), run when this rank waits for a result (:mod:`mpisolve.comm.onetensor`); one whose
+signature differs raises on every rank.
 
 Unlike Horovod, collectives are matched by the order in which each rank calls them, not
 by name (as MPI matches them): every rank must start the collectives of one process set

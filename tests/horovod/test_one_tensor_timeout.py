@@ -1,6 +1,8 @@
-"""A one-tensor allreduce that times out leaves its MPI request started: later calls on that
-communicator raise a clear :class:`CommTimeout` naming it (never an MPI error, a reused buffer or
-a hang) until the call has completed alike on every rank, and then go on.
+"""A one-tensor allreduce that times out leaves its MPI request or node-shared round started:
+later calls on that communicator raise a clear :class:`CommTimeout` naming it (never an MPI
+error, a reused buffer or a hang) until the call has completed alike on every rank, and then
+go on. The late ranks complete it while the rank that timed out does other work (a node-shared
+round then moves by a thread of that rank's).
 
 Each case is a job of its own (``mpiexec``, bounded), where rank 0 times out while the other
 ranks sleep past its timeout; sums are checked against numpy's sum of every rank's input.
@@ -23,7 +25,7 @@ import mpisolve.horovod as hvd
 from mpisolve.comm.onetensor import one_tensor
 from mpisolve.errors import CommTimeout
 
-case, path = sys.argv[1:3]
+case, path, numel = sys.argv[1], sys.argv[2], int(sys.argv[3])
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 world = hvd.global_process_set.comm
@@ -32,11 +34,11 @@ one.node_min_bytes = sys.maxsize if path == "mpi" else 0  # an MPI message, or a
 assert path == "mpi" or one.group is not None
 
 
-def mine(step, numel=5):
+def mine(step, numel=numel):
     return torch.arange(numel, dtype=torch.float32) + 10 * rank + 100 * step
 
 
-def total(step, numel=5):
+def total(step, numel=numel):
     return sum(np.arange(numel, dtype=np.float32) + 10 * r + 100 * step for r in range(size))
 
 
@@ -85,24 +87,32 @@ print(f"ok {rank}", flush=True)
 """
 
 
-@pytest.mark.parametrize("path", ["mpi", "node"])
+CASES = [("late", 2), ("late", 3), ("other", 2), ("join", 2)]
+#: The node-shared round of 20,000 elements: the bandwidth path, where each rank sums a share.
+NODE_CASES = [("node", case, ranks, 20_000) for case, ranks in CASES]
+#: Across the emulated cluster's two nodes, rank 0 its node's leader (its exchange between the nodes).
+CLUSTER_CASES = [("node-2x2", "late", 4, 5), ("node-2x2", "join", 4, 5)]
+FAKE_SSH = Path(__file__).parents[1] / "cluster" / "fake-ssh"
+
+
 @pytest.mark.parametrize(
-    ("case", "ranks"), [("late", 2), ("late", 3), ("other", 2), ("join", 2)], ids=["late2", "late3", "other", "join"]
+    ("path", "case", "ranks", "numel"), [("mpi", case, ranks, 5) for case, ranks in CASES] + NODE_CASES + CLUSTER_CASES
 )
 def test_a_timed_out_one_tensor_call_refuses_later_calls_clearly_until_it_completed_in_step(
-    tmp_path, case, ranks, path
+    tmp_path, path, case, ranks, numel
 ):
     """late: the others meet the call later, and the next call sums right; other: they meet it with
     another signature, so rank 0 stays refused; join: rank 0's join timed out, the others join later.
-    Whether the message is MPI's or a node-shared round."""
+    Whether the message is MPI's or a node-shared round, on one node or two."""
     script = tmp_path / "job.py"
     script.write_text(JOB)
     mpiexec = Path(sys.executable).parent / "mpiexec"
     # polled waits, which raise CommTimeout: where ranks yield their cores, one tensor's wait is
     # MPI_Wait under the watchdog, which aborts the job instead
     env = dict(os.environ, MPIEXEC_TIMEOUT="150", MPISOLVE_TIMEOUT="60", MPISOLVE_WAIT="spin")
+    hosts = ["-launcher", "ssh", "-launcher-exec", str(FAKE_SSH), "-hosts", "a:2,b:2"] if path == "node-2x2" else []
     job = subprocess.run(
-        [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpi4py", str(script), case, path],
+        [str(mpiexec), *hosts, "-n", str(ranks), sys.executable, "-m", "mpi4py", str(script), case, path, str(numel)],
         env=env,
         capture_output=True,
         text=True,
