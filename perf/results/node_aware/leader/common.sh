@@ -8,3 +8,11 @@ AFTER=$(git rev-parse --short HEAD)
 PY=$MAIN/.venv/bin/python
 MPIEXEC=$MAIN/.venv/bin/mpiexec
 SSH=(-launcher ssh -launcher-exec "$MAIN/tests/cluster/fake-ssh")
+# mpiexec's arguments for a layout: n<ranks> on this machine, or the emulated 2x2 and 2x3 clusters.
+layout_args() {
+  case $1 in
+    n*) echo "-n ${1#n}" ;;
+    2x2) echo "${SSH[*]} -hosts a:2,b:2 -n 4" ;;
+    2x3) echo "${SSH[*]} -hosts a:3,b:3 -n 6" ;;
+  esac
+}

@@ -8,12 +8,8 @@ set -euo pipefail
 source perf/results/node_aware/leader/common.sh
 HERE=$MAIN/perf/results/node_aware/one_tensor
 sweep() {  # dir label layout ops
-  local where=()
-  case $3 in
-    n*) where=(-n "${3#n}") ;;
-    2x2) where=("${SSH[@]}" -hosts a:2,b:2 -n 4) ;;
-    2x3) where=("${SSH[@]}" -hosts a:3,b:3 -n 6) ;;
-  esac
+  local where
+  read -ra where <<< "$(layout_args "$3")"
   (cd "$1" && "$MPIEXEC" "${where[@]}" -env PYTHONPATH "$1" "$PY" -m mpi4py -m mpisolve bench sweep --ops "$4" \
     --min-bytes 4K --max-bytes 64M --factor 4) > "$HERE/ab-$2.json"
 }
