@@ -69,13 +69,13 @@ test-mpi: install
 # An emulated 2-node cluster on this machine: tests/cluster/fake-ssh stands in for ssh, so
 # MPI sees each -hosts group as a node (its own shared-memory split, the network between).
 # At 2x2 and at 2x3 ranks, one job runs every MPI test marked `cluster` in CLUSTER_TESTS
-# (the hierarchical sums against MPI's, node-shared buckets, the window solvers' inter-node
+# (the hierarchical sums against MPI's, node-shared buckets, one tensor's messages, the window solvers' inter-node
 # path by detection, and the conformance suite's join, zeroing, clipping, GradScaler and
 # no_sync for every solver); then tests/train/test_failures.py's checkpoint-resume job and
 # one fault job (hogwild-sgd's rank killed) at 2x2.
 CLUSTER := -launcher ssh -launcher-exec $(CURDIR)/tests/cluster/fake-ssh
 CLUSTER_LAYOUTS := 2 3
-CLUSTER_TESTS := tests/cluster tests/bench/test_sweep.py tests/comm/test_shm.py tests/comm/test_paths.py tests/comm/test_adasum_node.py tests/conformance tests/solvers/test_abs_sgd.py
+CLUSTER_TESTS := tests/cluster tests/bench/test_sweep.py tests/comm/test_shm.py tests/comm/test_paths.py tests/comm/test_adasum_node.py tests/horovod/test_one_tensor.py tests/conformance tests/solvers/test_abs_sgd.py
 test-cluster: install
 	@set -e; for k in $(CLUSTER_LAYOUTS); do \
 		echo "== MPI tests on the emulated cluster nodeA:$$k,nodeB:$$k"; \

@@ -5,7 +5,8 @@ node). The MPI calls are counted on the communicators themselves (each mpi4py co
 behind the calls wrapped in a counter); the sums are checked against numpy's sum of
 every rank's input (small integers: exact in any order). Ranks whose calls differ in
 shape, dtype, reduction or scales get :class:`HorovodInternalError` on every rank, and
-the next call works; a joined rank answers calls of an agreed signature. At 2 and 3 ranks.
+the next call works; a joined rank answers calls of an agreed signature. At 2 and 3 ranks, and
+on the emulated 2-node clusters (a node-shared round there crosses between the nodes).
 """
 
 import sys
@@ -22,7 +23,7 @@ from mpisolve.comm import Communicator, onetensor
 from mpisolve.comm.onetensor import one_tensor
 from mpisolve.comm.ops import tensor_ops
 
-pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.ranks(2, 3)]
+pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.ranks(2, 3), pytest.mark.cluster]
 
 
 @pytest.fixture(scope="module", autouse=True, params=["mpi", "node"])
