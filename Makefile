@@ -69,9 +69,9 @@ test-mpi: install
 # An emulated 2-node cluster on this machine: tests/cluster/fake-ssh stands in for ssh, so
 # MPI sees each -hosts group as a node (its own shared-memory split, the network between).
 # At 2x2 and at 2x3 ranks, one job runs every MPI test marked `cluster` in CLUSTER_TESTS
-# (the hierarchical sums against MPI's, node-shared buckets, one tensor's messages, the window solvers' inter-node
-# path by detection, and the conformance suite's join, zeroing, clipping, GradScaler and
-# no_sync for every solver); then tests/train/test_failures.py's checkpoint-resume job and
+# (the hierarchical sums against MPI's, node-shared buckets, one tensor's messages, the
+# window solvers' inter-node path by detection, and the conformance suite's join, zeroing,
+# clipping, GradScaler and no_sync for every solver); then tests/train/test_failures.py's checkpoint-resume job and
 # one fault job (hogwild-sgd's rank killed) at 2x2.
 CLUSTER := -launcher ssh -launcher-exec $(CURDIR)/tests/cluster/fake-ssh
 CLUSTER_LAYOUTS := 2 3
