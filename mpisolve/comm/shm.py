@@ -454,6 +454,7 @@ class NodeAllreduce:
                     yielding=yielding,
                 )
         self._polls = YIELD_POLLS if yielding else SPIN_POLLS
+        self._probe = self.comm.comm.Iprobe
         self._seq = 0
         #: idle -> arrived -> reduced -> (internode ->) published (bandwidth path) -> idle; a latency
         #: round's start goes straight to reduced (and on one node to idle) when this rank arrives last;
@@ -490,8 +491,15 @@ class NodeAllreduce:
 
     def poll(self) -> bool:
         """:meth:`test` for a wait: it checks the local ranks' counters up to :data:`SPIN_POLLS` more
-        times in compiled code under the "spin" wait policy, :data:`YIELD_POLLS` under "yield"."""
-        return self.test(self._polls)
+        times in compiled code under the "spin" wait policy, :data:`YIELD_POLLS` under "yield". Where
+        the round is not complete, it also enters MPI's progress engine (a probe): the round itself
+        calls MPI only for an exchange between nodes, and this rank's other started MPI operations
+        must move while it waits, as MPI's own waits move them (a nonblocking barrier posted before,
+        which the ranks still to arrive here must get through first)."""
+        if self.test(self._polls):
+            return True
+        self._probe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+        return False
 
     def wait(self, what: str | None = None) -> None:
         """Complete the round. Where the communicator allows it (:meth:`.Communicator.waits_in_mpi`), a rank

@@ -10,6 +10,7 @@ on the emulated 2-node clusters (a node-shared round there crosses between the n
 """
 
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -173,3 +174,19 @@ def test_a_joined_rank_answers_calls_of_the_agreed_signature(path, numel):
         last = hvd.join()
     assert last == size - 1
     assert hvd.allreduce(tensor, op=hvd.Sum).eq(3.0 * size).all()
+
+
+def test_a_call_run_at_its_turn_in_a_barrier_lets_the_barrier_complete(path):
+    """Horovod's duplicate-name test: rank 0's call runs at its turn inside its barrier, and the
+    others start theirs only once that barrier is through, which it is only if rank 0's wait for
+    its call moves MPI (its posted barrier) meanwhile, as MPI's own waits do."""
+    tensor = torch.ones(17 * 17 * 17)
+    assert hvd.allreduce(tensor, op=hvd.Sum).eq(hvd.size()).all()  # agreed on every rank
+    handle = hvd.allreduce_async(tensor, op=hvd.Sum) if hvd.rank() == 0 else None
+    if hvd.rank() > 0:
+        time.sleep(0.5)  # rank 0's barrier posted first: the others' then needs it moved
+    hvd.barrier()
+    if hvd.rank() > 0:
+        handle = hvd.allreduce_async(tensor, op=hvd.Sum)
+    hvd.barrier()
+    assert handle is not None and hvd.synchronize(handle).eq(hvd.size()).all()
