@@ -16,3 +16,10 @@ layout_args() {
     2x3) echo "${SSH[*]} -hosts a:3,b:3 -n 6" ;;
   esac
 }
+# `python -m mpisolve ARGS...` with DIR's mpisolve, on a layout's ranks (as layout_args names it).
+mpisolve_on() {  # dir layout args...
+  local dir=$1 where
+  read -ra where <<< "$(layout_args "$2")"
+  shift 2
+  (cd "$dir" && "$MPIEXEC" "${where[@]}" -env PYTHONPATH "$dir" "$PY" -m mpi4py -m mpisolve "$@")
+}

@@ -8,10 +8,7 @@ set -euo pipefail
 source perf/results/node_aware/leader/common.sh
 HERE=$MAIN/perf/results/node_aware/one_tensor
 sweep() {  # dir label layout ops
-  local where
-  read -ra where <<< "$(layout_args "$3")"
-  (cd "$1" && "$MPIEXEC" "${where[@]}" -env PYTHONPATH "$1" "$PY" -m mpi4py -m mpisolve bench sweep --ops "$4" \
-    --min-bytes 4K --max-bytes 64M --factor 4) > "$HERE/ab-$2.json"
+  mpisolve_on "$1" "$3" bench sweep --ops "$4" --min-bytes 4K --max-bytes 64M --factor 4 > "$HERE/ab-$2.json"
 }
 {
   for round in 1 2; do

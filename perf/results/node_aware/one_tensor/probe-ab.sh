@@ -8,11 +8,8 @@ set -euo pipefail
 source perf/results/node_aware/leader/common.sh
 HERE=$MAIN/perf/results/node_aware/one_tensor
 sweep() {  # dir layout
-  local where
-  read -ra where <<< "$(layout_args "$2")"
-  (cd "$1" && "$MPIEXEC" "${where[@]}" -env PYTHONPATH "$1" "$PY" -m mpi4py -m mpisolve bench sweep \
-    --ops mpi,bucketed,average --min-bytes 4K --max-bytes 1M --factor 4 --small-repeats 400) 2>&1 >/dev/null \
-    | grep -v "^MPICH: freeing"
+  mpisolve_on "$1" "$2" bench sweep --ops mpi,bucketed,average --min-bytes 4K --max-bytes 1M --factor 4 \
+    --small-repeats 400 2>&1 >/dev/null | grep -v "^MPICH: freeing"
 }
 {
   for round in 1 2; do

@@ -8,10 +8,8 @@ set -euo pipefail
 source perf/results/node_aware/leader/common.sh
 HERE=$MAIN/perf/results/node_aware/one_tensor
 sweep() {  # dir layout
-  local where
-  read -ra where <<< "$(layout_args "$2")"
-  (cd "$1" && "$MPIEXEC" "${where[@]}" -env PYTHONPATH "$1" "$PY" -m mpi4py -m mpisolve bench sweep --ops mpi,sum \
-    --min-bytes 4K --max-bytes 4K --small-repeats 1000) 2>&1 >/dev/null | grep "^ *4096"
+  mpisolve_on "$1" "$2" bench sweep --ops mpi,sum --min-bytes 4K --max-bytes 4K --small-repeats 1000 2>&1 >/dev/null \
+    | grep "^ *4096"
 }
 {
   for round in 1 2 3; do
