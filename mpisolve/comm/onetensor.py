@@ -86,7 +86,7 @@ from mpi4py import MPI
 from ..errors import CommTimeout, TensorMismatchError
 from .communicator import Communicator
 from .progress import PROGRESS_INTERVAL_S, threads_multiple
-from .shm import ONE_SHOT_KEPT, NodeAllreduce, node_group
+from .shm import KeptSums, NodeAllreduce, node_group
 
 #: The dtypes this path sums as they are (MPI's own arithmetic), with their numpy and MPI twins.
 FAST_DTYPES: dict[torch.dtype, tuple[type[np.floating[Any]], MPI.Datatype]] = {
@@ -136,9 +136,10 @@ class OneTensor:
         self.node_min_bytes = sys.maxsize if self.group is None else self.group.one_shot_min_bytes
         #: Tensors up to this many bytes go inline with MPI (:data:`INLINE_MAX_BYTES`; the same on every rank).
         self.inline_max_bytes = INLINE_MAX_BYTES
-        #: The node-shared sums of the signatures agreed for :data:`NODE`, by element count and dtype, kept
-        #: for the next agreement (the oldest freed past :data:`.shm.ONE_SHOT_KEPT`, every rank alike).
-        self._node_sums: dict[tuple[int, torch.dtype], NodeAllreduce] = {}
+        #: The node-shared sums of the signatures agreed for :data:`NODE` (one element more: the flag), kept
+        #: for the next agreement; apart from the group's (:attr:`.shm.NodeGroup.kept`), from which a list's
+        #: call could evict the agreed message's sum.
+        self._node_sums = None if self.group is None else KeptSums(self.group)
         #: What timed out here, the request it left started (None: the negotiation's) and the agreed
         #: message, set aside: no later call runs here until that call completed as a hit everywhere.
         self.stuck: tuple[str, Started | None, Message | None] | None = None
@@ -250,27 +251,15 @@ class OneTensor:
         if agreed is not None and agreed[1] == INLINE:
             self.message = InlineMessage(agreed[0], agreed[2], self.sums.comm)
         elif agreed is not None and agreed[1] == NODE:
-            self.message = NodeMessage(agreed[0], agreed[2], self._node_sum(agreed[2], agreed[0][0]))
-
-    def _node_sum(self, numel: int, dtype: torch.dtype) -> NodeAllreduce:
-        """A node-shared sum of ``numel`` elements of ``dtype`` and the flag, kept (collective: every
-        rank agrees the same signatures in the same order, so keeps and frees alike)."""
-        assert self.group is not None  # NODE is agreed only where a node-shared sum applies
-        key = (numel, dtype)
-        op = self._node_sums.pop(key, None)
-        if op is None:
-            op = NodeAllreduce(self.group, numel + 1, dtype)
-            if len(self._node_sums) >= ONE_SHOT_KEPT:
-                self._node_sums.pop(next(iter(self._node_sums))).free()
-        self._node_sums[key] = op  # the newest last
-        return op
+            assert self._node_sums is not None  # NODE is agreed only where a node-shared sum applies
+            numel = agreed[2]
+            self.message = NodeMessage(agreed[0], numel, self._node_sums.get(numel + 1, agreed[0][0]))
 
     def _free(self) -> None:
         """Release the agreed message and the kept node-shared sums (collective; run by ``comm.free()``)."""
         self._agree(None)
-        for op in self._node_sums.values():
-            op.free()
-        self._node_sums.clear()
+        if self._node_sums is not None:
+            self._node_sums.free()
 
     # ------------------------------------------------------------------ join
     def start_joined(self) -> Started | None:

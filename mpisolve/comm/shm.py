@@ -174,7 +174,8 @@ class NodeGroup:
         #: Rounds started whose inter-node collective is not posted yet, in start order.
         self.unposted: list[NodeAllreduce] = []
         self.lock = threading.RLock()  # a progress thread may drive rounds beside the main thread
-        self._one_shot: dict[tuple[int, torch.dtype], NodeAllreduce] = {}
+        #: The node-shared sums kept for one-shot callers (``mpisolve.allreduce`` of a list).
+        self.kept = KeptSums(self)
         #: Sums smaller than this many bytes take flat MPI (:func:`node_path`; set by :func:`node_group`,
         #: the same on every rank).
         self.min_bytes = 0
@@ -184,9 +185,7 @@ class NodeGroup:
 
     def free(self) -> None:
         """Release the windows kept for one-shot callers (collective; run by ``comm.free()``)."""
-        for op in self._one_shot.values():
-            op.free()
-        self._one_shot.clear()
+        self.kept.free()
         _GROUPS.pop(self.comm, None)
 
     def post_ready(self) -> None:
@@ -204,20 +203,36 @@ class NodeGroup:
             head.post()
             self.unposted.pop(0)
 
-    def reusable(self, numel: int, dtype: torch.dtype) -> NodeAllreduce:
-        """A node-shared sum of ``numel`` elements kept for one-shot callers (``mpisolve.allreduce``)."""
+
+#: How many one-shot sums (by size and dtype) a :class:`KeptSums` keeps, each with its window.
+ONE_SHOT_KEPT = 8
+
+
+class KeptSums:
+    """Node-shared sums kept by element count and dtype for callers that sum a buffer at a time, at most
+    :data:`ONE_SHOT_KEPT`, the oldest freed first (collective: every rank asks for the same sums in the
+    same order, so keeps and frees alike)."""
+
+    def __init__(self, group: NodeGroup) -> None:
+        self.group = group
+        self.by_size: dict[tuple[int, torch.dtype], NodeAllreduce] = {}
+
+    def get(self, numel: int, dtype: torch.dtype) -> NodeAllreduce:
+        """The kept sum of ``numel`` elements of ``dtype`` (made, collectively, where none is kept)."""
         key = (numel, dtype)
-        op = self._one_shot.get(key)
+        op = self.by_size.get(key)
         if op is None:
-            if len(self._one_shot) >= ONE_SHOT_KEPT:  # every rank evicts alike: same calls, same order
-                oldest = next(iter(self._one_shot))
-                self._one_shot.pop(oldest).free()
-            op = self._one_shot[key] = NodeAllreduce(self, numel, dtype)
+            if len(self.by_size) >= ONE_SHOT_KEPT:
+                self.by_size.pop(next(iter(self.by_size))).free()
+            op = self.by_size[key] = NodeAllreduce(self.group, numel, dtype)
         return op
 
+    def free(self) -> None:
+        """Release every kept sum's window (collective)."""
+        for op in self.by_size.values():
+            op.free()
+        self.by_size.clear()
 
-#: How many one-shot sums (by size and dtype) a group keeps, each with its window.
-ONE_SHOT_KEPT = 8
 
 STAGE_CHOICE = "staging every tensor (MPISOLVE_STAGE, Communicator(stage_all=...))"
 
@@ -663,7 +678,7 @@ def kept_sums(
     where the node-aware path does not apply (then nothing is kept).
 
     The caller writes each input, then :func:`sum_kept` sums them. One window per size and
-    dtype is kept for the next call (:meth:`NodeGroup.reusable`).
+    dtype is kept for the next call (:attr:`NodeGroup.kept`).
     """
     group = node_group(comm)
     if group is None or not all(takes_layout(comm, dtype, device) for _, dtype, device in buffers):
@@ -674,7 +689,7 @@ def kept_sums(
         return None  # a small call: flat MPI's path is faster
     if len({(numel, dtype) for numel, dtype, _ in buffers}) < len(buffers):
         return None  # two buffers alike in one call: MPI's path (one window each would be kept)
-    ops = [group.reusable(numel, dtype) for numel, dtype, _ in buffers]
+    ops = [group.kept.get(numel, dtype) for numel, dtype, _ in buffers]
     for op in ops:
         op.wait_writable()
     return ops
