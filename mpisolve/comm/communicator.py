@@ -904,7 +904,7 @@ def as_communicator(comm: MPI.Comm | Communicator | None) -> Communicator:
     the communicator frees what the wrapper made (its node split, Adasum's splits).
     """
     if comm is None:
-        return init()
+        return init() if _WORLD is None else _WORLD
     if isinstance(comm, Communicator):
         return comm
     if isinstance(comm, MPI.Comm):

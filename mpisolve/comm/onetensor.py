@@ -374,7 +374,7 @@ class OneTensor:
 
     def _result(self, hit: Message, op: str, postscale: float) -> torch.Tensor:
         """The sum in the kept message, copied out into a new tensor (averaged, postscaled)."""
-        values = np.divide(hit.sums, self.comm.size) if op == "average" else hit.sums.copy()
+        values = np.divide(hit.sums, hit.divisor) if op == "average" else hit.sums.copy()
         if postscale != 1.0:
             values *= postscale
         return torch.from_numpy(values if hit.shaped is None else values.reshape(hit.shaped))
@@ -436,10 +436,13 @@ class Message:
     flags: np.ndarray[Any, Any]
     request: Started
 
-    def __init__(self, signature: Signature, numel: int) -> None:
+    def __init__(self, signature: Signature, numel: int, ranks: int) -> None:
         self.dtype, self.shape, self.op = signature[0], signature[1], signature[2]
         self.scales = (signature[3], signature[4])
         self.numel = numel
+        #: What an average divides the sums by: the ranks, as a scalar of the values' dtype (a division
+        #: by it is the division by the int's, with no conversion of the int each call).
+        self.divisor = FAST_DTYPES[self.dtype][0](ranks)
         self.shaped = None if len(self.shape) == 1 else tuple(self.shape)
         self.source: torch.Tensor | None = None
         self.pointer = 0
@@ -460,7 +463,7 @@ class InlineMessage(Message):
     (``MPI_Allreduce_init``, made by every rank alike when they agree), started each call."""
 
     def __init__(self, signature: Signature, numel: int, comm: MPI.Intracomm) -> None:
-        super().__init__(signature, numel)
+        super().__init__(signature, numel, comm.Get_size())
         np_dtype, mpi_type = FAST_DTYPES[self.dtype]
         buffer: np.ndarray[Any, Any] = np.zeros(numel + 1, dtype=np_dtype)
         self.values = self.sums = buffer[:numel]
@@ -482,7 +485,7 @@ class NodeMessage(Message):
     negative, so it is 0 only where all are, and a sum of the ranks' :data:`JOINED` flags is the size."""
 
     def __init__(self, signature: Signature, numel: int, op: NodeAllreduce) -> None:
-        super().__init__(signature, numel)
+        super().__init__(signature, numel, op.comm.size)
         self.node_sum = op
         self.values, self.flag = op.input.numpy()[:numel], op.input.numpy()[numel:]
         self.sums, self.flags = op.result.numpy()[:numel], op.result.numpy()[numel:]

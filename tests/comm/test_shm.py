@@ -556,5 +556,6 @@ def test_node_shared_sums_across_nodes_keep_their_exchange_moving(monkeypatch):
         shm.sum_kept(comm, kept, "kept sum")
         for one in (op, persistent):
             one.free()
-    # Six waits; across nodes a rank that exchanges polls until its exchange is posted, then waits in MPI.
-    assert len(asked) >= 6 and all(flag == (comm.nodes > 1) for _, flag in asked), asked
+    # Six waits across nodes (a rank that exchanges polls until its exchange is posted, then waits in MPI);
+    # on one node a round already complete at its wait's first poll asks for none.
+    assert len(asked) >= (6 if comm.nodes > 1 else 1) and all(flag == (comm.nodes > 1) for _, flag in asked), asked
