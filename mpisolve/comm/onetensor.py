@@ -10,7 +10,8 @@ postscale factors), then each call is one message, waited for at once, that carr
 values and one more number, a *miss* flag (:class:`Message`):
 
 - where node-shared sums apply (:func:`.shm.node_group`), from the one-shot crossover
-  (:attr:`.shm.NodeGroup.one_shot_min_bytes`, by default every size), one round of a
+  (:attr:`.shm.NodeGroup.one_shot_min_bytes`, by default every size) and up to a window of
+  the cap on kept node-shared memory (:attr:`.shm.NodeGroup.keep_bytes`), one round of a
   node-shared sum (:class:`NodeMessage`: a :class:`.shm.NodeAllreduce` kept per element
   count and dtype, of the values and the flag): the values copied into the node's window,
   summed there and, across nodes, among the nodes' ranks, with no MPI call on one node;
@@ -159,7 +160,13 @@ class OneTensor:
             or self.comm.stage_all
         ):
             return GENERAL
-        if 0 < nbytes and self.node_min_bytes <= nbytes:
+        kept = self._node_sums
+        if (
+            0 < nbytes
+            and self.node_min_bytes <= nbytes
+            and kept is not None
+            and kept.fits([(tensor.numel() + 1, tensor.dtype)])
+        ):
             return NODE
         return INLINE if nbytes <= self.inline_max_bytes else SEPARATE
 
@@ -253,7 +260,7 @@ class OneTensor:
         elif agreed is not None and agreed[1] == NODE:
             assert self._node_sums is not None  # NODE is agreed only where a node-shared sum applies
             numel = agreed[2]
-            self.message = NodeMessage(agreed[0], numel, self._node_sums.get(numel + 1, agreed[0][0]))
+            self.message = NodeMessage(agreed[0], numel, self._node_sums.get([(numel + 1, agreed[0][0])])[0])
 
     def _free(self) -> None:
         """Release the agreed message and the kept node-shared sums (collective; run by ``comm.free()``)."""

@@ -77,6 +77,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -103,6 +104,11 @@ NODE_MIN_BYTES = {False: 0, True: 1024 * 1024}
 #: node-shared sum, flag and all in one round, was the faster at every size and layout measured.
 ONE_SHOT_MIN_BYTES = 0
 MIN_BYTES_ENV = "MPISOLVE_NODE_SHM_MIN_BYTES"
+#: The node-shared memory, in bytes on a node, that one cache of kept sums (:class:`KeptSums`: a
+#: communicator's ``mpisolve.allreduce`` of lists, and of one tensor) may hold in windows; a sum whose
+#: window alone is larger takes MPI's path. ``MPISOLVE_NODE_SHM_KEEP_BYTES`` sets it.
+KEEP_BYTES = 1 << 30
+KEEP_BYTES_ENV = "MPISOLVE_NODE_SHM_KEEP_BYTES"
 
 #: How many more times a wait checks the local ranks' counters in compiled code, between two
 #: polls of its watchdogged loop, under the "spin" wait policy (a few microseconds to tens).
@@ -181,6 +187,9 @@ class NodeGroup:
         self.min_bytes = 0
         #: The same for ``mpisolve.allreduce`` of one tensor (:mod:`.onetensor`).
         self.one_shot_min_bytes = 0
+        #: The windows' bytes a :class:`KeptSums` of this group may hold (set by :func:`node_group`, the
+        #: same on every rank).
+        self.keep_bytes = KEEP_BYTES
         comm.on_free(self.free)
 
     def free(self) -> None:
@@ -209,29 +218,47 @@ ONE_SHOT_KEPT = 8
 
 
 class KeptSums:
-    """Node-shared sums kept by element count and dtype for callers that sum a buffer at a time, at most
-    :data:`ONE_SHOT_KEPT`, the oldest freed first (collective: every rank asks for the same sums in the
-    same order, so keeps and frees alike)."""
+    """Node-shared sums kept by element count and dtype for callers that sum a buffer at a time: at most
+    :data:`ONE_SHOT_KEPT`, whose windows hold at most the group's :attr:`~NodeGroup.keep_bytes` together,
+    the least recently asked for freed first (collective: every rank asks for the same sums in the same
+    order, so keeps and frees alike)."""
 
     def __init__(self, group: NodeGroup) -> None:
         self.group = group
         self.by_size: dict[tuple[int, torch.dtype], NodeAllreduce] = {}
+        #: The kept windows' bytes on the node.
+        self.nbytes = 0
 
-    def get(self, numel: int, dtype: torch.dtype) -> NodeAllreduce:
-        """The kept sum of ``numel`` elements of ``dtype`` (made, collectively, where none is kept)."""
-        key = (numel, dtype)
-        op = self.by_size.get(key)
-        if op is None:
-            if len(self.by_size) >= ONE_SHOT_KEPT:
-                self.by_size.pop(next(iter(self.by_size))).free()
-            op = self.by_size[key] = NodeAllreduce(self.group, numel, dtype)
-        return op
+    def fits(self, sizes: Sequence[tuple[int, torch.dtype]]) -> bool:
+        """Whether sums of these element counts and dtypes can be kept at once (their windows within the cap)."""
+        return sum(WindowLayout.of(self.group, numel, dtype).total for numel, dtype in sizes) <= self.group.keep_bytes
+
+    def get(self, sizes: Sequence[tuple[int, torch.dtype]]) -> list[NodeAllreduce]:
+        """The kept sums of these element counts and dtypes, distinct and :meth:`fits` (made, collectively,
+        where none is kept, after freeing the least recently asked for others as the bounds require)."""
+        missing = [key for key in sizes if key not in self.by_size]
+        need = sum(WindowLayout.of(self.group, numel, dtype).total for numel, dtype in missing)
+        others = [key for key in self.by_size if key not in sizes]
+        while others and (
+            len(self.by_size) + len(missing) > ONE_SHOT_KEPT or self.nbytes + need > self.group.keep_bytes
+        ):
+            op = self.by_size.pop(others.pop(0))
+            self.nbytes -= op.nbytes
+            op.free()
+        for key in sizes:
+            if key in self.by_size:
+                self.by_size[key] = self.by_size.pop(key)  # the most recently asked for last
+            else:
+                op = self.by_size[key] = NodeAllreduce(self.group, *key)
+                self.nbytes += op.nbytes
+        return [self.by_size[key] for key in sizes]
 
     def free(self) -> None:
         """Release every kept sum's window (collective)."""
         for op in self.by_size.values():
             op.free()
         self.by_size.clear()
+        self.nbytes = 0
 
 
 STAGE_CHOICE = "staging every tensor (MPISOLVE_STAGE, Communicator(stage_all=...))"
@@ -246,7 +273,7 @@ def node_group(comm: Communicator) -> NodeGroup | None:
     """
     if comm in _GROUPS:
         return _GROUPS[comm]
-    mine = (comm.local_size, comm.node_shm, comm.stage_all, asked_min_bytes())
+    mine = (comm.local_size, comm.node_shm, comm.stage_all, asked_bytes(MIN_BYTES_ENV), asked_bytes(KEEP_BYTES_ENV))
     views = comm.allgather_object(mine) if comm.size > 1 else [mine]
     for i, choice in ((1, "node-shared sums (MPISOLVE_NODE_SHM, Communicator(node_shm=...))"), (2, STAGE_CHOICE)):
         on = [rank for rank, view in enumerate(views) if view[i]]
@@ -264,13 +291,16 @@ def node_group(comm: Communicator) -> NodeGroup | None:
         # The largest any rank asks for: every rank holds the same crossovers, so takes the same path.
         group.min_bytes = max(asked) if asked else NODE_MIN_BYTES[group.nodes > 1]
         group.one_shot_min_bytes = max(asked) if asked else ONE_SHOT_MIN_BYTES
+        caps = [view[4] for view in views if view[4] is not None]
+        group.keep_bytes = min(caps) if caps else KEEP_BYTES  # the smallest any rank asks for
     _GROUPS[comm] = group
     return group
 
 
-def asked_min_bytes() -> int | None:
-    """The crossover ``MPISOLVE_NODE_SHM_MIN_BYTES`` asks for on this rank (None: the layout's default)."""
-    text = os.environ.get(MIN_BYTES_ENV, "").strip()
+def asked_bytes(name: str) -> int | None:
+    """The byte count the environment variable ``name`` asks for on this rank (None: unset, the default):
+    :data:`MIN_BYTES_ENV`'s crossover, :data:`KEEP_BYTES_ENV`'s cap."""
+    text = os.environ.get(name, "").strip()
     if not text:
         return None
     try:
@@ -278,7 +308,7 @@ def asked_min_bytes() -> int | None:
     except ValueError:
         value = -1
     if value < 0:
-        raise ValueError(f"{MIN_BYTES_ENV} must be a byte count >= 0, got {text!r}")
+        raise ValueError(f"{name} must be a byte count >= 0, got {text!r}")
     return value
 
 
@@ -297,6 +327,61 @@ def takes(comm: Communicator, tensor: torch.Tensor) -> bool:
 def takes_layout(comm: Communicator, dtype: torch.dtype, device: torch.device) -> bool:
     """Whether a node-shared sum can reduce contiguous tensors of ``dtype`` on ``device``."""
     return device.type == "cpu" and dtype in NODE_DTYPES and not comm.stage_all
+
+
+@dataclass(frozen=True)
+class WindowLayout:
+    """Where a :class:`NodeAllreduce`'s regions lie in its window, in bytes: the counters, each local
+    rank's slots (two on the latency path, alternating by round) and tally rows, then the result (the
+    bandwidth path's, or across nodes the latency path's published sum and tally)."""
+
+    latency: bool
+    leader_only: bool
+    copies: int
+    row: int
+    tally_row: int
+    counters_bytes: int
+    flags_bytes: int
+    slots_end: int
+    tally_end: int
+    result_bytes: int
+
+    @property
+    def total(self) -> int:
+        """The window's bytes on the node."""
+        return self.tally_end + self.result_bytes
+
+    @classmethod
+    def of(cls, group: NodeGroup, numel: int, dtype: torch.dtype, tally: int = 0) -> WindowLayout:
+        """The layout of a sum of ``numel`` elements of ``dtype`` (and ``tally`` float64 ones) on ``group``."""
+        ranks = group.local_size
+        latency = numel * dtype.itemsize <= LATENCY_MAX_BYTES
+        leader_only = latency and group.cross is not None
+        copies = 2 if latency else 1
+        row = padded(numel * dtype.itemsize)
+        tally_row = padded(tally * 8)
+        counters_bytes = ranks * CACHE_LINE
+        second_counters = not latency or leader_only  # "done" (bandwidth path) or "published"
+        if leader_only:
+            result_bytes = row + tally_row
+        else:
+            half = dtype in (torch.float16, torch.bfloat16)
+            result_bytes = 0 if latency else row + (padded(numel * 4) if half else 0)
+        flags_bytes = (2 if second_counters else 1) * counters_bytes
+        slots_end = flags_bytes + ranks * copies * row
+        tally_end = slots_end + ranks * copies * tally_row
+        return cls(
+            latency,
+            leader_only,
+            copies,
+            row,
+            tally_row,
+            counters_bytes,
+            flags_bytes,
+            slots_end,
+            tally_end,
+            result_bytes,
+        )
 
 
 class NodeAllreduce:
@@ -344,30 +429,25 @@ class NodeAllreduce:
         self.dtype = dtype
         self.scale = float(scale)
         self.half = dtype in (torch.float16, torch.bfloat16)
-        itemsize = torch.empty(0, dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         ranks = group.local_size
-        self.latency = numel * itemsize <= LATENCY_MAX_BYTES
+        layout = WindowLayout.of(group, numel, dtype, tally)
+        self.latency = layout.latency
         #: Whether a round ends with an exchange between nodes (which its waits must keep moving).
         self.across_nodes = group.cross is not None
         #: Whether only the node's leader (local rank 0) sums and exchanges with the other nodes and
         #: publishes the whole sum, which the node's other ranks copy: the latency path across nodes.
-        self.leader_only = self.latency and self.across_nodes
+        self.leader_only = layout.leader_only
         #: Whether this rank sums the node's slots (and, across nodes, exchanges its share).
         self.sums = not self.leader_only or group.local_rank == 0
-        # The latency path's slots alternate by round and it has no "done" counters.
-        self._copies = copies = 2 if self.latency else 1
-        row = padded(numel * itemsize)
-        tally_row = padded(tally * 8)
-        counters_bytes = ranks * CACHE_LINE
-        second_counters = not self.latency or self.leader_only  # "done" (bandwidth path) or "published"
-        flags_bytes = (2 if second_counters else 1) * counters_bytes
-        if self.leader_only:  # the leader's published sum and tally
-            result_bytes = row + tally_row
-        else:
-            result_bytes = 0 if self.latency else row + (padded(numel * 4) if self.half else 0)
-        slots_end = flags_bytes + ranks * copies * row
-        tally_end = slots_end + ranks * copies * tally_row
-        self.win, memory = shared_window(group.comm, tally_end + result_bytes, flags_bytes, "node-shared window")
+        self._copies = copies = layout.copies
+        row, tally_row = layout.row, layout.tally_row
+        counters_bytes, flags_bytes = layout.counters_bytes, layout.flags_bytes
+        slots_end, tally_end = layout.slots_end, layout.tally_end
+        second_counters = flags_bytes > counters_bytes
+        #: The window's bytes (on the node, all local ranks' parts together).
+        self.nbytes = layout.total
+        self.win, memory = shared_window(group.comm, self.nbytes, flags_bytes, "node-shared window")
         self._arrived = NodeCounters(memory[:counters_bytes], group.local_rank)
         second = NodeCounters(memory[counters_bytes:flags_bytes], group.local_rank) if second_counters else None
         #: The bandwidth path's "done" counters; on the latency path across nodes the leader's "published" one.
@@ -690,9 +770,12 @@ def kept_sums(
         return None  # an empty buffer: MPI's path, which sums zero elements
     if not node_path(group, sum(numel * dtype.itemsize for numel, dtype, _ in buffers)):
         return None  # a small call: flat MPI's path is faster
-    if len({(numel, dtype) for numel, dtype, _ in buffers}) < len(buffers):
+    sizes = [(numel, dtype) for numel, dtype, _ in buffers]
+    if len(set(sizes)) < len(sizes):
         return None  # two buffers alike in one call: MPI's path (one window each would be kept)
-    ops = [group.kept.get(numel, dtype) for numel, dtype, _ in buffers]
+    if not group.kept.fits(sizes):
+        return None  # windows larger than the node-shared memory kept sums may hold: MPI's path
+    ops = group.kept.get(sizes)
     for op in ops:
         op.wait_writable()
     return ops

@@ -341,8 +341,94 @@ def test_a_crossover_that_is_not_a_byte_count_is_refused(monkeypatch):
     for bad in ("-1", "16K", "lots"):
         monkeypatch.setenv(shm.MIN_BYTES_ENV, bad)
         with pytest.raises(ValueError, match="MPISOLVE_NODE_SHM_MIN_BYTES must be a byte count"):
-            shm.asked_min_bytes()
+            shm.asked_bytes(shm.MIN_BYTES_ENV)
     monkeypatch.setenv(shm.MIN_BYTES_ENV, "65536")
-    assert shm.asked_min_bytes() == 65536
+    assert shm.asked_bytes(shm.MIN_BYTES_ENV) == 65536
     monkeypatch.delenv(shm.MIN_BYTES_ENV)
-    assert shm.asked_min_bytes() is None
+    assert shm.asked_bytes(shm.MIN_BYTES_ENV) is None
+
+
+def capped(monkeypatch: pytest.MonkeyPatch, keep_bytes: int, min_bytes: str | None = None) -> Communicator:
+    """:func:`fresh`, its kept node-shared sums holding at most ``keep_bytes`` of windows."""
+    monkeypatch.setenv(shm.KEEP_BYTES_ENV, str(keep_bytes))
+    return fresh(monkeypatch, min_bytes)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@SIZES
+def test_ranks_asking_for_different_caps_on_kept_windows_agree_on_the_smallest(monkeypatch):
+    comm = capped(monkeypatch, 1 << (20 + MPI.COMM_WORLD.Get_rank() % 2))
+    group = shm.node_group(comm)
+    if group is None:
+        pytest.skip("node-shared sums do not apply to this layout")
+    assert group.keep_bytes == 1 << 20
+    comm.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@SIZES
+def test_one_tensor_whose_window_passes_the_cap_takes_mpi_and_sums_exactly(monkeypatch):
+    """A tensor whose node-shared window would pass the cap on kept windows goes through MPI (inline, or
+    from where it lies), and one whose window fits through the node-shared round; either is numpy's sum."""
+    comm = capped(monkeypatch, 64 * 1024)
+    group = shm.node_group(comm)
+    if group is None:
+        pytest.skip("node-shared sums do not apply to this layout")
+    one = onetensor.one_tensor(comm)
+    for numel, mode in ((100, onetensor.NODE), (20_000, onetensor.INLINE), (2_000_000, onetensor.SEPARATE)):
+        fits = shm.WindowLayout.of(group, numel + 1, torch.float32).total <= group.keep_bytes
+        assert fits == (mode == onetensor.NODE)
+        tensor, total = inputs(comm, numel)
+        for _ in range(2):
+            np.testing.assert_array_equal(mpisolve.allreduce(tensor, op="sum", comm=comm).numpy(), total)
+            assert one.agreed is not None and one.agreed[1] == mode
+        assert one._node_sums is not None and one._node_sums.nbytes <= group.keep_bytes
+    comm.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@SIZES
+def test_kept_sums_hold_at_most_the_cap_the_least_recently_asked_for_freed_first(monkeypatch):
+    """Windows are kept within the cap, freeing the least recently asked for; a list whose windows pass the
+    cap together takes MPI's path and keeps nothing; every sum stays numpy's (node-shared at every size)."""
+    comm = fresh(monkeypatch, "0")
+    group = shm.node_group(comm)
+    if group is None:
+        pytest.skip("node-shared sums do not apply to this layout")
+    a, b, c = 20_000, 30_000, 10_000  # float32 elements: the bandwidth path's windows, C's the smallest
+    window = {n: shm.WindowLayout.of(group, n, torch.float32).total for n in (a, b, c)}
+    comm.free()
+    comm = capped(monkeypatch, window[a] + window[b], "0")
+    group = shm.node_group(comm)
+    assert group is not None
+    kept = group.kept
+
+    def summed(*numels: int) -> None:
+        given = [inputs(comm, n, i) for i, n in enumerate(numels)]
+        dtypes = [torch.float32, torch.float64][: len(numels)]  # one buffer per dtype: one sum each
+        out = general_allreduce([t.to(d) for (t, _), d in zip(given, dtypes)], op="sum", comm=comm)
+        for got, (_, total) in zip(out, given):
+            np.testing.assert_array_equal(got.float().numpy(), total)
+        assert kept.nbytes <= group.keep_bytes
+        assert kept.nbytes == sum(op.nbytes for op in kept.by_size.values())
+
+    summed(a)
+    summed(b)
+    assert list(kept.by_size) == [(a, torch.float32), (b, torch.float32)]
+    summed(c)  # A and B fill the cap: A, the least recently asked for, goes
+    assert list(kept.by_size) == [(b, torch.float32), (c, torch.float32)]
+    summed(b)
+    summed(a)  # C is now the least recently asked for
+    assert list(kept.by_size) == [(b, torch.float32), (a, torch.float32)]
+    summed(a, b)  # float32 A and float64 B: past the cap together, MPI's path, nothing kept for them
+    assert list(kept.by_size) == [(b, torch.float32), (a, torch.float32)]
+    comm.free()
+
+
+def test_a_cap_on_kept_windows_that_is_not_a_byte_count_is_refused(monkeypatch):
+    monkeypatch.setenv(shm.KEEP_BYTES_ENV, "1G")
+    with pytest.raises(ValueError, match="MPISOLVE_NODE_SHM_KEEP_BYTES must be a byte count"):
+        shm.asked_bytes(shm.KEEP_BYTES_ENV)
