@@ -211,14 +211,20 @@ class _NodeBuffers:
         self.comm = group.comm
         self.local_rank = group.local_rank
         ranks = group.local_size
-        row = padded(numel * torch.empty(0, dtype=dtype).element_size())
         flags = ranks * CACHE_LINE
-        self.win, memory = shared_window(group.comm, flags + ranks * row, flags, "node-shared Adasum buffers")
+        #: The window's bytes on the node.
+        self.nbytes = self.window_bytes(group, numel, dtype)
+        self.win, memory = shared_window(group.comm, self.nbytes, flags, "node-shared Adasum buffers")
         #: Every local rank's progress counter.
         self.progress = NodeCounters(memory[:flags], group.local_rank)
         rows = memory[flags:].view(dtype).view(ranks, -1)
         #: Every local rank's slot: its working copy of the buffer.
         self.slots = [rows[r, :numel] for r in range(ranks)]
+
+    @staticmethod
+    def window_bytes(group: NodeGroup, numel: int, dtype: torch.dtype) -> int:
+        """The bytes of the window for ``numel`` elements of ``dtype``: the counters, then a slot per local rank."""
+        return group.local_size * (CACHE_LINE + padded(numel * dtype.itemsize))
 
     def free(self) -> None:
         free_window(self.comm, self.win)
@@ -330,6 +336,9 @@ class AdasumReduction:
     tag: int = 0
     #: Node-shared slots made ahead (:meth:`Adasum.storage`), whose slot is ``flat`` itself.
     shared: _NodeBuffers | None = None
+    #: Whether the reduction may make node-shared slots of its own where the node path applies (False:
+    #: messages at every step, as where it does not apply; the same result).
+    node_shared: bool = True
     stages: list[_Stage] = field(init=False)
     started: int = field(init=False, default=0)
     finished: int = field(init=False, default=0)
@@ -351,7 +360,7 @@ class AdasumReduction:
         self.round = 0
         #: Node-shared slots where the node path applies (None: every step passes messages).
         self.node: _NodeBuffers | None = self.shared
-        if self.node is None and topo.group is not None and n > 0 and takes(comm, flat):
+        if self.node is None and self.node_shared and topo.group is not None and n > 0 and takes(comm, flat):
             self.node = _NodeBuffers(topo.group, n, flat.dtype)
         #: The memory the reduction works in: this rank's slot on the node path, else ``flat``.
         self.buffer = flat if self.node is None else self.node.slots[self.node.local_rank]
@@ -702,6 +711,11 @@ class AdasumReduction:
             self.stages[self.started].start()
             self.started += 1
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of its node-shared window (0: none)."""
+        return 0 if self.node is None else self.node.nbytes
+
     def free(self) -> None:
         """Release the persistent requests and the node-shared window (collective over the node)."""
         for stage in self.stages:
@@ -743,16 +757,27 @@ class Adasum:
         self._storage[slot.data_ptr()] = shared
         return slot
 
-    def reduction(self, flat: torch.Tensor, numels: Sequence[int], tag: int = 0) -> AdasumReduction:
+    def window_bytes(self, flat: torch.Tensor) -> int | None:
+        """The bytes of the node-shared window a reduction of ``flat`` makes (None where it makes none:
+        the node path does not apply)."""
+        group = self.topology.group
+        if group is None or flat.numel() < 1 or not takes(self.comm, flat):
+            return None
+        return _NodeBuffers.window_bytes(group, flat.numel(), flat.dtype)
+
+    def reduction(
+        self, flat: torch.Tensor, numels: Sequence[int], tag: int = 0, *, node_shared: bool = True
+    ) -> AdasumReduction:
         """A reusable in-place reduction of ``flat`` (tensors of ``numels``, then summed extras);
-        where ``flat`` is a buffer of :meth:`storage`, the reduction works in it and owns its window."""
+        where ``flat`` is a buffer of :meth:`storage`, the reduction works in it and owns its window.
+        ``node_shared=False``: it makes no window of its own (messages at every step)."""
         if flat.dim() != 1 or not flat.is_contiguous():
             raise ValueError("Adasum reduces flat contiguous buffers")
         shared = self._storage.pop(flat.data_ptr(), None)
         if shared is not None and shared.slots[shared.local_rank].numel() != flat.numel():
             raise ValueError("a node-shared Adasum buffer is reduced whole")
         # MPI guarantees tags < 32768.
-        return AdasumReduction(self.topology, flat, list(numels), tag % 32768, shared)
+        return AdasumReduction(self.topology, flat, list(numels), tag % 32768, shared, node_shared)
 
     def start(self, reduction: AdasumReduction) -> None:
         reduction.restart()

@@ -13,7 +13,7 @@ from .buckets import wire_dtype
 from .communicator import Communicator, Posting, as_communicator, mpi_buffer
 from .device import Stager
 from .flat import ONE_COPY_BYTES, FusedBuffer
-from .shm import ONE_SHOT_KEPT, kept_sums, sum_kept
+from .shm import KeptWindows, kept_sums, sum_kept
 
 REDUCE_OPS = ("sum", "average", "adasum")
 
@@ -112,33 +112,32 @@ def _start_sum(comm: Communicator, stager: Stager) -> Posting:
 
 
 class _KeptAdasum:
-    """A communicator's Adasum for ``mpisolve.allreduce``, with its node-path reductions kept
-    for the next call (each holds a node-shared window; the message path's are bound to the
-    caller's buffer and freed after the call)."""
+    """A communicator's Adasum for ``mpisolve.allreduce``, with its node-path reductions kept for the
+    next call (:class:`.shm.KeptWindows`: each holds a node-shared window). The message path's are
+    bound to the caller's buffer and freed after the call, as are those whose window would pass the
+    bound on kept windows, which take the message path."""
 
     def __init__(self, comm: Communicator) -> None:
         self.adasum = Adasum(comm)
-        self.reductions: dict[tuple[int, int, torch.dtype, tuple[int, ...]], AdasumReduction] = {}
+        group = self.adasum.topology.group
+        self.kept: KeptWindows[tuple[int, int, torch.dtype, tuple[int, ...]], AdasumReduction] | None = (
+            None if group is None else KeptWindows(group)
+        )
         comm.on_free(self.free)
 
     def reduction(self, index: int, flat: torch.Tensor, numels: list[int]) -> AdasumReduction:
+        nbytes = self.adasum.window_bytes(flat)
+        if self.kept is None or nbytes is None or not self.kept.fits(nbytes):
+            return self.adasum.reduction(flat, numels, tag=index, node_shared=False)
         key = (index, flat.numel(), flat.dtype, tuple(numels))
-        kept = self.reductions.get(key)
-        if kept is not None:
-            kept.flat = flat  # the node path copies in from and out to it, whatever tensor it is
-            return kept
-        reduction = self.adasum.reduction(flat, numels, tag=index)
-        if reduction.node is not None:
-            if len(self.reductions) >= ONE_SHOT_KEPT:  # every rank evicts alike: same calls, same order
-                self.reductions.pop(next(iter(self.reductions))).free()
-            self.reductions[key] = reduction
-        return reduction
+        kept = self.kept.get([(key, nbytes)], lambda _: self.adasum.reduction(flat, numels, tag=index))[0]
+        kept.flat = flat  # the node path copies in from and out to it, whatever tensor it is
+        return kept
 
     def free(self) -> None:
         """Release the kept windows (collective over the node; run by ``comm.free()``)."""
-        for reduction in self.reductions.values():
-            reduction.free()
-        self.reductions.clear()
+        if self.kept is not None:
+            self.kept.free()
         _KEPT.pop(self.adasum.comm, None)
 
 
@@ -161,5 +160,5 @@ def _adasum(flats: list[torch.Tensor], numels: list[list[int]], comm: Communicat
         for reduction in reductions:
             if reduction.node is None:
                 reduction.free()
-            elif not reduction.done:  # a failed call: never started again (its window goes with MPI)
-                kept.reductions = {k: r for k, r in kept.reductions.items() if r is not reduction}
+            elif not reduction.done and kept.kept is not None:  # a failed call: never started again (its
+                kept.kept.forget(reduction)  # window goes with MPI)

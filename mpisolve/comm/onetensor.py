@@ -165,7 +165,7 @@ class OneTensor:
             0 < nbytes
             and self.node_min_bytes <= nbytes
             and kept is not None
-            and kept.fits([(tensor.numel() + 1, tensor.dtype)])
+            and kept.fit([(tensor.numel() + 1, tensor.dtype)])
         ):
             return NODE
         return INLINE if nbytes <= self.inline_max_bytes else SEPARATE
@@ -260,7 +260,7 @@ class OneTensor:
         elif agreed is not None and agreed[1] == NODE:
             assert self._node_sums is not None  # NODE is agreed only where a node-shared sum applies
             numel = agreed[2]
-            self.message = NodeMessage(agreed[0], numel, self._node_sums.get([(numel + 1, agreed[0][0])])[0])
+            self.message = NodeMessage(agreed[0], numel, self._node_sums.sums([(numel + 1, agreed[0][0])])[0])
 
     def _free(self) -> None:
         """Release the agreed message and the kept node-shared sums (collective; run by ``comm.free()``)."""

@@ -76,9 +76,9 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
 
 import torch
 from mpi4py import MPI
@@ -121,6 +121,9 @@ YIELD_POLLS = 32
 NODE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 FLAG_STRIDE = CACHE_LINE // 8  # int64 counters, one per cache line
+
+K = TypeVar("K", bound=Hashable)
+W = TypeVar("W", bound="Windowed")
 
 _GROUPS: weakref.WeakKeyDictionary[Communicator, NodeGroup | None] = weakref.WeakKeyDictionary()
 
@@ -213,52 +216,80 @@ class NodeGroup:
             self.unposted.pop(0)
 
 
-#: How many one-shot sums (by size and dtype) a :class:`KeptSums` keeps, each with its window.
+#: How many windows a :class:`KeptWindows` keeps (one-shot sums by size and dtype, Adasum's reductions by layout).
 ONE_SHOT_KEPT = 8
 
 
-class KeptSums:
-    """Node-shared sums kept by element count and dtype for callers that sum a buffer at a time: at most
+class Windowed(Protocol):
+    """What holds a node-shared window: its bytes on the node, and its collective release."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def free(self) -> None: ...
+
+
+class KeptWindows(Generic[K, W]):
+    """What holds node-shared windows, kept by key for callers that make one a call at a time: at most
     :data:`ONE_SHOT_KEPT`, whose windows hold at most the group's :attr:`~NodeGroup.keep_bytes` together,
-    the least recently asked for freed first (collective: every rank asks for the same sums in the same
-    order, so keeps and frees alike)."""
+    the least recently asked for freed first (collective: every rank asks for the same keys in the same
+    order, so keeps and frees alike). A window past the bound alone is not to be made (:meth:`fits`)."""
 
     def __init__(self, group: NodeGroup) -> None:
         self.group = group
-        self.by_size: dict[tuple[int, torch.dtype], NodeAllreduce] = {}
+        self.by_key: dict[K, W] = {}
         #: The kept windows' bytes on the node.
         self.nbytes = 0
 
-    def fits(self, sizes: Sequence[tuple[int, torch.dtype]]) -> bool:
-        """Whether sums of these element counts and dtypes can be kept at once (their windows within the cap)."""
-        return sum(WindowLayout.of(self.group, numel, dtype).total for numel, dtype in sizes) <= self.group.keep_bytes
+    def fits(self, nbytes: int) -> bool:
+        """Whether windows of ``nbytes`` in all can be kept at once."""
+        return nbytes <= self.group.keep_bytes
 
-    def get(self, sizes: Sequence[tuple[int, torch.dtype]]) -> list[NodeAllreduce]:
-        """The kept sums of these element counts and dtypes, distinct and :meth:`fits` (made, collectively,
-        where none is kept, after freeing the least recently asked for others as the bounds require)."""
-        missing = [key for key in sizes if key not in self.by_size]
-        need = sum(WindowLayout.of(self.group, numel, dtype).total for numel, dtype in missing)
-        others = [key for key in self.by_size if key not in sizes]
+    def get(self, wanted: Sequence[tuple[K, int]], make: Callable[[K], W]) -> list[W]:
+        """The kept ones of these distinct keys, each given with its window's bytes (which together
+        :meth:`fits`): made by ``make`` (collectively) where none is kept, after freeing the least
+        recently asked for others as the bounds require."""
+        keys = [key for key, _ in wanted]
+        missing = [nbytes for key, nbytes in wanted if key not in self.by_key]
+        others = [key for key in self.by_key if key not in keys]
         while others and (
-            len(self.by_size) + len(missing) > ONE_SHOT_KEPT or self.nbytes + need > self.group.keep_bytes
+            len(self.by_key) + len(missing) > ONE_SHOT_KEPT or self.nbytes + sum(missing) > self.group.keep_bytes
         ):
-            op = self.by_size.pop(others.pop(0))
-            self.nbytes -= op.nbytes
-            op.free()
-        for key in sizes:
-            if key in self.by_size:
-                self.by_size[key] = self.by_size.pop(key)  # the most recently asked for last
+            kept = self.by_key.pop(others.pop(0))
+            self.nbytes -= kept.nbytes
+            kept.free()
+        for key in keys:
+            if key in self.by_key:
+                self.by_key[key] = self.by_key.pop(key)  # the most recently asked for last
             else:
-                op = self.by_size[key] = NodeAllreduce(self.group, *key)
-                self.nbytes += op.nbytes
-        return [self.by_size[key] for key in sizes]
+                made = self.by_key[key] = make(key)
+                self.nbytes += made.nbytes
+        return [self.by_key[key] for key in keys]
+
+    def forget(self, kept: W) -> None:
+        """Stop keeping ``kept`` without releasing it (a failed call's: MPI may still use its window)."""
+        self.by_key = {key: other for key, other in self.by_key.items() if other is not kept}
+        self.nbytes = sum(other.nbytes for other in self.by_key.values())
 
     def free(self) -> None:
-        """Release every kept sum's window (collective)."""
-        for op in self.by_size.values():
-            op.free()
-        self.by_size.clear()
+        """Release every kept window (collective)."""
+        for kept in self.by_key.values():
+            kept.free()
+        self.by_key.clear()
         self.nbytes = 0
+
+
+class KeptSums(KeptWindows[tuple[int, torch.dtype], "NodeAllreduce"]):
+    """Node-shared sums kept by element count and dtype, for callers that sum a buffer at a time."""
+
+    def fit(self, sizes: Sequence[tuple[int, torch.dtype]]) -> bool:
+        """Whether sums of these element counts and dtypes can be kept at once."""
+        return self.fits(sum(WindowLayout.of(self.group, *size).total for size in sizes))
+
+    def sums(self, sizes: Sequence[tuple[int, torch.dtype]]) -> list[NodeAllreduce]:
+        """The kept sums of these distinct element counts and dtypes, which :meth:`fit`."""
+        wanted = [(size, WindowLayout.of(self.group, *size).total) for size in sizes]
+        return self.get(wanted, lambda size: NodeAllreduce(self.group, *size))
 
 
 STAGE_CHOICE = "staging every tensor (MPISOLVE_STAGE, Communicator(stage_all=...))"
@@ -773,9 +804,9 @@ def kept_sums(
     sizes = [(numel, dtype) for numel, dtype, _ in buffers]
     if len(set(sizes)) < len(sizes):
         return None  # two buffers alike in one call: MPI's path (one window each would be kept)
-    if not group.kept.fits(sizes):
+    if not group.kept.fit(sizes):
         return None  # windows larger than the node-shared memory kept sums may hold: MPI's path
-    ops = group.kept.get(sizes)
+    ops = group.kept.sums(sizes)
     for op in ops:
         op.wait_writable()
     return ops

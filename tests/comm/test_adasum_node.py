@@ -14,7 +14,7 @@ from mpi4py import MPI
 from torch import nn
 
 import mpisolve
-from mpisolve.comm import collectives
+from mpisolve.comm import collectives, shm
 from mpisolve.comm.adasum import Adasum, _Message, _Progress
 from mpisolve.comm.communicator import Communicator
 from tests.adasum_reference import tree
@@ -55,7 +55,9 @@ def test_node_path_matches_the_reference_and_the_message_path_bit_for_bit():
                 expected = tree([t.numpy() for t in everyone])
                 tol = 1e-12 if g.dtype == torch.float64 else 1e-5
                 np.testing.assert_allclose(g.double().numpy().ravel(), expected, rtol=tol, atol=tol)
-        kept = collectives._KEPT[on].reductions.values()  # the node path's windows, kept for the next call
+        cache = collectives._KEPT[on].kept
+        assert cache is not None
+        kept = cache.by_key.values()  # the node path's windows, kept for the next call
         windows = [r.node.win for r in kept if r.node is not None]
         assert windows
     finally:
@@ -90,6 +92,33 @@ def test_partners_on_the_node_are_read_in_place_and_the_others_by_messages():
     finally:
         reduction.free()
         comm.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@pytest.mark.ranks(2, 3, 4)
+def test_a_buffer_whose_window_passes_the_cap_on_kept_windows_takes_the_message_path(monkeypatch):
+    """Past ``MPISOLVE_NODE_SHM_KEEP_BYTES`` a buffer's reduction makes no window and is not kept: the
+    message path, the same bits; those within it are kept."""
+    monkeypatch.setenv(shm.KEEP_BYTES_ENV, str(64 * 1024))
+    on, off = Communicator(), Communicator(node_shm=False)
+    try:
+        group = shm.node_group(on)
+        if group is None:
+            pytest.skip("node-shared sums do not apply to this layout")
+        assert group.keep_bytes == 64 * 1024
+        for numel, windowed in ((500, True), (40_000, False), (1000, True)):
+            mine = [torch.randn(numel, generator=torch.Generator().manual_seed(on.rank), dtype=torch.float64)]
+            got = mpisolve.allreduce(mine, op="adasum", comm=on)
+            assert torch.equal(got[0], mpisolve.allreduce(mine, op="adasum", comm=off)[0])
+            kept = collectives._KEPT[on]
+            assert kept.kept is not None
+            assert any(key[1] == numel for key in kept.kept.by_key) == windowed
+            assert kept.kept.nbytes == sum(r.nbytes for r in kept.kept.by_key.values()) <= group.keep_bytes
+        assert [key[1] for key in kept.kept.by_key] == [500, 1000]
+    finally:
+        on.free()
+        off.free()
 
 
 @pytest.mark.mpi(min_size=2)

@@ -413,18 +413,18 @@ def test_kept_sums_hold_at_most_the_cap_the_least_recently_asked_for_freed_first
         for got, (_, total) in zip(out, given):
             np.testing.assert_array_equal(got.float().numpy(), total)
         assert kept.nbytes <= group.keep_bytes
-        assert kept.nbytes == sum(op.nbytes for op in kept.by_size.values())
+        assert kept.nbytes == sum(op.nbytes for op in kept.by_key.values())
 
     summed(a)
     summed(b)
-    assert list(kept.by_size) == [(a, torch.float32), (b, torch.float32)]
+    assert list(kept.by_key) == [(a, torch.float32), (b, torch.float32)]
     summed(c)  # A and B fill the cap: A, the least recently asked for, goes
-    assert list(kept.by_size) == [(b, torch.float32), (c, torch.float32)]
+    assert list(kept.by_key) == [(b, torch.float32), (c, torch.float32)]
     summed(b)
     summed(a)  # C is now the least recently asked for
-    assert list(kept.by_size) == [(b, torch.float32), (a, torch.float32)]
+    assert list(kept.by_key) == [(b, torch.float32), (a, torch.float32)]
     summed(a, b)  # float32 A and float64 B: past the cap together, MPI's path, nothing kept for them
-    assert list(kept.by_size) == [(b, torch.float32), (a, torch.float32)]
+    assert list(kept.by_key) == [(b, torch.float32), (a, torch.float32)]
     comm.free()
 
 

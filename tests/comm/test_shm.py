@@ -326,7 +326,7 @@ def test_functional_allreduce_goes_through_the_node_windows():
     ranks = comm.size
     assert torch.equal(out[0], torch.full((5, 3), (ranks + 1) / 2))
     assert torch.equal(out[1], torch.full((7,), float(ranks - 1), dtype=torch.float64))
-    kept = list(node_group(comm).kept.by_size.values())
+    kept = list(node_group(comm).kept.by_key.values())
     assert len(kept) == 2  # a window per fused buffer, kept for the next call
     comm.free()  # and freed with the communicator
     assert all(op.win == MPI.WIN_NULL for op in kept)
