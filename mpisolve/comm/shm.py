@@ -304,8 +304,16 @@ def node_group(comm: Communicator) -> NodeGroup | None:
     """
     if comm in _GROUPS:
         return _GROUPS[comm]
-    mine = (comm.local_size, comm.node_shm, comm.stage_all, asked_bytes(MIN_BYTES_ENV), asked_bytes(KEEP_BYTES_ENV))
+    mine = (
+        comm.local_size,
+        comm.node_shm,
+        comm.stage_all,
+        os.environ.get(MIN_BYTES_ENV),
+        os.environ.get(KEEP_BYTES_ENV),
+    )
     views = comm.allgather_object(mine) if comm.size > 1 else [mine]
+    # Every rank reads every rank's settings, so a bad one is refused on every rank, naming it.
+    asked = {name: [_byte_count(name, view[i], rank) for rank, view in enumerate(views)] for i, name in _BYTE_SETTINGS}
     for i, choice in ((1, "node-shared sums (MPISOLVE_NODE_SHM, Communicator(node_shm=...))"), (2, STAGE_CHOICE)):
         on = [rank for rank, view in enumerate(views) if view[i]]
         if 0 < len(on) < len(views):
@@ -318,20 +326,24 @@ def node_group(comm: Communicator) -> NodeGroup | None:
     applies = comm.node_shm and comm.engine != "gloo" and comm.local_size > 1 and min(sizes) == max(sizes)
     group = NodeGroup(comm) if applies else None
     if group is not None:
-        asked = [view[3] for view in views if view[3] is not None]
+        crossovers = [value for value in asked[MIN_BYTES_ENV] if value is not None]
         # The largest any rank asks for: every rank holds the same crossovers, so takes the same path.
-        group.min_bytes = max(asked) if asked else NODE_MIN_BYTES[group.nodes > 1]
-        group.one_shot_min_bytes = max(asked) if asked else ONE_SHOT_MIN_BYTES
-        caps = [view[4] for view in views if view[4] is not None]
+        group.min_bytes = max(crossovers) if crossovers else NODE_MIN_BYTES[group.nodes > 1]
+        group.one_shot_min_bytes = max(crossovers) if crossovers else ONE_SHOT_MIN_BYTES
+        caps = [value for value in asked[KEEP_BYTES_ENV] if value is not None]
         group.keep_bytes = min(caps) if caps else KEEP_BYTES  # the smallest any rank asks for
     _GROUPS[comm] = group
     return group
 
 
-def asked_bytes(name: str) -> int | None:
-    """The byte count the environment variable ``name`` asks for on this rank (None: unset, the default):
-    :data:`MIN_BYTES_ENV`'s crossover, :data:`KEEP_BYTES_ENV`'s cap."""
-    text = os.environ.get(name, "").strip()
+#: The byte counts the environment sets, by their place in :func:`node_group`'s gathered settings.
+_BYTE_SETTINGS = ((3, MIN_BYTES_ENV), (4, KEEP_BYTES_ENV))
+
+
+def _byte_count(name: str, text: str | None, rank: int) -> int | None:
+    """The byte count ``text`` (rank ``rank``'s setting of the environment variable ``name``) asks for:
+    :data:`MIN_BYTES_ENV`'s crossover, :data:`KEEP_BYTES_ENV`'s cap; None where it is unset (the default)."""
+    text = (text or "").strip()
     if not text:
         return None
     try:
@@ -339,7 +351,7 @@ def asked_bytes(name: str) -> int | None:
     except ValueError:
         value = -1
     if value < 0:
-        raise ValueError(f"{name} must be a byte count >= 0, got {text!r}")
+        raise ValueError(f"mpisolve: {name} must be a byte count >= 0; rank {rank} has {text!r}")
     return value
 
 

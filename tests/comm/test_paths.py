@@ -337,15 +337,27 @@ def test_a_rank_stalled_outside_a_gradient_bucket_waited_in_mpi_ends_the_job():
     assert ended - waiting_at < 30  # the issue's bound for a failing rank
 
 
-def test_a_crossover_that_is_not_a_byte_count_is_refused(monkeypatch):
-    for bad in ("-1", "16K", "lots"):
-        monkeypatch.setenv(shm.MIN_BYTES_ENV, bad)
-        with pytest.raises(ValueError, match="MPISOLVE_NODE_SHM_MIN_BYTES must be a byte count"):
-            shm.asked_bytes(shm.MIN_BYTES_ENV)
-    monkeypatch.setenv(shm.MIN_BYTES_ENV, "65536")
-    assert shm.asked_bytes(shm.MIN_BYTES_ENV) == 65536
-    monkeypatch.delenv(shm.MIN_BYTES_ENV)
-    assert shm.asked_bytes(shm.MIN_BYTES_ENV) is None
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize("name", [shm.MIN_BYTES_ENV, shm.KEEP_BYTES_ENV])
+@pytest.mark.parametrize("bad", ["-1", "16K", "lots"])
+def test_a_byte_setting_that_is_not_a_byte_count_on_one_rank_is_refused_on_every_rank(monkeypatch, name, bad):
+    """One rank's bad setting raises on every rank, naming that rank (none is left in a collective), and the
+    next communicator with good settings works."""
+    last = MPI.COMM_WORLD.Get_size() - 1
+    if MPI.COMM_WORLD.Get_rank() == last:
+        monkeypatch.setenv(name, bad)
+    else:
+        monkeypatch.setenv(name, "65536")
+    comm = Communicator(MPI.COMM_WORLD.Dup())
+    with pytest.raises(ValueError, match=rf"{name} must be a byte count >= 0; rank {last} has '{bad}'"):
+        shm.node_group(comm)
+    comm.free()
+    monkeypatch.setenv(name, "65536")
+    comm = Communicator(MPI.COMM_WORLD.Dup())
+    group = shm.node_group(comm)
+    assert group is None or (group.min_bytes if name == shm.MIN_BYTES_ENV else group.keep_bytes) == 65536
+    comm.free()
 
 
 def capped(monkeypatch: pytest.MonkeyPatch, keep_bytes: int, min_bytes: str | None = None) -> Communicator:
@@ -426,9 +438,3 @@ def test_kept_sums_hold_at_most_the_cap_the_least_recently_asked_for_freed_first
     summed(a, b)  # float32 A and float64 B: past the cap together, MPI's path, nothing kept for them
     assert list(kept.by_key) == [(b, torch.float32), (a, torch.float32)]
     comm.free()
-
-
-def test_a_cap_on_kept_windows_that_is_not_a_byte_count_is_refused(monkeypatch):
-    monkeypatch.setenv(shm.KEEP_BYTES_ENV, "1G")
-    with pytest.raises(ValueError, match="MPISOLVE_NODE_SHM_KEEP_BYTES must be a byte count"):
-        shm.asked_bytes(shm.KEEP_BYTES_ENV)
