@@ -121,7 +121,7 @@ class _KeptAdasum:
         self.adasum = Adasum(comm)
         group = self.adasum.topology.group
         self.kept: KeptWindows[tuple[int, int, torch.dtype, tuple[int, ...]], AdasumReduction] | None = (
-            None if group is None else KeptWindows(group)
+            None if group is None else KeptWindows(group.keep_bytes)
         )
         comm.on_free(self.free)
 

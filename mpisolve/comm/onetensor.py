@@ -41,6 +41,16 @@ this path (another reduction, another dtype, a GPU or non-contiguous tensor on s
 each call sends only the flag before taking the
 general path, so a rank that calls with another signature is still noticed.
 
+**Cycles.** Loops often call over a few signatures in turn (a loss and a vector of metrics; each
+parameter's gradient). The ranks keep the signatures they agreed, each with its message (up to
+:data:`SIGNATURES_KEPT`, their windows within the node's bound on kept windows,
+:attr:`.shm.NodeGroup.keep_bytes`), and the last calls' signatures: once those are one sequence
+twice over, the shortest such (:meth:`OneTensor._learn`), every rank expects the calls to go round
+it, and the agreed signature steps to the sequence's next one after each call. A call that is
+the expected one is a hit, one message as above; any other is a miss in the expected one's
+message, negotiated as above, and the ranks look again for a cycle in the calls made. Every rank
+sees the same calls agreed, so all step alike and expect the same message.
+
 **Join.** A rank in :meth:`.ops.TensorOps.join` cannot know whether the others' next call
 comes here or to a header round, so it posts both: its header, and here a message of the
 agreed length flagged :data:`JOINED` (:meth:`start_joined`), its values zeros: a start of
@@ -87,7 +97,7 @@ from mpi4py import MPI
 from ..errors import CommTimeout, TensorMismatchError
 from .communicator import Communicator
 from .progress import PROGRESS_INTERVAL_S, threads_multiple
-from .shm import KeptSums, NodeAllreduce, node_group
+from .shm import KEEP_BYTES, KeptWindows, NodeAllreduce, WindowLayout, node_group
 
 #: The dtypes this path sums as they are (MPI's own arithmetic), with their numpy and MPI twins.
 FAST_DTYPES: dict[torch.dtype, tuple[type[np.floating[Any]], MPI.Datatype]] = {
@@ -103,6 +113,13 @@ CHECK = "MPI_Iallreduce (one tensor's signature check)"
 
 #: (dtype, shape, reduction, prescale, postscale): what the ranks must agree on.
 Signature = tuple[torch.dtype, torch.Size, str, float, float]
+#: A signature the ranks agreed, how its calls go, and its element count.
+Agreed = tuple[Signature, str, int]
+#: How many agreed signatures a communicator keeps with their messages (a cycle of calls with more is
+#: not learned: its calls are agreed each time).
+SIGNATURES_KEPT = 64
+#: How many of the last calls' signatures are kept to find a cycle in (twice the longest cycle learned).
+HISTORY = 2 * SIGNATURES_KEPT
 #: How a signature's calls go: its values with the flag in one MPI message or in one node-shared sum,
 #: after the flag, or the general path after it.
 INLINE, NODE, SEPARATE, GENERAL = "inline", "node", "separate", "general"
@@ -120,7 +137,7 @@ class OneTensor:
         self.comm = comm
         self.sums = comm.split(0, name=("mpisolve.onetensor", "sums"))
         #: The signature every rank agreed last, how its calls go, and its element count.
-        self.agreed: tuple[Signature, str, int] | None = None
+        self.agreed: Agreed | None = None
         #: The agreed signature's message where its calls go in one (inline or node-shared; every rank
         #: holds one alike).
         self.message: Message | None = None
@@ -137,10 +154,19 @@ class OneTensor:
         self.node_min_bytes = sys.maxsize if self.group is None else self.group.one_shot_min_bytes
         #: Tensors up to this many bytes go inline with MPI (:data:`INLINE_MAX_BYTES`; the same on every rank).
         self.inline_max_bytes = INLINE_MAX_BYTES
-        #: The node-shared sums of the signatures agreed for :data:`NODE` (one element more: the flag), kept
-        #: for the next agreement; apart from the group's (:attr:`.shm.NodeGroup.kept`), from which a list's
-        #: call could evict the agreed message's sum.
-        self._node_sums = None if self.group is None else KeptSums(self.group)
+        #: The signatures agreed, each with its message, kept for when the ranks agree it again (a node-shared
+        #: message's window its own: apart from the group's, :attr:`.shm.NodeGroup.kept`).
+        self.entries: KeptWindows[Agreed, Entry] = KeptWindows(
+            KEEP_BYTES if self.group is None else self.group.keep_bytes, SIGNATURES_KEPT
+        )
+        #: The last calls' signatures, in order (:meth:`_learn`; up to when a cycle was found); the cycle they
+        #: repeat, the calls made along it since, its next call's place in it, and whether it has more than
+        #: one signature.
+        self._history: list[Agreed] = []
+        self._cycle: list[Agreed] = []
+        self._made = 0
+        self._next = 0
+        self._stepping = False
         #: What timed out here, the request it left started (None: the negotiation's) and the agreed
         #: message, set aside: no later call runs here until that call completed as a hit everywhere.
         self.stuck: tuple[str, Started | None, Message | None] | None = None
@@ -160,12 +186,10 @@ class OneTensor:
             or self.comm.stage_all
         ):
             return GENERAL
-        kept = self._node_sums
         if (
             0 < nbytes
             and self.node_min_bytes <= nbytes
-            and kept is not None
-            and kept.fit([(tensor.numel() + 1, tensor.dtype)])
+            and self.entries.fits(self._window_bytes(tensor.numel(), tensor.dtype))
         ):
             return NODE
         return INLINE if nbytes <= self.inline_max_bytes else SEPARATE
@@ -190,6 +214,7 @@ class OneTensor:
         ):
             self._send(hit, tensor, scales[0])
             if hit.flags[0] == 0:
+                self._called()
                 return self._result(hit, op, scales[1])
             return self._settle(tensor, op, scales, self.mode(tensor, op))  # another rank missed
         if self.stuck is not None:
@@ -206,18 +231,24 @@ class OneTensor:
             hit.flag[0] = self.miss
             self._start(hit)
         elif self._flags(0 if agreed[:2] == ((tensor.dtype, tensor.shape, op, *scales), mode) else self.miss) == 0:
+            self._called()
             return None if agreed[1] == GENERAL else self._separate(tensor, op, scales)
         return self._settle(tensor, op, scales, mode)
 
     def _settle(self, tensor: torch.Tensor, op: str, scales: tuple[float, float], mode: str) -> torch.Tensor | None:
         """After a miss (every rank saw it): negotiate, then reduce ``tensor`` the way the ranks agreed."""
         mode = self._negotiate((tensor.dtype, tensor.shape, op, *scales), mode, tensor.numel())
+        self._leave_cycle()  # before the call, so that a timeout's resumption (_called) learns it as here
+        agreed = self.agreed
         if mode in (INLINE, NODE):
             hit = self.message
-            assert hit is not None  # made by the negotiation
+            assert hit is not None and agreed is not None  # made by the negotiation
             self._send(hit, tensor, scales[0])
             assert hit.flags[0] == 0  # every rank sent the agreed signature
+            self._learn(agreed)
             return self._result(hit, op, scales[1])
+        if agreed is not None:  # every rank works: the agreed signature's call, by the general path or apart
+            self._learn(agreed)
         return self._separate(tensor, op, scales) if mode == SEPARATE else None
 
     def _negotiate(self, mine: Signature | None, mode: str, numel: int) -> str:
@@ -245,28 +276,89 @@ class OneTensor:
         self._agree((mine, agreed_mode, numel))
         return agreed_mode
 
-    def _agree(self, agreed: tuple[Signature, str, int] | None) -> None:
-        """Make ``agreed`` the agreed signature (every rank alike, so their persistent requests pair up)."""
-        message = self.message if self.stuck is None else self.stuck[2]
+    def _agree(self, agreed: Agreed | None) -> None:
+        """Make ``agreed`` the agreed signature, its message kept or made (every rank alike, so that their
+        persistent requests and windows pair up); None: none agreed, and nothing learned."""
         self.message = None
-        if message is not None:
-            if message.request.Test():
-                message.release()
-            elif isinstance(message, InlineMessage):  # left started by a timeout: MPI frees no started
-                _LEFT_STARTED.append(message)  # request; kept, with its buffer (a node round: its driver)
         self.agreed = agreed
-        if agreed is not None and agreed[1] == INLINE:
-            self.message = InlineMessage(agreed[0], agreed[2], self.sums.comm)
-        elif agreed is not None and agreed[1] == NODE:
-            assert self._node_sums is not None  # NODE is agreed only where a node-shared sum applies
-            numel = agreed[2]
-            self.message = NodeMessage(agreed[0], numel, self._node_sums.sums([(numel + 1, agreed[0][0])])[0])
+        if agreed is None:
+            self._forget()
+            return
+        nbytes = self._window_bytes(agreed[2], agreed[0][0]) if agreed[1] == NODE else 0
+        self.message = self.entries.get([(agreed, nbytes)], self._entry)[0].message
+        if any(key not in self.entries.by_key for key in self._cycle):
+            self._forget()  # a signature of the cycle had its message freed for room
+
+    def _entry(self, agreed: Agreed) -> Entry:
+        """A newly agreed signature and its message (collective where it has one)."""
+        signature, mode, numel = agreed
+        if mode == INLINE:
+            return Entry(InlineMessage(signature, numel, self.sums.comm))
+        if mode == NODE:
+            assert self.group is not None  # NODE is agreed only where a node-shared sum applies
+            return Entry(NodeMessage(signature, numel, NodeAllreduce(self.group, numel + 1, signature[0])))
+        return Entry(None)
+
+    def _window_bytes(self, numel: int, dtype: torch.dtype) -> int:
+        """The bytes of a node-shared message's window for ``numel`` values of ``dtype`` (and the flag)."""
+        return sys.maxsize if self.group is None else WindowLayout.of(self.group, numel + 1, dtype).total
+
+    # ---------------------------------------------------------------- cycles
+    def _called(self) -> None:
+        """After a call of the agreed signature that every rank made (no negotiation): along a cycle, on
+        to its next signature; else learn the call."""
+        if self._cycle:
+            self._made += 1
+            if self._stepping:
+                self._next = (self._next + 1) % len(self._cycle)
+                self.agreed = self._cycle[self._next]
+                self.message = self.entries.by_key[self.agreed].message
+        else:
+            assert self.agreed is not None
+            self._learn(self.agreed)
+
+    def _learn(self, agreed: Agreed) -> None:
+        """Note a completed call of ``agreed`` (every rank alike), and look for a cycle.
+
+        Once the last calls' signatures are one sequence twice (the shortest such), each call's message
+        is the sequence's next signature's: a hit where the call is it, so that a loop over a few tensors
+        (a metric and a vector; each parameter in turn) is agreed while the ranks learn it, twice round,
+        and not at every call. A call off the cycle is a miss: the ranks negotiate, and look again, on
+        the calls made (the cycle's since it was found, then this one), for a longer cycle."""
+        history = self._history
+        history.append(agreed)
+        del history[:-HISTORY]
+        for period in range(1, len(history) // 2 + 1):
+            cycle = history[-period:]
+            if (
+                history[-1] == history[-1 - period]
+                and history[-2 * period : -period] == cycle
+                and all(key in self.entries.by_key for key in cycle)  # each with its message kept
+            ):
+                self._cycle, self._made, self._next = cycle, 0, 0
+                self._stepping = period > 1
+                if self._stepping:  # the next call is the cycle's first
+                    self.agreed = self._cycle[0]
+                    self.message = self.entries.by_key[self.agreed].message
+                return
+
+    def _leave_cycle(self) -> None:
+        """After a miss: no cycle, the calls made along it since it was found going on the history."""
+        cycle, made = self._cycle, self._made
+        if cycle:
+            self._history += [cycle[i % len(cycle)] for i in range(max(0, made - HISTORY), made)]
+            self._forget(keep_history=True)
+
+    def _forget(self, keep_history: bool = False) -> None:
+        """No cycle known (nor, unless ``keep_history``, any call): the next call is expected to be the last agreed."""
+        self._cycle, self._made, self._next, self._stepping = [], 0, 0, False
+        if not keep_history:
+            self._history = []
 
     def _free(self) -> None:
-        """Release the agreed message and the kept node-shared sums (collective; run by ``comm.free()``)."""
+        """Release the kept messages and their windows (collective; run by ``comm.free()``)."""
         self._agree(None)
-        if self._node_sums is not None:
-            self._node_sums.free()
+        self.entries.free()
 
     # ------------------------------------------------------------------ join
     def start_joined(self) -> Started | None:
@@ -322,6 +414,7 @@ class OneTensor:
         what, request, message = self.stuck
         if message is not None and request is message.request and request.Test() and message.flags[0] == 0:
             self.message, self.stuck = message, None
+            self._called()  # as the other ranks did after it
             return
         done = request is not None and request.Test()
         state = "completed out of step with the other ranks" if done else "is still in flight"
@@ -425,6 +518,22 @@ class OneTensor:
         return _result(values.copy(), op, self.comm.size, tensor.shape, scales[1])
 
 
+class Entry:
+    """An agreed signature's message (None: its calls go apart, or by the general path), kept with it
+    (:class:`.shm.KeptWindows`, a :class:`.shm.Windowed`)."""
+
+    def __init__(self, message: Message | None) -> None:
+        self.message = message
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.message is None else self.message.nbytes
+
+    def free(self) -> None:
+        if self.message is not None:
+            self.message.free()
+
+
 class Started(Protocol):
     """A started message, tested as an MPI request is (``Test``: whether it has completed)."""
 
@@ -461,8 +570,21 @@ class Message:
     def start(self) -> None:
         raise NotImplementedError
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of its node-shared window (0: none)."""
+        return 0
+
+    def free(self) -> None:
+        """Let go of what the message holds (collective: every rank frees its messages alike). One a timeout
+        left started is kept instead, since MPI or the late ranks may still write into it."""
+        if self.request.Test():
+            self.release()
+        else:
+            _LEFT_STARTED.append(self)
+
     def release(self) -> None:
-        """Let go of what the message holds once the ranks agree another signature (it has completed)."""
+        """Free what the message holds, completed."""
 
 
 class InlineMessage(Message):
@@ -508,6 +630,13 @@ class NodeMessage(Message):
     def start(self) -> None:
         self.node_sum.start()
 
+    @property
+    def nbytes(self) -> int:
+        return self.node_sum.nbytes
+
+    def release(self) -> None:
+        self.node_sum.free()
+
     def Test(self) -> bool:  # noqa: N802 (an MPI request's name: join and the timeouts test either alike)
         """Whether the round has completed (moving it along)."""
         return self.node_sum.poll()
@@ -546,7 +675,7 @@ def _shown(view: tuple[Any, ...]) -> str:
 
 #: Messages whose persistent allreduce was left started by a timeout when their communicator was freed:
 #: kept, since MPI may still write into their buffers.
-_LEFT_STARTED: list[InlineMessage] = []
+_LEFT_STARTED: list[Message] = []
 
 _STATES: weakref.WeakKeyDictionary[Communicator, OneTensor] = weakref.WeakKeyDictionary()
 

@@ -104,9 +104,9 @@ NODE_MIN_BYTES = {False: 0, True: 1024 * 1024}
 #: node-shared sum, flag and all in one round, was the faster at every size and layout measured.
 ONE_SHOT_MIN_BYTES = 0
 MIN_BYTES_ENV = "MPISOLVE_NODE_SHM_MIN_BYTES"
-#: The node-shared memory, in bytes on a node, that one cache of kept sums (:class:`KeptSums`: a
-#: communicator's ``mpisolve.allreduce`` of lists, and of one tensor) may hold in windows; a sum whose
-#: window alone is larger takes MPI's path. ``MPISOLVE_NODE_SHM_KEEP_BYTES`` sets it.
+#: The node-shared memory, in bytes on a node, that one cache of kept windows (:class:`KeptWindows`: a
+#: communicator's ``mpisolve.allreduce`` of lists, of one tensor, of Adasum) may hold; a call whose window
+#: alone is larger takes MPI's path. ``MPISOLVE_NODE_SHM_KEEP_BYTES`` sets it.
 KEEP_BYTES = 1 << 30
 KEEP_BYTES_ENV = "MPISOLVE_NODE_SHM_KEEP_BYTES"
 
@@ -170,7 +170,7 @@ class NodeGroup:
     node-aware path does not apply.
     """
 
-    def __init__(self, comm: Communicator) -> None:
+    def __init__(self, comm: Communicator, *, min_bytes: int, one_shot_min_bytes: int, keep_bytes: int) -> None:
         self.comm = comm
         self.node = cast(MPI.Intracomm, comm.node)  # Split_type gives an intracommunicator
         self.local_rank = comm.local_rank
@@ -183,16 +183,15 @@ class NodeGroup:
         #: Rounds started whose inter-node collective is not posted yet, in start order.
         self.unposted: list[NodeAllreduce] = []
         self.lock = threading.RLock()  # a progress thread may drive rounds beside the main thread
+        #: Sums smaller than this many bytes take flat MPI (:func:`node_path`; agreed by :func:`node_group`,
+        #: the same on every rank).
+        self.min_bytes = min_bytes
+        #: The same for ``mpisolve.allreduce`` of one tensor (:mod:`.onetensor`).
+        self.one_shot_min_bytes = one_shot_min_bytes
+        #: The windows' bytes each cache of kept windows on this group may hold (:class:`KeptWindows`).
+        self.keep_bytes = keep_bytes
         #: The node-shared sums kept for one-shot callers (``mpisolve.allreduce`` of a list).
         self.kept = KeptSums(self)
-        #: Sums smaller than this many bytes take flat MPI (:func:`node_path`; set by :func:`node_group`,
-        #: the same on every rank).
-        self.min_bytes = 0
-        #: The same for ``mpisolve.allreduce`` of one tensor (:mod:`.onetensor`).
-        self.one_shot_min_bytes = 0
-        #: The windows' bytes a :class:`KeptSums` of this group may hold (set by :func:`node_group`, the
-        #: same on every rank).
-        self.keep_bytes = KEEP_BYTES
         comm.on_free(self.free)
 
     def free(self) -> None:
@@ -231,19 +230,21 @@ class Windowed(Protocol):
 
 class KeptWindows(Generic[K, W]):
     """What holds node-shared windows, kept by key for callers that make one a call at a time: at most
-    :data:`ONE_SHOT_KEPT`, whose windows hold at most the group's :attr:`~NodeGroup.keep_bytes` together,
-    the least recently asked for freed first (collective: every rank asks for the same keys in the same
-    order, so keeps and frees alike). A window past the bound alone is not to be made (:meth:`fits`)."""
+    ``count`` (:data:`ONE_SHOT_KEPT`), whose windows hold at most ``keep_bytes`` together (a group's
+    :attr:`~NodeGroup.keep_bytes`), the least recently asked for freed first (collective: every rank asks
+    for the same keys in the same order, so keeps and frees alike). A window past the bound alone is not
+    to be made (:meth:`fits`)."""
 
-    def __init__(self, group: NodeGroup) -> None:
-        self.group = group
+    def __init__(self, keep_bytes: int, count: int = ONE_SHOT_KEPT) -> None:
+        self.keep_bytes = keep_bytes
+        self.count = count
         self.by_key: dict[K, W] = {}
         #: The kept windows' bytes on the node.
         self.nbytes = 0
 
     def fits(self, nbytes: int) -> bool:
         """Whether windows of ``nbytes`` in all can be kept at once."""
-        return nbytes <= self.group.keep_bytes
+        return nbytes <= self.keep_bytes
 
     def get(self, wanted: Sequence[tuple[K, int]], make: Callable[[K], W]) -> list[W]:
         """The kept ones of these distinct keys, each given with its window's bytes (which together
@@ -252,9 +253,7 @@ class KeptWindows(Generic[K, W]):
         keys = [key for key, _ in wanted]
         missing = [nbytes for key, nbytes in wanted if key not in self.by_key]
         others = [key for key in self.by_key if key not in keys]
-        while others and (
-            len(self.by_key) + len(missing) > ONE_SHOT_KEPT or self.nbytes + sum(missing) > self.group.keep_bytes
-        ):
+        while others and (len(self.by_key) + len(missing) > self.count or self.nbytes + sum(missing) > self.keep_bytes):
             kept = self.by_key.pop(others.pop(0))
             self.nbytes -= kept.nbytes
             kept.free()
@@ -281,6 +280,10 @@ class KeptWindows(Generic[K, W]):
 
 class KeptSums(KeptWindows[tuple[int, torch.dtype], "NodeAllreduce"]):
     """Node-shared sums kept by element count and dtype, for callers that sum a buffer at a time."""
+
+    def __init__(self, group: NodeGroup) -> None:
+        super().__init__(group.keep_bytes)
+        self.group = group
 
     def fit(self, sizes: Sequence[tuple[int, torch.dtype]]) -> bool:
         """Whether sums of these element counts and dtypes can be kept at once."""
@@ -324,14 +327,17 @@ def node_group(comm: Communicator) -> NodeGroup | None:
     sizes = [view[0] for view in views]
     # The gloo engine takes every reusable sum (it is how that engine is tested without a GPU).
     applies = comm.node_shm and comm.engine != "gloo" and comm.local_size > 1 and min(sizes) == max(sizes)
-    group = NodeGroup(comm) if applies else None
-    if group is not None:
+    group = None
+    if applies:
         crossovers = [value for value in asked[MIN_BYTES_ENV] if value is not None]
-        # The largest any rank asks for: every rank holds the same crossovers, so takes the same path.
-        group.min_bytes = max(crossovers) if crossovers else NODE_MIN_BYTES[group.nodes > 1]
-        group.one_shot_min_bytes = max(crossovers) if crossovers else ONE_SHOT_MIN_BYTES
         caps = [value for value in asked[KEEP_BYTES_ENV] if value is not None]
-        group.keep_bytes = min(caps) if caps else KEEP_BYTES  # the smallest any rank asks for
+        # The largest crossover any rank asks for, the smallest cap: every rank holds the same, so takes the same path.
+        group = NodeGroup(
+            comm,
+            min_bytes=max(crossovers) if crossovers else NODE_MIN_BYTES[comm.nodes > 1],
+            one_shot_min_bytes=max(crossovers) if crossovers else ONE_SHOT_MIN_BYTES,
+            keep_bytes=min(caps) if caps else KEEP_BYTES,
+        )
     _GROUPS[comm] = group
     return group
 

@@ -396,7 +396,7 @@ def test_one_tensor_whose_window_passes_the_cap_takes_mpi_and_sums_exactly(monke
         for _ in range(2):
             np.testing.assert_array_equal(mpisolve.allreduce(tensor, op="sum", comm=comm).numpy(), total)
             assert one.agreed is not None and one.agreed[1] == mode
-        assert one._node_sums is not None and one._node_sums.nbytes <= group.keep_bytes
+        assert one.entries.nbytes <= group.keep_bytes
     comm.free()
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+import mpisolve
 import mpisolve.horovod as hvd
 from mpisolve.comm import Communicator, onetensor
 from mpisolve.comm.onetensor import one_tensor
@@ -190,3 +191,74 @@ def test_a_call_run_at_its_turn_in_a_barrier_lets_the_barrier_complete(path):
         handle = hvd.allreduce_async(tensor, op=hvd.Sum)
     hvd.barrier()
     assert handle is not None and hvd.synchronize(handle).eq(hvd.size()).all()
+
+
+SHAPES = {"A": (17,), "B": (2, 3), "C": (40,), "D": (5,)}
+OPS = {"A": hvd.Sum, "B": hvd.Average, "C": hvd.Sum, "D": hvd.Sum}
+
+
+def call(name: str) -> None:
+    """Allreduce signature ``name``'s tensor, checked against numpy (every rank's inputs, exact)."""
+    tensor, total = mine_and_total(int(np.prod(SHAPES[name])), seed=ord(name))
+    expected = total if OPS[name] == hvd.Sum else total / hvd.size()
+    got = hvd.allreduce(tensor.view(SHAPES[name]), op=OPS[name])
+    np.testing.assert_array_equal(got.reshape(-1).numpy(), expected)
+
+
+@pytest.mark.parametrize("cycle", ["AB", "ABAC", "ABCD", "AAB"])
+def test_calls_that_repeat_a_cycle_of_signatures_are_each_one_message_once_learned(path, cycle):
+    """A loop over a few signatures (a metric and a vector; each parameter in turn, one repeated) is
+    agreed while the ranks learn its cycle, twice round; from then on each call is its message alone."""
+    for _ in range(3):
+        for name in cycle:
+            call(name)
+    with counted() as mpi:
+        for _ in range(3):
+            for name in cycle:
+                call(name)
+    assert (mpi["sums"].calls, mpi["headers"].calls, mpi["data"].calls) == ([], [], [])
+
+
+def test_a_call_off_the_learned_cycle_is_agreed_anew_and_one_rank_off_it_raises_on_every_rank(path):
+    for _ in range(3):
+        call("A"), call("B")
+    call("C")  # every rank off the cycle: agreed anew
+    for _ in range(3):
+        call("A"), call("B")  # learned again
+    with counted() as mpi:
+        call("A"), call("B")
+    assert mpi["sums"].calls == []
+    odd = hvd.rank() == hvd.size() - 1
+    with pytest.raises(hvd.HorovodInternalError, match=r"differ: rank 0 has float32 \[17\] \(sum\)"):
+        call("C" if odd else "A")
+    call("A"), call("B")
+
+
+def test_a_joined_rank_answers_calls_along_a_learned_cycle(path):
+    size = hvd.size()
+    for _ in range(3):
+        call("A"), call("B")
+    a, b = torch.full(SHAPES["A"], 3.0), torch.full(SHAPES["B"], 3.0)
+    if hvd.rank() == 0:
+        last = hvd.join()
+    else:
+        for _ in range(2):
+            assert hvd.allreduce(a, op=hvd.Sum).eq(3.0 * (size - 1)).all()  # rank 0 gave zeros
+            assert hvd.allreduce(b, op=hvd.Sum).eq(3.0 * (size - 1)).all()
+        last = hvd.join()
+    assert last == size - 1
+    call("A"), call("B")
+
+
+def test_a_cycle_of_more_signatures_than_are_kept_is_agreed_at_each_call_and_sums_exactly(monkeypatch):
+    monkeypatch.setattr(onetensor, "SIGNATURES_KEPT", 2)
+    comm = Communicator()
+    one = one_tensor(comm)
+    assert one.entries.count == 2
+    for _ in range(4):
+        for name in "ABC":
+            tensor, total = mine_and_total(int(np.prod(SHAPES[name])), seed=ord(name))
+            got = mpisolve.allreduce(tensor.view(SHAPES[name]), op="sum", comm=comm)
+            np.testing.assert_array_equal(got.reshape(-1).numpy(), total)
+            assert len(one.entries.by_key) <= 2 and one._cycle == []
+    comm.free()
