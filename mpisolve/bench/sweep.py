@@ -8,8 +8,8 @@ and each operation:
 - ``sum``, ``average``: ``mpisolve.allreduce(t, op=...)`` of the one tensor, the functional
   collective (:mod:`mpisolve.comm.onetensor`: one node-shared round where node-shared sums
   apply, else one MPI allreduce, its signature checked in the same message). With both in
-  ``--ops``, ``average`` runs on a communicator of its own: calls that alternate signatures
-  on one communicator agree each one anew, which is not either op's latency.
+  ``--ops``, ``average`` runs on a communicator of its own, so that each op's calls are of its
+  signature alone (on one communicator the two would go round a cycle the ranks learn first).
 - ``bucketed``: the solvers' gradient path, ``GradientBuckets.finish()`` (averaging) on one
   bucket (a persistent allreduce, then the average).
 - ``adasum``: ``mpisolve.allreduce([t], op="adasum")`` (in the default ``--ops`` wherever the
