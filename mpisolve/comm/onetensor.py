@@ -279,15 +279,17 @@ class OneTensor:
     def _agree(self, agreed: Agreed | None) -> None:
         """Make ``agreed`` the agreed signature, its message kept or made (every rank alike, so that their
         persistent requests and windows pair up); None: none agreed, and nothing learned."""
-        self.message = None
-        self.agreed = agreed
+        self.message, self.agreed = None, None
         if agreed is None:
             self._forget()
             return
         nbytes = self._window_bytes(agreed[2], agreed[0][0]) if agreed[1] == NODE else 0
-        self.message = self.entries.get([(agreed, nbytes)], self._entry)[0].message
-        if any(key not in self.entries.by_key for key in self._cycle):
-            self._forget()  # a signature of the cycle had its message freed for room
+        try:
+            entry = self.entries.get([(agreed, nbytes)], self._entry)[0]
+        finally:  # also where making the message failed, after others were freed for room
+            if any(key not in self.entries.by_key for key in self._cycle):
+                self._forget()  # a signature of the cycle had its message freed for room
+        self.message, self.agreed = entry.message, agreed
 
     def _entry(self, agreed: Agreed) -> Entry:
         """A newly agreed signature and its message (collective where it has one)."""
@@ -576,15 +578,8 @@ class Message:
         return 0
 
     def free(self) -> None:
-        """Let go of what the message holds (collective: every rank frees its messages alike). One a timeout
-        left started is kept instead, since MPI or the late ranks may still write into it."""
-        if self.request.Test():
-            self.release()
-        else:
-            _LEFT_STARTED.append(self)
-
-    def release(self) -> None:
-        """Free what the message holds, completed."""
+        """Let go of what the message holds (collective: every rank frees its messages alike)."""
+        raise NotImplementedError
 
 
 class InlineMessage(Message):
@@ -603,8 +598,13 @@ class InlineMessage(Message):
     def start(self) -> None:
         self.persistent.Start()
 
-    def release(self) -> None:
-        self.persistent.Free()
+    def free(self) -> None:
+        """Free the persistent allreduce; one a timeout left started is kept instead (MPI frees no started
+        request, and the late ranks may still meet it), with its buffer."""
+        if self.persistent.Test():
+            self.persistent.Free()
+        else:
+            _LEFT_STARTED.append(self)
 
 
 class NodeMessage(Message):
@@ -634,7 +634,8 @@ class NodeMessage(Message):
     def nbytes(self) -> int:
         return self.node_sum.nbytes
 
-    def release(self) -> None:
+    def free(self) -> None:
+        """Free the node-shared sum, which completes a round in flight first, on every rank alike."""
         self.node_sum.free()
 
     def Test(self) -> bool:  # noqa: N802 (an MPI request's name: join and the timeouts test either alike)
@@ -675,7 +676,7 @@ def _shown(view: tuple[Any, ...]) -> str:
 
 #: Messages whose persistent allreduce was left started by a timeout when their communicator was freed:
 #: kept, since MPI may still write into their buffers.
-_LEFT_STARTED: list[Message] = []
+_LEFT_STARTED: list[InlineMessage] = []
 
 _STATES: weakref.WeakKeyDictionary[Communicator, OneTensor] = weakref.WeakKeyDictionary()
 
