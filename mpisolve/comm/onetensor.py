@@ -160,12 +160,11 @@ class OneTensor:
             KEEP_BYTES if self.group is None else self.group.keep_bytes, SIGNATURES_KEPT
         )
         #: The last calls' signatures, in order (:meth:`_learn`; up to when a cycle was found); the cycle they
-        #: repeat, the calls made along it since, its next call's place in it, and whether it has more than
-        #: one signature.
+        #: repeat, the calls made along it since (the next one's place in it: that count modulo its length),
+        #: and whether it has more than one signature.
         self._history: list[Agreed] = []
         self._cycle: list[Agreed] = []
         self._made = 0
-        self._next = 0
         self._stepping = False
         #: What timed out here, the request it left started (None: the negotiation's) and the agreed
         #: message, set aside: no later call runs here until that call completed as a hit everywhere.
@@ -312,8 +311,7 @@ class OneTensor:
         if self._cycle:
             self._made += 1
             if self._stepping:
-                self._next = (self._next + 1) % len(self._cycle)
-                self.agreed = self._cycle[self._next]
+                self.agreed = self._cycle[self._made % len(self._cycle)]
                 self.message = self.entries.by_key[self.agreed].message
         else:
             assert self.agreed is not None
@@ -337,7 +335,7 @@ class OneTensor:
                 and history[-2 * period : -period] == cycle
                 and all(key in self.entries.by_key for key in cycle)  # each with its message kept
             ):
-                self._cycle, self._made, self._next = cycle, 0, 0
+                self._cycle, self._made = cycle, 0
                 self._stepping = period > 1
                 if self._stepping:  # the next call is the cycle's first
                     self.agreed = self._cycle[0]
@@ -353,7 +351,7 @@ class OneTensor:
 
     def _forget(self, keep_history: bool = False) -> None:
         """No cycle known (nor, unless ``keep_history``, any call): the next call is expected to be the last agreed."""
-        self._cycle, self._made, self._next, self._stepping = [], 0, 0, False
+        self._cycle, self._made, self._stepping = [], 0, False
         if not keep_history:
             self._history = []
 

@@ -285,12 +285,12 @@ class KeptSums(KeptWindows[tuple[int, torch.dtype], "NodeAllreduce"]):
         super().__init__(group.keep_bytes)
         self.group = group
 
-    def fit(self, sizes: Sequence[tuple[int, torch.dtype]]) -> bool:
+    def fits_sums(self, sizes: Sequence[tuple[int, torch.dtype]]) -> bool:
         """Whether sums of these element counts and dtypes can be kept at once."""
         return self.fits(sum(WindowLayout.of(self.group, *size).total for size in sizes))
 
     def sums(self, sizes: Sequence[tuple[int, torch.dtype]]) -> list[NodeAllreduce]:
-        """The kept sums of these distinct element counts and dtypes, which :meth:`fit`."""
+        """The kept sums of these distinct element counts and dtypes, which :meth:`fits_sums`."""
         wanted = [(size, WindowLayout.of(self.group, *size).total) for size in sizes]
         return self.get(wanted, lambda size: NodeAllreduce(self.group, *size))
 
@@ -822,7 +822,7 @@ def kept_sums(
     sizes = [(numel, dtype) for numel, dtype, _ in buffers]
     if len(set(sizes)) < len(sizes):
         return None  # two buffers alike in one call: MPI's path (one window each would be kept)
-    if not group.kept.fit(sizes):
+    if not group.kept.fits_sums(sizes):
         return None  # windows larger than the node-shared memory kept sums may hold: MPI's path
     ops = group.kept.sums(sizes)
     for op in ops:
