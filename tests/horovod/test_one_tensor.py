@@ -262,3 +262,37 @@ def test_a_cycle_of_more_signatures_than_are_kept_is_agreed_at_each_call_and_sum
             np.testing.assert_array_equal(got.reshape(-1).numpy(), total)
             assert len(one.entries.by_key) <= 2 and one._cycle == []
     comm.free()
+
+
+def test_signatures_whose_windows_pass_the_byte_bound_together_are_agreed_at_each_call_and_sum_exactly():
+    """Two node-shared messages whose windows fit the bound on kept windows alone but not together: each call
+    frees the other's window, so no cycle is learned over them; a cycle learned while both fitted is
+    forgotten once a third signature's window takes the room of one of them. Sums exact throughout."""
+    comm = Communicator()
+    one = one_tensor(comm)
+    if one.group is None:
+        comm.free()
+        pytest.skip("node-shared sums do not apply here")
+    one.node_min_bytes = 0
+    size = {name: int(np.prod(shape)) for name, shape in SHAPES.items()}
+    window = {name: one._window_bytes(size[name], torch.float32) for name in SHAPES}
+
+    def call_on(name: str) -> None:
+        tensor, total = mine_and_total(size[name], seed=ord(name))
+        got = mpisolve.allreduce(tensor.view(SHAPES[name]), op="sum", comm=comm)
+        np.testing.assert_array_equal(got.reshape(-1).numpy(), total)
+        assert one.entries.nbytes <= one.entries.keep_bytes
+
+    one.entries.keep_bytes = max(window["A"], window["C"])
+    for _ in range(4):
+        call_on("A"), call_on("C")
+        assert len(one.entries.by_key) == 1 and one._cycle == []
+    one.entries.keep_bytes = window["A"] + window["C"]
+    for _ in range(3):
+        call_on("A"), call_on("C")
+    assert len(one._cycle) == 2  # learned: both kept
+    call_on("D")  # off the cycle, and its window takes A's room (the least recently agreed)
+    assert one._cycle == [] and len(one.entries.by_key) == 2
+    for _ in range(3):
+        call_on("A"), call_on("C")
+    comm.free()

@@ -47,6 +47,19 @@ def timeouts(seconds):
         comm.timeout_s = seconds
 
 
+def in_step_again(step):
+    # The calls after the one that timed out: along the cycle (rank 0 stepped past it as the others did:
+    # else its message would be another than theirs), B, A, B, each a hit (rank 0 also steps past the call
+    # that timed out, in the first); else A once more.
+    if case != "cycle":
+        np.testing.assert_array_equal(hvd.allreduce(mine(step), op=hvd.Sum).numpy(), total(step))
+        return
+    made = one._made
+    for n in (numel + 2, numel, numel + 2):
+        np.testing.assert_array_equal(hvd.allreduce(mine(step, n), op=hvd.Sum).numpy(), total(step, n))
+    assert len(one._cycle) == 2 and one._made == made + 3 + (rank == 0), (one._cycle, one._made, made)
+
+
 def refused(call, says):
     try:
         call()
@@ -57,6 +70,11 @@ def refused(call, says):
 
 
 np.testing.assert_array_equal(hvd.allreduce(mine(0), op=hvd.Sum).numpy(), total(0))  # agreed, inline
+if case == "cycle":  # calls alternate with another signature until the ranks go round both: A, B, A, B, A, B
+    for step in range(5):
+        n = numel + 2 if step % 2 == 0 else numel
+        np.testing.assert_array_equal(hvd.allreduce(mine(step, n), op=hvd.Sum).numpy(), total(step, n))
+    assert len(one._cycle) == 2  # the next call expected: A, the one to time out
 timeouts(2.0)
 if rank == 0:
     if case == "join":
@@ -66,42 +84,43 @@ if rank == 0:
     # the others are asleep: refused, nothing started
     refused(lambda: hvd.allreduce(mine(2), op=hvd.Sum), "timed out here earlier and is still in flight")
     MPI.COMM_WORLD.Barrier()  # MPI moves the started call along meanwhile: the others' late calls complete
-    if case == "late":
+    if case in ("late", "cycle"):
         timeouts(60.0)
-        np.testing.assert_array_equal(hvd.allreduce(mine(3), op=hvd.Sum).numpy(), total(3))  # in step again
+        in_step_again(3)
     else:
         refused(lambda: hvd.allreduce(mine(3), op=hvd.Sum), "timed out here earlier and completed out of step")
 else:
     time.sleep(8.0)
-    if case == "late":  # the call rank 0 timed out in, met late: rank 0's values are in it
+    if case in ("late", "cycle"):  # the call rank 0 timed out in, met late: rank 0's values are in it
         np.testing.assert_array_equal(hvd.allreduce(mine(1), op=hvd.Sum).numpy(), total(1))
     elif case == "other":  # another signature: the ranks negotiate, and rank 0 never comes
         refused(lambda: hvd.allreduce(mine(1, numel=3), op=hvd.Sum), "did not complete within 2 s")
     else:
         hvd.join()
     MPI.COMM_WORLD.Barrier()
-    if case == "late":
+    if case in ("late", "cycle"):
         timeouts(60.0)
-        np.testing.assert_array_equal(hvd.allreduce(mine(3), op=hvd.Sum).numpy(), total(3))
+        in_step_again(3)
 print(f"ok {rank}", flush=True)
 """
 
 
 CASES = [("late", 2), ("late", 3), ("other", 2), ("join", 2)]
 #: The node-shared round of 20,000 elements: the bandwidth path, where each rank sums a share.
-NODE_CASES = [("node", case, ranks, 20_000) for case, ranks in CASES]
+NODE_CASES = [("node", case, ranks, 20_000) for case, ranks in [*CASES, ("cycle", 2)]]
 #: Across the emulated cluster's two nodes, rank 0 its node's leader (its exchange between the nodes).
 CLUSTER_CASES = [("node-2x2", "late", 4, 5), ("node-2x2", "join", 4, 5)]
 FAKE_SSH = Path(__file__).parents[1] / "cluster" / "fake-ssh"
 
 
 @pytest.mark.parametrize(
-    ("path", "case", "ranks", "numel"), [("mpi", case, ranks, 5) for case, ranks in CASES] + NODE_CASES + CLUSTER_CASES
+    ("path", "case", "ranks", "numel"), [("mpi", case, ranks, 5) for case, ranks in [*CASES, ("cycle", 3)]] + NODE_CASES + CLUSTER_CASES
 )
 def test_a_timed_out_one_tensor_call_refuses_later_calls_clearly_until_it_completed_in_step(
     tmp_path, path, case, ranks, numel
 ):
-    """late: the others meet the call later, and the next call sums right; other: they meet it with
+    """late: the others meet the call later, and the next call sums right; cycle: the same along a learned
+    cycle of two signatures, which every rank goes on round; other: they meet it with
     another signature, so rank 0 stays refused; join: rank 0's join timed out, the others join later.
     Whether the message is MPI's or a node-shared round, on one node or two."""
     script = tmp_path / "job.py"
