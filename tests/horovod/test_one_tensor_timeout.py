@@ -106,6 +106,7 @@ print(f"ok {rank}", flush=True)
 
 
 CASES = [("late", 2), ("late", 3), ("other", 2), ("join", 2)]
+MPI_CASES = [("mpi", case, ranks, 5) for case, ranks in [*CASES, ("cycle", 3)]]
 #: The node-shared round of 20,000 elements: the bandwidth path, where each rank sums a share.
 NODE_CASES = [("node", case, ranks, 20_000) for case, ranks in [*CASES, ("cycle", 2)]]
 #: Across the emulated cluster's two nodes, rank 0 its node's leader (its exchange between the nodes).
@@ -113,9 +114,7 @@ CLUSTER_CASES = [("node-2x2", "late", 4, 5), ("node-2x2", "join", 4, 5)]
 FAKE_SSH = Path(__file__).parents[1] / "cluster" / "fake-ssh"
 
 
-@pytest.mark.parametrize(
-    ("path", "case", "ranks", "numel"), [("mpi", case, ranks, 5) for case, ranks in [*CASES, ("cycle", 3)]] + NODE_CASES + CLUSTER_CASES
-)
+@pytest.mark.parametrize(("path", "case", "ranks", "numel"), MPI_CASES + NODE_CASES + CLUSTER_CASES)
 def test_a_timed_out_one_tensor_call_refuses_later_calls_clearly_until_it_completed_in_step(
     tmp_path, path, case, ranks, numel
 ):
