@@ -296,3 +296,66 @@ def test_signatures_whose_windows_pass_the_byte_bound_together_are_agreed_at_eac
     for _ in range(3):
         call_on("A"), call_on("C")
     comm.free()
+
+
+#: Signatures for random call sequences: (dtype, shape, op, prescale, postscale). float16 takes the general path.
+RANDOM_SIGNATURES = [
+    (torch.float32, (17,), "sum", 1.0, 1.0),
+    (torch.float32, (2, 3), "average", 1.0, 1.0),
+    (torch.float64, (40,), "sum", 0.5, 2.0),
+    (torch.float32, (300,), "sum", 1.0, 1.0),  # separate where MPI takes it (past inline_max_bytes below)
+    (torch.float16, (9,), "sum", 1.0, 1.0),
+    (torch.float32, (17,), "average", 2.0, 0.25),
+]
+
+
+def random_calls(rng: np.random.Generator, calls: int) -> list[int]:
+    """A sequence of signatures' indices as loops make them: a short cycle repeated, at times a call
+    off it, at times another cycle (the same on every rank: the same seed)."""
+    made: list[int] = []
+    while len(made) < calls:
+        cycle = list(rng.integers(0, len(RANDOM_SIGNATURES), rng.integers(1, 6)))
+        for _ in range(rng.integers(2, 8)):
+            made += cycle
+            if rng.random() < 0.2:
+                made.append(int(rng.integers(0, len(RANDOM_SIGNATURES))))
+    return made[:calls]
+
+
+@pytest.mark.parametrize("kept", [64, 3])
+def test_random_sequences_of_signatures_sum_exactly_with_messages_evicted_by_either_bound(path, kept, monkeypatch):
+    """Calls going round cycles, leaving them and changing cycle, over every kind of message (inline or
+    node-shared, separate, general, scaled), with the count bound at its default or at 3 signatures and
+    the byte bound at two windows: every sum against numpy's."""
+    monkeypatch.setattr(onetensor, "SIGNATURES_KEPT", kept)
+    comm = Communicator()
+    one = one_tensor(comm)
+    one.node_min_bytes = sys.maxsize if path == "mpi" else 0
+    one.inline_max_bytes = 1024
+    if one.group is not None:
+        one.entries.keep_bytes = 2 * one._window_bytes(300, torch.float32)
+    size, rank = comm.size, comm.rank
+    cycles: list[int] = []  # the learned cycle's length after each call
+    for step, which in enumerate(random_calls(np.random.default_rng(7), 400)):
+        dtype, shape, op, prescale, postscale = RANDOM_SIGNATURES[which]
+        numel = int(np.prod(shape))
+
+        def of(r: int, numel: int = numel, step: int = step) -> np.ndarray:
+            return (np.arange(numel) % 7 + r + step % 5).astype(np.float64)
+
+        tensor = torch.from_numpy(of(rank)).to(dtype).view(shape)
+        if (prescale, postscale) == (1.0, 1.0):
+            got = mpisolve.allreduce(tensor, op=op, comm=comm)
+        else:
+            got = one.allreduce(tensor, op, (prescale, postscale))
+            assert got is not None  # every rank works: the agreed mode is never the general one here
+        np_dtype = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}[dtype]
+        expected = np.sum([of(r) for r in range(size)], axis=0).astype(np_dtype) * np_dtype(prescale)
+        if op == "average":
+            expected = expected / np_dtype(size)
+        expected = expected * np_dtype(postscale)
+        np.testing.assert_array_equal(got.reshape(-1).numpy(), expected, err_msg=f"call {step}")
+        assert len(one.entries.by_key) <= kept and one.entries.nbytes <= one.entries.keep_bytes
+        cycles.append(len(one._cycle))
+    assert max(cycles) >= 3 and cycles.count(0) < 2 * len(cycles) // 3  # a third of the calls along a cycle
+    comm.free()
