@@ -83,20 +83,28 @@ if rank == 0:
         refused(lambda: hvd.allreduce(mine(1), op=hvd.Sum), "did not complete within 2 s")
     # the others are asleep: refused, nothing started
     refused(lambda: hvd.allreduce(mine(2), op=hvd.Sum), "timed out here earlier and is still in flight")
+    if case == "free":  # at once, while the others sleep: the call that timed out is completed first
+        assert one.stuck is not None
+        timeouts(60.0)
+        world.free()  # its message freed with the others, on every rank alike
+        assert not one.entries.by_key
     MPI.COMM_WORLD.Barrier()  # MPI moves the started call along meanwhile: the others' late calls complete
     if case in ("late", "cycle"):
         timeouts(60.0)
         in_step_again(3)
-    else:
+    elif case != "free":
         refused(lambda: hvd.allreduce(mine(3), op=hvd.Sum), "timed out here earlier and completed out of step")
 else:
     time.sleep(8.0)
-    if case in ("late", "cycle"):  # the call rank 0 timed out in, met late: rank 0's values are in it
+    if case in ("late", "cycle", "free"):  # the call rank 0 timed out in, met late: rank 0's values are in it
         np.testing.assert_array_equal(hvd.allreduce(mine(1), op=hvd.Sum).numpy(), total(1))
     elif case == "other":  # another signature: the ranks negotiate, and rank 0 never comes
         refused(lambda: hvd.allreduce(mine(1, numel=3), op=hvd.Sum), "did not complete within 2 s")
     else:
         hvd.join()
+    if case == "free":
+        timeouts(60.0)
+        world.free()
     MPI.COMM_WORLD.Barrier()
     if case in ("late", "cycle"):
         timeouts(60.0)
@@ -106,9 +114,9 @@ print(f"ok {rank}", flush=True)
 
 
 CASES = [("late", 2), ("late", 3), ("other", 2), ("join", 2)]
-MPI_CASES = [("mpi", case, ranks, 5) for case, ranks in [*CASES, ("cycle", 3)]]
+MPI_CASES = [("mpi", case, ranks, 5) for case, ranks in [*CASES, ("cycle", 3), ("free", 2)]]
 #: The node-shared round of 20,000 elements: the bandwidth path, where each rank sums a share.
-NODE_CASES = [("node", case, ranks, 20_000) for case, ranks in [*CASES, ("cycle", 2)]]
+NODE_CASES = [("node", case, ranks, 20_000) for case, ranks in [*CASES, ("cycle", 2), ("free", 2)]]
 #: Across the emulated cluster's two nodes, rank 0 its node's leader (its exchange between the nodes).
 CLUSTER_CASES = [("node-2x2", "late", 4, 5), ("node-2x2", "join", 4, 5)]
 FAKE_SSH = Path(__file__).parents[1] / "cluster" / "fake-ssh"
@@ -119,7 +127,8 @@ def test_a_timed_out_one_tensor_call_refuses_later_calls_clearly_until_it_comple
     tmp_path, path, case, ranks, numel
 ):
     """late: the others meet the call later, and the next call sums right; cycle: the same along a learned
-    cycle of two signatures, which every rank goes on round; other: they meet it with
+    cycle of two signatures, which every rank goes on round; free: rank 0 frees the communicator at once, which
+    completes the call when the others meet it late (a node-shared round's share is rank 0's to sum); other: they meet it with
     another signature, so rank 0 stays refused; join: rank 0's join timed out, the others join later.
     Whether the message is MPI's or a node-shared round, on one node or two."""
     script = tmp_path / "job.py"
