@@ -127,10 +127,10 @@ def test_a_timed_out_one_tensor_call_refuses_later_calls_clearly_until_it_comple
     tmp_path, path, case, ranks, numel
 ):
     """late: the others meet the call later, and the next call sums right; cycle: the same along a learned
-    cycle of two signatures, which every rank goes on round; free: rank 0 frees the communicator at once, which
-    completes the call when the others meet it late (a node-shared round's share is rank 0's to sum); other: they meet it with
-    another signature, so rank 0 stays refused; join: rank 0's join timed out, the others join later.
-    Whether the message is MPI's or a node-shared round, on one node or two."""
+    cycle of two signatures, which every rank goes on round; free: rank 0 frees the communicator at once,
+    which completes when the others meet the call late (rank 0 sums its share of a node-shared round);
+    other: they meet it with another signature, so rank 0 stays refused; join: rank 0's join timed out, the
+    others join later. Whether the message is MPI's or a node-shared round, on one node or two."""
     script = tmp_path / "job.py"
     script.write_text(JOB)
     mpiexec = Path(sys.executable).parent / "mpiexec"
