@@ -709,14 +709,22 @@ class TensorOps:
         return [p for p, *_ in posted], finish
 
     # ------------------------------------------------------------- join, barrier
+    def complete_started(self, before: str) -> None:
+        """Complete this rank's started collectives, in start order, before ``before``.
+
+        Each rank runs them whenever it waits or polls: a call that is not one of them must come
+        after them on every rank.
+        """
+        for started in list(self._pending):
+            self.comm.wait_for(started.test, f"{started.kind} before {before}")
+
     def join(self) -> int:
         """Answer the other ranks' collectives until every rank has joined; the rank that joined last.
 
         Completes this rank's own started collectives first. While waiting, an allreduce
         of the others gets the reduction's identity from this rank (zeros for a sum).
         """
-        for started in list(self._pending):
-            self.comm.wait_for(started.test, f"{started.kind} before join")
+        self.complete_started("join")
         joined_at = self.rounds
         one = self.one
         request = one.start_joined()  # the others' allreduces of one tensor go by onetensor, not headers
@@ -777,8 +785,7 @@ class TensorOps:
 
     def free(self) -> None:
         """Complete what is in flight (collective); the communicator's free releases the splits."""
-        for pending in list(self._pending):
-            self.comm.wait_for(pending.test, f"{pending.kind} before free")
+        self.complete_started("free")
         _OPS.pop(self.comm, None)
 
 
@@ -1074,11 +1081,18 @@ def allreduce(
     reductions are checked across ranks first (:class:`TensorMismatchError` on every
     rank when shapes or dtypes differ), and so is a sum or average of one CPU tensor, which
     is one message a call (:mod:`.onetensor`: a node-shared round, or one MPI call).
+    Calls started on the communicator and not yet complete (:mod:`mpisolve.horovod`'s) are
+    completed first: each rank runs them when it waits or polls, and this call must come after
+    them on every rank.
     The inputs are untouched.
     """
+    wrapper = as_communicator(comm)
+    started = _OPS.get(wrapper)
+    if started is not None and started._pending:
+        started.complete_started("mpisolve.allreduce")
     if isinstance(tensors, torch.Tensor) and tensors.is_cpu and op in ("sum", "average"):
         if tensors.is_floating_point():
-            summed = one_tensor(as_communicator(comm)).allreduce(tensors, op)
+            summed = one_tensor(wrapper).allreduce(tensors, op)
             if summed is not None:
                 return summed
     given, single = _one_or_list(tensors)
@@ -1086,9 +1100,9 @@ def allreduce(
         raise ValueError(f"op must be one of {', '.join(map(repr, REDUCTIONS))}; got {op!r}")
     floats = all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in given)
     if floats and op in ("sum", "average", "adasum"):
-        out = float_allreduce(given, op=op, comm=comm)
+        out = float_allreduce(given, op=op, comm=wrapper)
     else:
-        out = tensor_ops(comm).start("allreduce", given, op=op).wait()
+        out = tensor_ops(wrapper).start("allreduce", given, op=op).wait()
     return out[0] if single else out
 
 

@@ -135,6 +135,31 @@ def test_started_calls_run_in_order_when_waited_for_and_a_name_in_flight_is_refu
         np.testing.assert_array_equal(hvd.synchronize(h).numpy(), total)
 
 
+@pytest.mark.parametrize("form", ["one", "list", "adasum"])
+def test_mpisolve_allreduce_runs_after_horovod_calls_started_before_it_however_often_each_rank_polled(form):
+    """Horovod's poll is local: a rank that polls a started call twice runs it there, another runs it when
+    it waits. ``mpisolve.allreduce`` on the same communicator in between runs after it on every rank (as
+    ``hvd.allreduce`` would), not paired with it on some: every result against numpy."""
+    a, a_total = mine_and_total(8, seed=1)
+    b, b_total = mine_and_total(8, seed=2)
+    c, c_total = mine_and_total(3, seed=3)
+    hvd.allreduce(torch.zeros(8), op=hvd.Sum)  # agreed: the started call and the direct one go in its message
+    handle = hvd.allreduce_async(a, op=hvd.Sum)
+    hvd.poll(handle)
+    if hvd.rank() == 0:
+        hvd.poll(handle)  # the second poll runs it, here alone
+    if form == "one":
+        np.testing.assert_array_equal(mpisolve.allreduce(b, op="sum").numpy(), b_total)
+    elif form == "list":
+        got = mpisolve.allreduce([b, c], op="sum")
+        np.testing.assert_array_equal(got[0].numpy(), b_total)
+        np.testing.assert_array_equal(got[1].numpy(), c_total)
+    else:  # every rank's input the same: Adasum of equal vectors is that vector
+        same = torch.arange(8, dtype=torch.float32)
+        np.testing.assert_allclose(mpisolve.allreduce(same, op="adasum").numpy(), same.numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(hvd.synchronize(handle).numpy(), a_total)
+
+
 @pytest.mark.parametrize(
     "differs",
     [
