@@ -125,14 +125,39 @@ class _KeptAdasum:
         )
         comm.on_free(self.free)
 
-    def reduction(self, index: int, flat: torch.Tensor, numels: list[int]) -> AdasumReduction:
-        nbytes = self.adasum.window_bytes(flat)
-        if self.kept is None or nbytes is None or not self.kept.fits(nbytes):
-            return self.adasum.reduction(flat, numels, tag=index, node_shared=False)
-        key = (index, flat.numel(), flat.dtype, tuple(numels))
-        kept = self.kept.get([(key, nbytes)], lambda _: self.adasum.reduction(flat, numels, tag=index))[0]
-        kept.flat = flat  # the node path copies in from and out to it, whatever tensor it is
-        return kept
+    def reductions(self, flats: list[torch.Tensor], numels: list[list[int]]) -> list[AdasumReduction]:
+        """Each fused buffer's reduction: on the node path, kept, for the buffers (in order) whose windows
+        the bounds on kept windows hold together, asked for at once (so that none frees another's); the
+        others on the message path, for this call."""
+        node: dict[int, tuple[tuple[int, int, torch.dtype, tuple[int, ...]], int]] = {}  # index: key, bytes
+        total = 0
+        for index, flat in enumerate(flats):
+            nbytes = self.adasum.window_bytes(flat)
+            if (
+                self.kept is None
+                or nbytes is None
+                or len(node) == self.kept.count
+                or not self.kept.fits(total + nbytes)
+            ):
+                continue
+            node[index] = (index, flat.numel(), flat.dtype, tuple(numels[index])), nbytes
+            total += nbytes
+        kept = {}
+        if node:
+            assert self.kept is not None
+            made = self.kept.get(
+                list(node.values()), lambda key: self.adasum.reduction(flats[key[0]], numels[key[0]], tag=key[0])
+            )
+            kept = dict(zip(node, made))
+        reductions = []
+        for index, (flat, sizes) in enumerate(zip(flats, numels)):
+            reduction = kept.get(index)
+            if reduction is None:
+                reduction = self.adasum.reduction(flat, sizes, tag=index, node_shared=False)
+            else:
+                reduction.flat = flat  # the node path copies in from and out to it, whatever tensor it is
+            reductions.append(reduction)
+        return reductions
 
     def free(self) -> None:
         """Release the kept windows (collective over the node; run by ``comm.free()``)."""
@@ -150,7 +175,7 @@ def _adasum(flats: list[torch.Tensor], numels: list[list[int]], comm: Communicat
     if kept is None:
         kept = _KEPT[comm] = _KeptAdasum(comm)
     adasum = kept.adasum
-    reductions = [kept.reduction(i, flat, sizes) for i, (flat, sizes) in enumerate(zip(flats, numels))]
+    reductions = kept.reductions(flats, numels)
     try:
         for reduction in reductions:
             adasum.start(reduction)

@@ -122,6 +122,35 @@ def test_a_buffer_whose_window_passes_the_cap_on_kept_windows_takes_the_message_
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.cluster
+@pytest.mark.ranks(2, 3)
+def test_fused_buffers_whose_windows_pass_the_cap_together_keep_the_first_and_send_the_rest():
+    """Two fused buffers (float32, float64) whose windows fit the cap on kept windows alone, not together:
+    the first is kept on the node path, the second takes the message path (none frees the other's window
+    while the call needs it); both the message path's bits, twice over."""
+    on, off = Communicator(), Communicator(node_shm=False)
+    try:
+        mpisolve.allreduce([torch.ones(4)], op="adasum", comm=on)  # the communicator's Adasum, made
+        kept = collectives._KEPT[on]
+        if kept.kept is None:
+            pytest.skip("node-shared sums do not apply to this layout")
+        windows = [kept.adasum.window_bytes(torch.empty(1000, dtype=d)) for d in (torch.float32, torch.float64)]
+        assert None not in windows
+        kept.kept.free()
+        kept.kept.keep_bytes = max(windows) + 1
+        for round_ in range(2):
+            g = torch.Generator().manual_seed(100 * round_ + on.rank)
+            mine = [torch.randn(1000, generator=g).float(), torch.randn(1000, generator=g, dtype=torch.float64)]
+            got = mpisolve.allreduce(mine, op="adasum", comm=on)
+            want = mpisolve.allreduce(mine, op="adasum", comm=off)
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+            assert [(key[0], key[2]) for key in kept.kept.by_key] == [(0, torch.float32)]
+    finally:
+        on.free()
+        off.free()
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
 @pytest.mark.parametrize("kind", ["node_shm off", "staged"])
 def test_falls_back_to_the_message_path(kind):
