@@ -75,12 +75,12 @@ if case == "cycle":  # calls alternate with another signature until the ranks go
         n = numel + 2 if step % 2 == 0 else numel
         np.testing.assert_array_equal(hvd.allreduce(mine(step, n), op=hvd.Sum).numpy(), total(step, n))
     assert len(one._cycle) == 2  # the next call expected: A, the one to time out
-timeouts(2.0)
+timeouts(1.5)
 if rank == 0:
     if case == "join":
-        refused(hvd.join, "did not complete within 2 s")
+        refused(hvd.join, "did not complete within 1.5 s")
     else:
-        refused(lambda: hvd.allreduce(mine(1), op=hvd.Sum), "did not complete within 2 s")
+        refused(lambda: hvd.allreduce(mine(1), op=hvd.Sum), "did not complete within 1.5 s")
     # the others are asleep: refused, nothing started
     refused(lambda: hvd.allreduce(mine(2), op=hvd.Sum), "timed out here earlier and is still in flight")
     if case == "free":  # at once, while the others sleep: the call that timed out is completed first
@@ -95,11 +95,11 @@ if rank == 0:
     elif case != "free":
         refused(lambda: hvd.allreduce(mine(3), op=hvd.Sum), "timed out here earlier and completed out of step")
 else:
-    time.sleep(8.0)
+    time.sleep(5.0)
     if case in ("late", "cycle", "free"):  # the call rank 0 timed out in, met late: rank 0's values are in it
         np.testing.assert_array_equal(hvd.allreduce(mine(1), op=hvd.Sum).numpy(), total(1))
     elif case == "other":  # another signature: the ranks negotiate, and rank 0 never comes
-        refused(lambda: hvd.allreduce(mine(1, numel=3), op=hvd.Sum), "did not complete within 2 s")
+        refused(lambda: hvd.allreduce(mine(1, numel=3), op=hvd.Sum), "did not complete within 1.5 s")
     else:
         hvd.join()
     if case == "free":
@@ -114,7 +114,7 @@ print(f"ok {rank}", flush=True)
 
 
 CASES = [("late", 2), ("late", 3), ("other", 2), ("join", 2)]
-MPI_CASES = [("mpi", case, ranks, 5) for case, ranks in [*CASES, ("cycle", 3), ("free", 2)]]
+MPI_CASES = [("mpi", case, ranks, 5) for case, ranks in [*CASES, ("cycle", 2)]]
 #: The node-shared round of 20,000 elements: the bandwidth path, where each rank sums a share.
 NODE_CASES = [("node", case, ranks, 20_000) for case, ranks in [*CASES, ("cycle", 2), ("free", 2)]]
 #: Across the emulated cluster's two nodes, rank 0 its node's leader (its exchange between the nodes).
