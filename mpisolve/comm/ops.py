@@ -1076,11 +1076,12 @@ def allreduce(
     """Reduce a tensor (returns a tensor) or a list of tensors (returns a list) across ranks.
 
     ``op``: ``"sum"``, ``"average"`` (integers: truncated), ``"min"``, ``"max"``,
-    ``"product"``, or ``"adasum"`` (floats). Floating-point sums, averages and Adasum take
-    the fused, node-aware path of :func:`.collectives.allreduce`; other dtypes and
+    ``"product"``, or ``"adasum"`` (floats). Floating-point sums, averages and Adasum of a
+    list take the fused, node-aware path of :func:`.collectives.allreduce`; other dtypes and
     reductions are checked across ranks first (:class:`TensorMismatchError` on every
-    rank when shapes or dtypes differ), and so is a sum or average of one CPU tensor, which
-    is one message a call (:mod:`.onetensor`: a node-shared round, or one MPI call).
+    rank when shapes or dtypes differ), and so is one tensor, whatever its dtype, reduction
+    or device (:mod:`.onetensor`): a sum or average of one float CPU tensor is then one
+    message a call (a node-shared round, or one MPI call), any other goes on after the check.
     Calls started on the communicator and not yet complete (:mod:`mpisolve.horovod`'s) are
     completed first: each rank runs them when it waits or polls, and this call must come after
     them on every rank.
@@ -1090,11 +1091,10 @@ def allreduce(
     started = _OPS.get(wrapper)
     if started is not None and started._pending:
         started.complete_started("mpisolve.allreduce")
-    if isinstance(tensors, torch.Tensor) and tensors.is_cpu and op in ("sum", "average"):
-        if tensors.is_floating_point():
-            summed = one_tensor(wrapper).allreduce(tensors, op)
-            if summed is not None:
-                return summed
+    if isinstance(tensors, torch.Tensor) and op in REDUCTIONS and tensors.layout is torch.strided:
+        reduced = one_tensor(wrapper).allreduce(tensors, op)  # checked across ranks, whatever its path
+        if reduced is not None:
+            return reduced
     given, single = _one_or_list(tensors)
     if op not in REDUCTIONS:
         raise ValueError(f"op must be one of {', '.join(map(repr, REDUCTIONS))}; got {op!r}")

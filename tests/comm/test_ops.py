@@ -47,6 +47,37 @@ def test_allreduce_of_one_tensor_is_numpys_reduction(world, op, dtype, shape):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.ranks(2, 3)
+@pytest.mark.parametrize(
+    ("mine", "theirs", "op", "says"),
+    [
+        (torch.ones(4), torch.ones(4, dtype=torch.int64), "sum", r"float32 \[4\] \(sum\).*int64 \[4\] \(sum\)"),
+        (torch.ones(4, dtype=torch.int32), torch.ones(5, dtype=torch.int32), "max", r"int32 \[4\] \(max\).*\[5\]"),
+        (torch.ones(4), torch.ones(4), "max", None),
+        (torch.ones(4), torch.ones(4), "sum", r"\(sum\).*\(max\)"),
+    ],
+    ids=["float-int", "int-shapes", "same", "reductions"],
+)
+def test_one_tensor_whose_dtype_shape_or_reduction_differs_raises_on_every_rank_whatever_its_path(
+    mine, theirs, op, says
+):
+    """One tensor's signature is checked across ranks on every path (a float sum's one message, the general
+    path of an int or a max): where a rank's differs, every rank raises naming both (none waits for a
+    collective the others never make), and the next call works."""
+    comm = mpisolve.Communicator(timeout_s=20)
+    odd = comm.rank == comm.size - 1
+    theirs_op = "max" if says == r"\(sum\).*\(max\)" else op
+    tensor, my_op = (theirs, theirs_op) if odd else (mine, op)
+    if says is None:
+        assert torch.equal(mpisolve.allreduce(tensor, op=my_op, comm=comm), tensor)
+    else:
+        with pytest.raises(mpisolve.TensorMismatchError, match=says):
+            mpisolve.allreduce(tensor, op=my_op, comm=comm)
+    assert torch.equal(mpisolve.allreduce(torch.ones(3), op="sum", comm=comm), torch.full((3,), float(comm.size)))
+    comm.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.ranks(2, 3)
 def test_bool_min_max_and_grouped_mixed_dtypes(world):
     flags = torch.tensor([True, world.rank == 0, world.rank > 0])
     assert mpisolve.allreduce(flags, op="max").tolist() == [True, True, True]
