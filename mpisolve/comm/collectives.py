@@ -129,35 +129,27 @@ class _KeptAdasum:
         """Each fused buffer's reduction: on the node path, kept, for the buffers (in order) whose windows
         the bounds on kept windows hold together, asked for at once (so that none frees another's); the
         others on the message path, for this call."""
-        node: dict[int, tuple[tuple[int, int, torch.dtype, tuple[int, ...]], int]] = {}  # index: key, bytes
-        total = 0
+        wanted: list[tuple[tuple[int, int, torch.dtype, tuple[int, ...]], int]] = []  # (index, ...), bytes
         for index, flat in enumerate(flats):
             nbytes = self.adasum.window_bytes(flat)
             if (
-                self.kept is None
-                or nbytes is None
-                or len(node) == self.kept.count
-                or not self.kept.fits(total + nbytes)
+                self.kept is not None
+                and nbytes is not None
+                and len(wanted) < self.kept.count
+                and self.kept.fits(sum(b for _, b in wanted) + nbytes)
             ):
-                continue
-            node[index] = (index, flat.numel(), flat.dtype, tuple(numels[index])), nbytes
-            total += nbytes
-        kept = {}
-        if node:
+                wanted.append(((index, flat.numel(), flat.dtype, tuple(numels[index])), nbytes))
+        node: dict[int, AdasumReduction] = {}
+        if wanted:
             assert self.kept is not None
-            made = self.kept.get(
-                list(node.values()), lambda key: self.adasum.reduction(flats[key[0]], numels[key[0]], tag=key[0])
-            )
-            kept = dict(zip(node, made))
-        reductions = []
-        for index, (flat, sizes) in enumerate(zip(flats, numels)):
-            reduction = kept.get(index)
-            if reduction is None:
-                reduction = self.adasum.reduction(flat, sizes, tag=index, node_shared=False)
-            else:
-                reduction.flat = flat  # the node path copies in from and out to it, whatever tensor it is
-            reductions.append(reduction)
-        return reductions
+            made = self.kept.get(wanted, lambda key: self.adasum.reduction(flats[key[0]], numels[key[0]], tag=key[0]))
+            node = {key[0]: reduction for (key, _), reduction in zip(wanted, made)}
+        for index, reduction in node.items():
+            reduction.flat = flats[index]  # the node path copies in from and out to it, whatever tensor it is
+        return [
+            node[index] if index in node else self.adasum.reduction(flat, sizes, tag=index, node_shared=False)
+            for index, (flat, sizes) in enumerate(zip(flats, numels))
+        ]
 
     def free(self) -> None:
         """Release the kept windows (collective over the node; run by ``comm.free()``)."""

@@ -88,7 +88,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -98,6 +98,9 @@ from ..errors import CommTimeout, TensorMismatchError
 from .communicator import Communicator
 from .progress import PROGRESS_INTERVAL_S, threads_multiple
 from .shm import KEEP_BYTES, KeptWindows, NodeAllreduce, WindowLayout, node_group
+
+if TYPE_CHECKING:
+    from .ops import TensorOps
 
 #: The dtypes this path sums as they are (MPI's own arithmetic), with their numpy and MPI twins.
 FAST_DTYPES: dict[torch.dtype, tuple[type[np.floating[Any]], MPI.Datatype]] = {
@@ -169,6 +172,9 @@ class OneTensor:
         #: What timed out here, the request it left started (None: the negotiation's) and the agreed
         #: message, set aside: no later call runs here until that call completed as a hit everywhere.
         self.stuck: tuple[str, Started | None, Message | None] | None = None
+        #: The communicator's checked collectives, once made (they set it): calls started there come before a
+        #: call made here directly (``mpisolve.allreduce``).
+        self.ops: TensorOps | None = None
         comm.on_free(self._free)
         #: Whether ranks yield their cores while they wait (they share them, or were asked to): then a
         #: hit's message is waited for by MPI's own blocking wait (under the watchdog thread), not polled.

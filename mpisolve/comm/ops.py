@@ -250,6 +250,7 @@ class TensorOps:
         self.ctl = comm.dup(name="ops.barrier")
         #: Allreduces of one tensor (made here, collectively: a joined rank needs it too).
         self.one = one_tensor(comm)
+        self.one.ops = self
         self._pending: list[Call] = []
         self._names: set[str] = set()
         self.rounds = 0  # header rounds negotiated here: the same count on every rank
@@ -1088,13 +1089,15 @@ def allreduce(
     The inputs are untouched.
     """
     wrapper = as_communicator(comm)
-    started = _OPS.get(wrapper)
-    if started is not None and started._pending:
-        started.complete_started("mpisolve.allreduce")
     if isinstance(tensors, torch.Tensor) and op in REDUCTIONS and tensors.layout is torch.strided:
-        reduced = one_tensor(wrapper).allreduce(tensors, op)  # checked across ranks, whatever its path
+        one = one_tensor(wrapper)
+        if one.ops is not None:
+            one.ops.complete_started("mpisolve.allreduce")
+        reduced = one.allreduce(tensors, op)  # checked across ranks, whatever its path
         if reduced is not None:
             return reduced
+    elif (started := _OPS.get(wrapper)) is not None:
+        started.complete_started("mpisolve.allreduce")
     given, single = _one_or_list(tensors)
     if op not in REDUCTIONS:
         raise ValueError(f"op must be one of {', '.join(map(repr, REDUCTIONS))}; got {op!r}")
